@@ -1,0 +1,244 @@
+#include "codec/codec.h"
+
+#include <cstring>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "codec/group_quant.h"
+
+namespace longhaul::codec {
+namespace {
+
+constexpr uint8_t kRawVersion = 1;
+constexpr uint8_t kGroupQuantVersion = 1;
+
+absl::StatusOr<FrameDtype> DtypeOf(const torch::Tensor& x) {
+  switch (x.scalar_type()) {
+    case torch::kFloat32: return FrameDtype::kFloat32;
+    case torch::kFloat16: return FrameDtype::kFloat16;
+    case torch::kBFloat16: return FrameDtype::kBFloat16;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("codecs take float32/float16/bfloat16 tensors, got ",
+                       std::string(c10::toString(x.scalar_type()))));
+  }
+}
+
+torch::ScalarType TorchType(FrameDtype d) {
+  switch (d) {
+    case FrameDtype::kFloat16: return torch::kFloat16;
+    case FrameDtype::kBFloat16: return torch::kBFloat16;
+    case FrameDtype::kFloat32: break;
+  }
+  return torch::kFloat32;
+}
+
+FrameHeader HeaderFor(const torch::Tensor& x, CodecId id, uint8_t version, FrameDtype dtype) {
+  FrameHeader h;
+  h.codec = id;
+  h.codec_version = version;
+  h.dtype = dtype;
+  h.shape.assign(x.sizes().begin(), x.sizes().end());
+  return h;
+}
+
+// Rows for grouped codecs: the last dimension is the channel axis.
+void RowsOf(const std::vector<int64_t>& shape, int64_t numel, int64_t* tokens, int64_t* dim) {
+  *dim = shape.empty() ? 1 : shape.back();
+  *tokens = *dim == 0 ? 0 : numel / *dim;
+}
+
+template <typename Fn>
+auto CatchTorch(Fn&& fn) -> decltype(fn()) {
+  try {
+    return fn();
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("libtorch: ", e.what_without_backtrace()));
+  }
+}
+
+class RawCodec : public Codec {
+ public:
+  explicit RawCodec(CodecId id) : id_(id) {}
+  CodecId id() const override { return id_; }
+  std::string spec() const override { return CodecIdName(id_); }
+
+  absl::StatusOr<std::string> Encode(const torch::Tensor& x, const EncodeOptions&,
+                                     EncodeStats*) const override {
+    return CatchTorch([&]() -> absl::StatusOr<std::string> {
+      absl::StatusOr<FrameDtype> dtype = DtypeOf(x);
+      if (!dtype.ok()) return dtype.status();
+      const torch::Tensor w = x.to(torch::kCPU, WireType()).contiguous();
+      return BuildFrame(HeaderFor(x, id_, kRawVersion, *dtype),
+                        absl::string_view(static_cast<const char*>(w.data_ptr()), w.nbytes()));
+    });
+  }
+
+  torch::ScalarType WireType() const {
+    return id_ == CodecId::kFp16 ? torch::kFloat16
+                                 : id_ == CodecId::kBf16 ? torch::kBFloat16 : torch::kFloat32;
+  }
+
+ private:
+  CodecId id_;
+};
+
+class GroupQuantCodec : public Codec {
+ public:
+  GroupQuantCodec(CodecId id, GroupQuantParams p) : id_(id), p_(p) {}
+  CodecId id() const override { return id_; }
+
+  std::string spec() const override {
+    if (id_ == CodecId::kIntK) return absl::StrCat("int", p_.bits_hi, ":g=", p_.group_size);
+    return absl::StrCat("tahquant:g=", p_.group_size, ",r=", p_.ratio, ",tau=", p_.tau,
+                        ",bits=", p_.bits_hi, "/", p_.bits_lo,
+                        ",hadamard=", p_.hadamard ? "on" : "off",
+                        ",adaptive=", p_.adaptive ? "on" : "off");
+  }
+
+  absl::StatusOr<std::string> Encode(const torch::Tensor& x, const EncodeOptions& o,
+                                     EncodeStats* stats) const override {
+    return CatchTorch([&]() -> absl::StatusOr<std::string> {
+      absl::StatusOr<FrameDtype> dtype = DtypeOf(x);
+      if (!dtype.ok()) return dtype.status();
+      const torch::Tensor f = x.to(torch::kCPU, torch::kFloat32).contiguous();
+      FrameHeader h = HeaderFor(x, id_, kGroupQuantVersion, *dtype);
+      h.params = p_.Serialize();
+      int64_t tokens, dim;
+      RowsOf(h.shape, f.numel(), &tokens, &dim);
+      std::string payload;
+      GroupQuantStats gs;
+      absl::Status s = GroupQuantEncode(f.data_ptr<float>(), tokens, dim, p_, o.threads,
+                                        o.kernels ? *o.kernels : BestKernels(), &payload, &gs);
+      if (!s.ok()) return s;
+      if (stats != nullptr) *stats = {gs.groups, gs.transformed_groups, gs.tokens_hi};
+      return BuildFrame(std::move(h), payload);
+    });
+  }
+
+ private:
+  CodecId id_;
+  GroupQuantParams p_;
+};
+
+absl::Status BadSpec(absl::string_view spec, absl::string_view why) {
+  return absl::InvalidArgumentError(absl::StrCat("bad codec spec \"", spec, "\": ", why));
+}
+
+absl::StatusOr<bool> ParseOnOff(absl::string_view v) {
+  if (v == "on" || v == "1" || v == "true") return true;
+  if (v == "off" || v == "0" || v == "false") return false;
+  return absl::InvalidArgumentError(absl::StrCat("expected on/off, got \"", v, "\""));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Codec>> MakeCodec(absl::string_view spec) {
+  std::pair<absl::string_view, absl::string_view> nv = absl::StrSplit(spec, absl::MaxSplits(':', 1));
+  const absl::string_view name = nv.first;
+  if (name == "fp32" || name == "fp16" || name == "bf16") {
+    if (!nv.second.empty()) return BadSpec(spec, "raw codecs take no parameters");
+    const CodecId id = name == "fp32" ? CodecId::kFp32 : name == "fp16" ? CodecId::kFp16 : CodecId::kBf16;
+    return std::make_unique<RawCodec>(id);
+  }
+  GroupQuantParams p;
+  CodecId id;
+  if (name == "tahquant") {
+    id = CodecId::kTahQuant;
+  } else if (absl::StartsWith(name, "int")) {
+    int bits;
+    if (!absl::SimpleAtoi(name.substr(3), &bits) || bits < 2 || bits > 8) {
+      return BadSpec(spec, "int<k> needs k in 2..8");
+    }
+    id = CodecId::kIntK;
+    p.bits_hi = p.bits_lo = bits;
+    p.ratio = 1.0f;
+    p.adaptive = false;
+    p.hadamard = false;
+  } else {
+    return BadSpec(spec, "unknown codec (known: fp32 fp16 bf16 int2..int8 tahquant)");
+  }
+  if (!nv.second.empty()) {
+    for (absl::string_view kv : absl::StrSplit(nv.second, ',')) {
+      std::pair<absl::string_view, absl::string_view> f = absl::StrSplit(kv, absl::MaxSplits('=', 1));
+      const absl::string_view k = f.first, v = f.second;
+      bool ok = true;
+      if (k == "g") {
+        ok = absl::SimpleAtoi(v, &p.group_size);
+      } else if (id == CodecId::kTahQuant && k == "r") {
+        ok = absl::SimpleAtof(v, &p.ratio);
+      } else if (id == CodecId::kTahQuant && k == "tau") {
+        ok = absl::SimpleAtof(v, &p.tau);
+      } else if (id == CodecId::kTahQuant && k == "bits") {
+        std::pair<absl::string_view, absl::string_view> hl = absl::StrSplit(v, absl::MaxSplits('/', 1));
+        ok = absl::SimpleAtoi(hl.first, &p.bits_hi) &&
+             absl::SimpleAtoi(hl.second.empty() ? hl.first : hl.second, &p.bits_lo);
+      } else if (id == CodecId::kTahQuant && (k == "hadamard" || k == "adaptive")) {
+        absl::StatusOr<bool> b = ParseOnOff(v);
+        if (!b.ok()) return BadSpec(spec, b.status().message());
+        (k == "hadamard" ? p.hadamard : p.adaptive) = *b;
+      } else {
+        return BadSpec(spec, absl::StrCat("unknown parameter \"", k, "\""));
+      }
+      if (!ok) return BadSpec(spec, absl::StrCat("cannot parse value of \"", k, "\""));
+    }
+  }
+  if (absl::Status s = p.Validate(); !s.ok()) return BadSpec(spec, s.message());
+  return std::make_unique<GroupQuantCodec>(id, p);
+}
+
+absl::StatusOr<torch::Tensor> DecodeFrame(absl::string_view frame, const DecodeOptions& o) {
+  absl::StatusOr<FrameView> v = ParseFrame(frame, o.limits);
+  if (!v.ok()) return v.status();
+  const FrameHeader& h = v->header;
+  const torch::ScalarType out_type = TorchType(h.dtype);
+  return CatchTorch([&]() -> absl::StatusOr<torch::Tensor> {
+    switch (h.codec) {
+      case CodecId::kFp32:
+      case CodecId::kFp16:
+      case CodecId::kBf16: {
+        if (h.codec_version != kRawVersion) {
+          return absl::InvalidArgumentError(absl::StrCat("unsupported ", CodecIdName(h.codec),
+                                                         " version ", h.codec_version));
+        }
+        for (uint8_t b : h.params) {
+          if (b != 0) return absl::InvalidArgumentError("raw codec frame has non-zero parameters");
+        }
+        const torch::ScalarType wire = h.codec == CodecId::kFp32   ? torch::kFloat32
+                                       : h.codec == CodecId::kFp16 ? torch::kFloat16
+                                                                   : torch::kBFloat16;
+        const uint64_t elem = h.codec == CodecId::kFp32 ? 4 : 2;
+        if (h.payload_len != static_cast<uint64_t>(v->numel) * elem) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(CodecIdName(h.codec), " payload is ", h.payload_len, " bytes, shape needs ",
+                           static_cast<uint64_t>(v->numel) * elem));
+        }
+        torch::Tensor t = torch::empty(h.shape, torch::TensorOptions().dtype(wire));
+        if (v->numel > 0) std::memcpy(t.data_ptr(), v->payload.data(), h.payload_len);
+        return wire == out_type ? t : t.to(out_type);
+      }
+      case CodecId::kIntK:
+      case CodecId::kTahQuant: {
+        if (h.codec_version != kGroupQuantVersion) {
+          return absl::InvalidArgumentError(absl::StrCat("unsupported ", CodecIdName(h.codec),
+                                                         " version ", h.codec_version));
+        }
+        absl::StatusOr<GroupQuantParams> p = GroupQuantParams::Parse(h.params);
+        if (!p.ok()) return p.status();
+        int64_t tokens, dim;
+        RowsOf(h.shape, v->numel, &tokens, &dim);
+        absl::StatusOr<GroupQuantLayout> layout = GroupQuantValidate(v->payload, tokens, dim, *p);
+        if (!layout.ok()) return layout.status();
+        torch::Tensor t = torch::empty(h.shape, torch::kFloat32);
+        GroupQuantDecode(v->payload, *layout, tokens, dim, *p, o.threads,
+                         o.kernels ? *o.kernels : BestKernels(), t.data_ptr<float>());
+        return out_type == torch::kFloat32 ? t : t.to(out_type);
+      }
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown codec id ", static_cast<int>(h.codec), " in frame"));
+  });
+}
+
+}  // namespace longhaul::codec

@@ -1,0 +1,69 @@
+// Tensor codecs: encode a torch::Tensor into one self-describing frame (frame.h); decode any frame
+// back, whatever codec wrote it.
+//
+//   auto codec = MakeCodec("tahquant:g=64,r=0.8");          // or "fp32", "bf16", "int8:g=32", ...
+//   absl::StatusOr<std::string> frame = (*codec)->Encode(activations);
+//   absl::StatusOr<torch::Tensor> x = DecodeFrame(*frame);  // same shape and dtype as the input
+//
+// Spec strings (MakeCodec, and Codec::spec() which prints the canonical form):
+//   fp32 | fp16 | bf16                  raw, 32/16/16 bits per element
+//   int<k>[:g=G]                        k = 2..8, uniform asymmetric per group of G (default 64)
+//   tahquant[:g=G,r=R,tau=T,bits=H/L,hadamard=on|off,adaptive=on|off]
+//                                       TAH-Quant; defaults g=64 r=0.8 tau=3 bits=4/3
+// Inputs may be float32, float16 or bfloat16 of any shape; grouped codecs group along the last
+// dimension. Tensors on other devices are copied to the CPU (CUDA kernels are a later backend;
+// the interface does not change).
+//
+// Thread safety: Codec objects are immutable after MakeCodec; Encode may run concurrently.
+#ifndef LONGHAUL_CODEC_CODEC_H_
+#define LONGHAUL_CODEC_CODEC_H_
+
+#include <memory>
+#include <string>
+
+#include <torch/torch.h>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "codec/cpu/kernels.h"
+#include "codec/frame.h"
+
+namespace longhaul::codec {
+
+struct EncodeOptions {
+  int threads = 1;
+  const Kernels* kernels = nullptr;  // nullptr: BestKernels()
+};
+
+struct DecodeOptions {
+  int threads = 1;
+  const Kernels* kernels = nullptr;
+  DecodeLimits limits;
+};
+
+struct EncodeStats {
+  int64_t groups = 0;
+  int64_t transformed_groups = 0;  // TAH-Quant outlier groups (pivot + Hadamard)
+  int64_t tokens_hi = 0;           // tokens given the higher bit width
+};
+
+class Codec {
+ public:
+  virtual ~Codec() = default;
+  virtual CodecId id() const = 0;
+  // Canonical spec string; MakeCodec(spec()) builds an identical codec.
+  virtual std::string spec() const = 0;
+  virtual absl::StatusOr<std::string> Encode(const torch::Tensor& x,
+                                             const EncodeOptions& options = {},
+                                             EncodeStats* stats = nullptr) const = 0;
+};
+
+absl::StatusOr<std::unique_ptr<Codec>> MakeCodec(absl::string_view spec);
+
+// Validates the whole frame before allocating the output, then decodes it.
+absl::StatusOr<torch::Tensor> DecodeFrame(absl::string_view frame,
+                                          const DecodeOptions& options = {});
+
+}  // namespace longhaul::codec
+
+#endif  // LONGHAUL_CODEC_CODEC_H_

@@ -1,0 +1,241 @@
+// AVX2 kernels, bit-identical to kernels_scalar.cc (tests/codec/kernels_test.cc checks every entry
+// on random inputs). This file is compiled with -mavx2; it uses no templates shared with baseline
+// code, and Avx2Kernels() returns nullptr unless the running CPU reports AVX2.
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "codec/cpu/kernels.h"
+#include "codec/cpu/kernels_common.h"
+
+namespace longhaul::codec {
+namespace {
+
+inline __m256 Abs(__m256 v) { return _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF))); }
+
+inline float HMax(__m256 v) {
+  alignas(32) float l[8];
+  _mm256_store_ps(l, v);
+  float m = l[0];
+  for (int i = 1; i < 8; ++i) m = l[i] > m ? l[i] : m;
+  return m;
+}
+
+void AbsSumMax(const float* x, int64_t n, float* sum, float* max) {
+  __m256 acc = _mm256_setzero_ps(), mx = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 a = Abs(_mm256_loadu_ps(x + i));
+    acc = _mm256_add_ps(acc, a);
+    mx = _mm256_max_ps(mx, a);
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, acc);
+  float m = HMax(mx);
+  for (; i < n; ++i) {
+    const float a = x[i] < 0 ? -x[i] : x[i];
+    lanes[i & 7] += a;
+    m = a > m ? a : m;
+  }
+  *sum = ReduceLanes8(lanes);
+  *max = m;
+}
+
+inline __m256 FastLog2V(__m256 x) {
+  const __m256i bits = _mm256_castps_si256(x);
+  const __m256 e = _mm256_cvtepi32_ps(
+      _mm256_sub_epi32(_mm256_srli_epi32(bits, 23), _mm256_set1_epi32(127)));
+  const __m256 m = _mm256_castsi256_ps(_mm256_or_si256(
+      _mm256_and_si256(bits, _mm256_set1_epi32(0x007FFFFF)), _mm256_set1_epi32(0x3F800000)));
+  __m256 p = _mm256_add_ps(_mm256_mul_ps(_mm256_set1_ps(kLog2C4), m), _mm256_set1_ps(kLog2C3));
+  p = _mm256_add_ps(_mm256_mul_ps(p, m), _mm256_set1_ps(kLog2C2));
+  p = _mm256_add_ps(_mm256_mul_ps(p, m), _mm256_set1_ps(kLog2C1));
+  p = _mm256_add_ps(_mm256_mul_ps(p, m), _mm256_set1_ps(kLog2C0));
+  return _mm256_add_ps(e, p);
+}
+
+float Entropy(const float* x, int64_t n, float inv_l1, float eps) {
+  const __m256 vinv = _mm256_set1_ps(inv_l1), veps = _mm256_set1_ps(eps);
+  __m256 acc = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 p = _mm256_mul_ps(Abs(_mm256_loadu_ps(x + i)), vinv);
+    acc = _mm256_add_ps(acc, _mm256_mul_ps(p, FastLog2V(_mm256_add_ps(p, veps))));
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, acc);
+  for (; i < n; ++i) {
+    const float p = (x[i] < 0 ? -x[i] : x[i]) * inv_l1;
+    lanes[i & 7] += p * FastLog2(p + eps);
+  }
+  return -ReduceLanes8(lanes);
+}
+
+void Top2Abs(const float* g, int n, float* a1, float* a2) {
+  if (n % 8 != 0) return ScalarKernels().top2_abs(g, n, a1, a2);
+  __m256 m1 = _mm256_setzero_ps(), m2 = _mm256_setzero_ps();
+  for (int i = 0; i < n; i += 8) {
+    const __m256 a = Abs(_mm256_loadu_ps(g + i));
+    m2 = _mm256_max_ps(m2, _mm256_min_ps(m1, a));
+    m1 = _mm256_max_ps(m1, a);
+  }
+  alignas(32) float l[16];
+  _mm256_store_ps(l, m1);
+  _mm256_store_ps(l + 8, m2);
+  float r1 = 0.0f, r2 = 0.0f;
+  for (int i = 0; i < 16; ++i) {
+    if (l[i] > r1) {
+      r2 = r1;
+      r1 = l[i];
+    } else if (l[i] > r2) {
+      r2 = l[i];
+    }
+  }
+  *a1 = r1;
+  *a2 = r2;
+}
+
+void MinMax(const float* v, int n, float* lo, float* hi) {
+  if (n % 8 != 0) return ScalarKernels().min_max(v, n, lo, hi);
+  __m256 l = _mm256_loadu_ps(v), h = l;
+  for (int i = 8; i < n; i += 8) {
+    const __m256 x = _mm256_loadu_ps(v + i);
+    l = _mm256_min_ps(l, x);
+    h = _mm256_max_ps(h, x);
+  }
+  alignas(32) float a[8], b[8];
+  _mm256_store_ps(a, l);
+  _mm256_store_ps(b, h);
+  float rl = a[0], rh = b[0];
+  for (int i = 1; i < 8; ++i) {
+    rl = a[i] < rl ? a[i] : rl;
+    rh = b[i] > rh ? b[i] : rh;
+  }
+  *lo = rl;
+  *hi = rh;
+}
+
+
+void Fwht(float* v, int n) {
+  if (n % 8 != 0) return ScalarKernels().fwht(v, n);
+  const int nv = n / 8;
+  for (int k = 0; k < nv; ++k) {
+    __m256 x = _mm256_loadu_ps(v + 8 * k);
+    __m256 s = _mm256_permute_ps(x, 0xB1);  // h = 1: swap neighbours
+    x = _mm256_blend_ps(_mm256_add_ps(x, s), _mm256_sub_ps(s, x), 0xAA);
+    s = _mm256_permute_ps(x, 0x4E);  // h = 2: swap pairs
+    x = _mm256_blend_ps(_mm256_add_ps(x, s), _mm256_sub_ps(s, x), 0xCC);
+    s = _mm256_permute2f128_ps(x, x, 0x01);  // h = 4: swap halves
+    x = _mm256_blend_ps(_mm256_add_ps(x, s), _mm256_sub_ps(s, x), 0xF0);
+    _mm256_storeu_ps(v + 8 * k, x);
+  }
+  for (int h = 1; h < nv; h *= 2) {
+    for (int i = 0; i < nv; i += 2 * h) {
+      for (int j = i; j < i + h; ++j) {
+        const __m256 a = _mm256_loadu_ps(v + 8 * j), b = _mm256_loadu_ps(v + 8 * (j + h));
+        _mm256_storeu_ps(v + 8 * j, _mm256_add_ps(a, b));
+        _mm256_storeu_ps(v + 8 * (j + h), _mm256_sub_ps(a, b));
+      }
+    }
+  }
+  const __m256 norm = _mm256_set1_ps(HadamardNorm(n));
+  for (int k = 0; k < nv; ++k) _mm256_storeu_ps(v + 8 * k, _mm256_mul_ps(_mm256_loadu_ps(v + 8 * k), norm));
+}
+
+inline __m128i Pack8xI32ToU8(__m256i i) {
+  const __m128i p16 = _mm_packus_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1));
+  return _mm_packus_epi16(p16, p16);
+}
+
+void Quantize(const float* v, int n, float lo, float inv_scale, float maxq, uint8_t* q) {
+  const __m256 vlo = _mm256_set1_ps(lo), vinv = _mm256_set1_ps(inv_scale);
+  const __m256 vmax = _mm256_set1_ps(maxq), zero = _mm256_setzero_ps();
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 r = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(v + i), vlo), vinv);
+    r = _mm256_round_ps(r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    r = _mm256_min_ps(_mm256_max_ps(r, zero), vmax);
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(q + i), Pack8xI32ToU8(_mm256_cvtps_epi32(r)));
+  }
+  if (i < n) ScalarKernels().quantize(v + i, n - i, lo, inv_scale, maxq, q + i);
+}
+
+void Dequantize(const uint8_t* q, int n, float lo, float scale, float* out) {
+  const __m256 vlo = _mm256_set1_ps(lo), vs = _mm256_set1_ps(scale);
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + i)));
+    _mm256_storeu_ps(out + i, _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(c), vs), vlo));
+  }
+  if (i < n) ScalarKernels().dequantize(q + i, n - i, lo, scale, out + i);
+}
+
+void Pack(const uint8_t* q, int64_t n, int bits, uint8_t* out) {
+  int64_t i = 0;
+  if (bits == 4) {
+    const __m256i mul = _mm256_set1_epi16(0x1001);  // bytes {1, 16}
+    for (; i + 64 <= n; i += 64, out += 32) {
+      const __m256i a = _mm256_maddubs_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + i)), mul);
+      const __m256i b = _mm256_maddubs_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + i + 32)), mul);
+      const __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi16(a, b), 0xD8);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), p);
+    }
+  } else if (bits == 3) {
+    const __m256i mul8 = _mm256_set1_epi16(0x0801);   // bytes {1, 8}
+    const __m256i mul64 = _mm256_set1_epi32(0x00400001);  // words {1, 64}
+    const __m256i gather = _mm256_setr_epi8(0, 1, 2, 8, 9, 10, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                            0, 1, 2, 8, 9, 10, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+    alignas(32) uint8_t tmp[32];
+    for (; i + 32 <= n; i += 32, out += 12) {
+      __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + i));
+      x = _mm256_madd_epi16(_mm256_maddubs_epi16(x, mul8), mul64);  // 4 codes per u32 (12 bits)
+      x = _mm256_or_si256(_mm256_and_si256(x, _mm256_set1_epi64x(0xFFFFFFFF)),
+                          _mm256_slli_epi64(_mm256_srli_epi64(x, 32), 12));  // 8 codes per u64
+      _mm256_store_si256(reinterpret_cast<__m256i*>(tmp), _mm256_shuffle_epi8(x, gather));
+      std::memcpy(out, tmp, 6);
+      std::memcpy(out + 6, tmp + 16, 6);
+    }
+  } else if (bits == 8) {
+    std::memcpy(out, q, n);
+    return;
+  }
+  if (i < n) ScalarKernels().pack(q + i, n - i, bits, out);
+}
+
+void Unpack(const uint8_t* in, int64_t n, int bits, uint8_t* q) {
+  int64_t i = 0;
+  if (bits == 4) {
+    const __m128i low = _mm_set1_epi8(0x0F);
+    for (; i + 32 <= n; i += 32, in += 16) {
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in));
+      const __m128i lo = _mm_and_si128(b, low), hi = _mm_and_si128(_mm_srli_epi16(b, 4), low);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), _mm_unpacklo_epi8(lo, hi));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i + 16), _mm_unpackhi_epi8(lo, hi));
+    }
+  } else if (bits == 3) {
+    const __m256i shifts = _mm256_setr_epi32(0, 3, 6, 9, 12, 15, 18, 21);
+    const __m256i seven = _mm256_set1_epi32(7);
+    for (; i + 8 <= n; i += 8, in += 3) {
+      const uint32_t w = static_cast<uint32_t>(in[0]) | (static_cast<uint32_t>(in[1]) << 8) |
+                         (static_cast<uint32_t>(in[2]) << 16);
+      const __m256i c = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(w)), shifts), seven);
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(q + i), Pack8xI32ToU8(c));
+    }
+  } else if (bits == 8) {
+    std::memcpy(q, in, n);
+    return;
+  }
+  if (i < n) ScalarKernels().unpack(in, n - i, bits, q + i);
+}
+
+const Kernels kAvx2 = {"avx2", AbsSumMax, Entropy, Top2Abs, MinMax, Fwht,
+                       Quantize, Dequantize, Pack, Unpack};
+
+}  // namespace
+
+const Kernels* Avx2Kernels() {
+  static const bool have = __builtin_cpu_supports("avx2");
+  return have ? &kAvx2 : nullptr;
+}
+
+}  // namespace longhaul::codec

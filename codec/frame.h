@@ -1,0 +1,88 @@
+// The tensor frame: the one wire format every codec writes and every decoder validates.
+//
+// Layout (all integers little-endian, no padding):
+//   offset size  field
+//   0      4     magic "LHTF"
+//   4      1     format version (kFrameFormatVersion)
+//   5      1     codec id (CodecId)
+//   6      1     codec version (per codec; bumped when its payload layout changes)
+//   7      1     dtype of the original tensor (FrameDtype)
+//   8      1     ndim (0..kMaxFrameDims)
+//   9      3     reserved, must be zero
+//   12     16    codec parameters (codec-specific; unused bytes must be zero)
+//   28     8*nd  dims (uint64 each)
+//   ..     8     payload length in bytes
+//   ..     4     CRC32C of every header byte before it and of the payload
+//   ..     n     payload
+// Header size = 40 + 8 * ndim bytes; it counts toward bits per element in every report.
+//
+//   FrameHeader h{...};
+//   std::string frame = SerializeFrameHeader(h, payload);  frame += payload;   // (see AppendFrame)
+//   absl::StatusOr<FrameView> v = ParseFrame(bytes, limits);  // validates everything but the payload
+#ifndef LONGHAUL_CODEC_FRAME_H_
+#define LONGHAUL_CODEC_FRAME_H_
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace longhaul::codec {
+
+inline constexpr uint8_t kFrameMagic[4] = {'L', 'H', 'T', 'F'};
+inline constexpr uint8_t kFrameFormatVersion = 1;
+inline constexpr int kMaxFrameDims = 8;
+inline constexpr int kCodecParamBytes = 16;
+inline constexpr size_t kFrameFixedHeaderBytes = 4 + 4 + 4 + kCodecParamBytes + 8 + 4;
+static_assert(kFrameFixedHeaderBytes == 40, "frame header layout changed: bump the format version");
+
+// Stable on the wire: never renumber.
+enum class CodecId : uint8_t {
+  kFp32 = 1,
+  kFp16 = 2,
+  kBf16 = 3,
+  kIntK = 4,      // uniform asymmetric per-group INT-k
+  kTahQuant = 5,  // TAH-Quant (same payload layout as kIntK, plus adaptive bits and Hadamard)
+};
+
+enum class FrameDtype : uint8_t { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
+
+struct FrameHeader {
+  CodecId codec = CodecId::kFp32;
+  uint8_t codec_version = 1;
+  FrameDtype dtype = FrameDtype::kFloat32;
+  std::vector<int64_t> shape;
+  std::array<uint8_t, kCodecParamBytes> params{};
+  uint64_t payload_len = 0;
+};
+
+// Hard limits a decoder enforces before it allocates anything.
+struct DecodeLimits {
+  // Largest tensor (in elements) a frame may describe. 2^28 fp32 elements = 1 GiB.
+  int64_t max_elements = int64_t{1} << 28;
+};
+
+struct FrameView {
+  FrameHeader header;
+  int64_t numel = 0;
+  absl::string_view payload;  // points into the parsed buffer
+};
+
+size_t FrameHeaderBytes(int ndim);
+
+// Builds a complete frame (header + payload + CRC) from a header and its payload.
+// header.payload_len is set from payload.
+std::string BuildFrame(FrameHeader header, absl::string_view payload);
+
+// Validates magic, versions, reserved bytes, ndim, dims (no negative, no overflow, at most
+// limits.max_elements), the exact frame length and the CRC. Does not interpret the payload.
+absl::StatusOr<FrameView> ParseFrame(absl::string_view frame, const DecodeLimits& limits);
+
+const char* CodecIdName(CodecId id);
+
+}  // namespace longhaul::codec
+
+#endif  // LONGHAUL_CODEC_FRAME_H_

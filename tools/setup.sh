@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Installs what longhaul needs on Debian 12 (root), unattended and idempotent.
+# Fast when everything is present: one dpkg query, one BLAS check.
+# Usage: tools/setup.sh        (called by ./longhaul.sh on first use)
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake ninja-build pkg-config git
+  libgrpc++-dev libgrpc-dev protobuf-compiler-grpc protobuf-compiler libprotobuf-dev
+  libabsl-dev libtorch-dev libopenblas0-pthread prometheus-cpp-dev libboost-dev
+  libsqlite3-dev sqlite3 libgtest-dev libgmock-dev
+  clang libclang-rt-14-dev
+  fortunes fortunes-min
+  iproute2
+)
+
+die() { echo "setup: error: $*" >&2; exit 1; }
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
+  [[ "$status" == "install ok installed" ]] || missing+=("$p")
+done
+
+if ((${#missing[@]})); then
+  echo "setup: installing ${#missing[@]} missing package(s): ${missing[*]}"
+  if [[ $(id -u) -ne 0 ]]; then
+    if command -v sudo >/dev/null; then SUDO=sudo; else
+      die "need root to install: ${missing[*]} (run as root or install them yourself)"; fi
+  else SUDO=""; fi
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq || die "apt-get update failed (is Debian's package registry reachable?)"
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/tmp/longhaul-apt.log 2>&1 \
+    || { tail -20 /tmp/longhaul-apt.log >&2; die "apt-get install failed; full log in /tmp/longhaul-apt.log"; }
+fi
+
+# LibTorch links libblas.so.3; Debian's default alternative is the reference BLAS, 26x slower.
+# Point the alternative at OpenBLAS (pthread flavour) and check it.
+blas_target=$(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3 2>/dev/null || true)
+if [[ "$blas_target" != *openblas* ]]; then
+  alt=$(update-alternatives --list libblas.so.3-x86_64-linux-gnu 2>/dev/null | grep openblas | head -1 || true)
+  [[ -n "$alt" ]] || die "OpenBLAS is not registered as a libblas.so.3 alternative (is libopenblas0-pthread installed?)"
+  update-alternatives --set libblas.so.3-x86_64-linux-gnu "$alt" >/dev/null \
+    || die "could not select OpenBLAS as libblas.so.3 ($alt)"
+  blas_target=$(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3)
+  [[ "$blas_target" == *openblas* ]] || die "libblas.so.3 still points at $blas_target, not OpenBLAS"
+fi
+echo "setup: ok (BLAS: $blas_target)"
