@@ -107,13 +107,14 @@ class GroupQuantCodec : public Codec {
       h.params = p_.Serialize();
       int64_t tokens, dim;
       RowsOf(h.shape, f.numel(), &tokens, &dim);
-      std::string payload;
+      std::string frame = BeginFrame(h);
       GroupQuantStats gs;
       absl::Status s = GroupQuantEncode(f.data_ptr<float>(), tokens, dim, p_, o.threads,
-                                        o.kernels ? *o.kernels : BestKernels(), &payload, &gs);
+                                        o.kernels ? *o.kernels : BestKernels(), &frame, &gs);
       if (!s.ok()) return s;
       if (stats != nullptr) *stats = {gs.groups, gs.transformed_groups, gs.tokens_hi};
-      return BuildFrame(std::move(h), payload);
+      FinishFrame(&frame);
+      return frame;
     });
   }
 
@@ -189,11 +190,25 @@ absl::StatusOr<std::unique_ptr<Codec>> MakeCodec(absl::string_view spec) {
 }
 
 absl::StatusOr<torch::Tensor> DecodeFrame(absl::string_view frame, const DecodeOptions& o) {
+  torch::Tensor out;
+  if (absl::Status s = DecodeFrameInto(frame, &out, o); !s.ok()) return s;
+  return out;
+}
+
+absl::Status DecodeFrameInto(absl::string_view frame, torch::Tensor* out, const DecodeOptions& o) {
   absl::StatusOr<FrameView> v = ParseFrame(frame, o.limits);
   if (!v.ok()) return v.status();
   const FrameHeader& h = v->header;
   const torch::ScalarType out_type = TorchType(h.dtype);
-  return CatchTorch([&]() -> absl::StatusOr<torch::Tensor> {
+  // Reuse *out when it already has the right shape and type; called only after validation.
+  auto target = [&](torch::ScalarType type) {
+    if (out->defined() && out->device().is_cpu() && out->scalar_type() == type &&
+        out->is_contiguous() && out->sizes() == torch::IntArrayRef(h.shape)) {
+      return *out;
+    }
+    return torch::empty(h.shape, torch::TensorOptions().dtype(type));
+  };
+  absl::StatusOr<torch::Tensor> result = CatchTorch([&]() -> absl::StatusOr<torch::Tensor> {
     switch (h.codec) {
       case CodecId::kFp32:
       case CodecId::kFp16:
@@ -214,9 +229,14 @@ absl::StatusOr<torch::Tensor> DecodeFrame(absl::string_view frame, const DecodeO
               absl::StrCat(CodecIdName(h.codec), " payload is ", h.payload_len, " bytes, shape needs ",
                            static_cast<uint64_t>(v->numel) * elem));
         }
+        if (wire == out_type) {
+          torch::Tensor t = target(wire);
+          if (v->numel > 0) std::memcpy(t.data_ptr(), v->payload.data(), h.payload_len);
+          return t;
+        }
         torch::Tensor t = torch::empty(h.shape, torch::TensorOptions().dtype(wire));
         if (v->numel > 0) std::memcpy(t.data_ptr(), v->payload.data(), h.payload_len);
-        return wire == out_type ? t : t.to(out_type);
+        return t.to(out_type);
       }
       case CodecId::kIntK:
       case CodecId::kTahQuant: {
@@ -230,7 +250,8 @@ absl::StatusOr<torch::Tensor> DecodeFrame(absl::string_view frame, const DecodeO
         RowsOf(h.shape, v->numel, &tokens, &dim);
         absl::StatusOr<GroupQuantLayout> layout = GroupQuantValidate(v->payload, tokens, dim, *p);
         if (!layout.ok()) return layout.status();
-        torch::Tensor t = torch::empty(h.shape, torch::kFloat32);
+        torch::Tensor t = out_type == torch::kFloat32 ? target(torch::kFloat32)
+                                                      : torch::empty(h.shape, torch::kFloat32);
         GroupQuantDecode(v->payload, *layout, tokens, dim, *p, o.threads,
                          o.kernels ? *o.kernels : BestKernels(), t.data_ptr<float>());
         return out_type == torch::kFloat32 ? t : t.to(out_type);
@@ -239,6 +260,9 @@ absl::StatusOr<torch::Tensor> DecodeFrame(absl::string_view frame, const DecodeO
     return absl::InvalidArgumentError(
         absl::StrCat("unknown codec id ", static_cast<int>(h.codec), " in frame"));
   });
+  if (!result.ok()) return result.status();
+  *out = *std::move(result);
+  return absl::OkStatus();
 }
 
 }  // namespace longhaul::codec

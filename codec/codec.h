@@ -64,6 +64,12 @@ absl::StatusOr<std::unique_ptr<Codec>> MakeCodec(absl::string_view spec);
 absl::StatusOr<torch::Tensor> DecodeFrame(absl::string_view frame,
                                           const DecodeOptions& options = {});
 
+// Decodes into `out`, reusing its storage when it is a contiguous CPU tensor of the frame's shape
+// and dtype (receive buffers on a pipeline link are reused step after step); otherwise `out` is
+// replaced by a new tensor. On error `out` is left as it was.
+absl::Status DecodeFrameInto(absl::string_view frame, torch::Tensor* out,
+                             const DecodeOptions& options = {});
+
 }  // namespace longhaul::codec
 
 #endif  // LONGHAUL_CODEC_CODEC_H_

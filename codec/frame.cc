@@ -21,11 +21,10 @@ const char* CodecIdName(CodecId id) {
   return "unknown";
 }
 
-std::string BuildFrame(FrameHeader h, absl::string_view payload) {
-  h.payload_len = payload.size();
+std::string BeginFrame(const FrameHeader& h) {
   const int ndim = static_cast<int>(h.shape.size());
   std::string out;
-  out.reserve(FrameHeaderBytes(ndim) + payload.size());
+  out.reserve(FrameHeaderBytes(ndim));
   out.append(reinterpret_cast<const char*>(kFrameMagic), 4);
   out.push_back(static_cast<char>(kFrameFormatVersion));
   out.push_back(static_cast<char>(h.codec));
@@ -35,11 +34,25 @@ std::string BuildFrame(FrameHeader h, absl::string_view payload) {
   out.append(3, '\0');
   out.append(reinterpret_cast<const char*>(h.params.data()), h.params.size());
   for (int64_t d : h.shape) PutU64(&out, static_cast<uint64_t>(d));
-  PutU64(&out, h.payload_len);
-  uint32_t crc = Crc32c(out.data(), out.size());
-  crc = Crc32cExtend(crc, payload.data(), payload.size());
-  PutU32(&out, crc);
+  PutU64(&out, 0);  // payload length, set by FinishFrame
+  PutU32(&out, 0);  // CRC32C, set by FinishFrame
+  return out;
+}
+
+void FinishFrame(std::string* frame) {
+  auto* p = reinterpret_cast<uint8_t*>(frame->data());
+  const size_t header_bytes = FrameHeaderBytes(p[8]);
+  const uint64_t payload_len = frame->size() - header_bytes;
+  std::memcpy(p + header_bytes - 12, &payload_len, 8);
+  uint32_t crc = Crc32c(p, header_bytes - 4);
+  crc = Crc32cExtend(crc, p + header_bytes, payload_len);
+  std::memcpy(p + header_bytes - 4, &crc, 4);
+}
+
+std::string BuildFrame(FrameHeader h, absl::string_view payload) {
+  std::string out = BeginFrame(h);
   out.append(payload.data(), payload.size());
+  FinishFrame(&out);
   return out;
 }
 

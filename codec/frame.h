@@ -77,6 +77,11 @@ size_t FrameHeaderBytes(int ndim);
 // header.payload_len is set from payload.
 std::string BuildFrame(FrameHeader header, absl::string_view payload);
 
+// The same in two steps, for encoders that write the payload in place (no payload copy):
+//   std::string f = BeginFrame(h);  <append payload to f>;  FinishFrame(&f);
+std::string BeginFrame(const FrameHeader& header);
+void FinishFrame(std::string* frame);
+
 // Validates magic, versions, reserved bytes, ndim, dims (no negative, no overflow, at most
 // limits.max_elements), the exact frame length and the CRC. Does not interpret the payload.
 absl::StatusOr<FrameView> ParseFrame(absl::string_view frame, const DecodeLimits& limits);

@@ -39,11 +39,12 @@ uint32_t QuantizeGroup(const float* v, int n, int exp, int maxq, bool flagged, c
                        uint8_t* codes) {
   float lo, hi;
   k.min_max(v, n, &lo, &hi);
-  const uint16_t lo_code = Mf12Encode(std::ldexp(lo, -exp), RoundDir::kDown);
-  const float lo_q = std::ldexp(Mf12Decode(lo_code), exp);
+  const float to_rel = Pow2(-exp), from_rel = Pow2(exp);
+  const uint16_t lo_code = Mf12Encode(lo * to_rel, RoundDir::kDown);
+  const float lo_q = Mf12Decode(lo_code) * from_rel;
   const float scale = (hi - lo_q) / static_cast<float>(maxq);
-  const uint16_t s_code = Mf12Encode(std::ldexp(scale, -exp), RoundDir::kUp);
-  const float s_q = std::ldexp(Mf12Decode(s_code), exp);
+  const uint16_t s_code = Mf12Encode(scale * to_rel, RoundDir::kUp);
+  const float s_q = Mf12Decode(s_code) * from_rel;
   k.quantize(v, n, lo_q, s_q > 0.0f ? 1.0f / s_q : 0.0f, static_cast<float>(maxq), codes);
   return static_cast<uint32_t>(lo_code) | (static_cast<uint32_t>(s_code & 0x7FF) << 12) |
          (flagged ? (1u << 23) : 0u);
@@ -102,7 +103,6 @@ absl::Status GroupQuantEncode(const float* x, int64_t tokens, int64_t dim,
                               const GroupQuantParams& p, int threads, const Kernels& k,
                               std::string* payload, GroupQuantStats* stats) {
   if (absl::Status s = p.Validate(); !s.ok()) return s;
-  payload->clear();
   if (tokens == 0 || dim == 0) return absl::OkStatus();
   const int g = p.group_size;
   const int ng = NumGroups(dim, g);
@@ -167,10 +167,14 @@ absl::Status GroupQuantEncode(const float* x, int64_t tokens, int64_t dim,
   }
 
   // Phase 3 (parallel): token blocks into one buffer per thread, then concatenated.
-  std::vector<std::string> parts(nchunks);
+  // One chunk writes straight into *payload; several write their own parts, appended in order.
+  std::vector<std::string> parts(nchunks > 1 ? nchunks : 0);
   std::vector<int64_t> part_transformed(nchunks, 0);
   ParallelFor(tokens, threads, [&](int chunk, int64_t b, int64_t e) {
-    std::string& out = parts[chunk];
+    std::string& out = nchunks > 1 ? parts[chunk] : *payload;
+    // Upper bound of this chunk's blocks (every group transformed), so appends never reallocate.
+    out.reserve(out.size() + static_cast<size_t>(e - b) *
+                (2 + 4 * static_cast<size_t>(ng) + PackedBytes(dim, p.bits_hi)));
     std::vector<uint8_t> codes(dim), packed(PackedBytes(dim, 8));
     std::vector<uint8_t> params(3 * static_cast<size_t>(ng));
     std::vector<uint8_t> pivots;
@@ -216,7 +220,7 @@ absl::Status GroupQuantEncode(const float* x, int64_t tokens, int64_t dim,
     }
     part_transformed[chunk] = transformed;
   });
-  size_t total = 0;
+  size_t total = payload->size();
   for (const auto& s : parts) total += s.size();
   payload->reserve(total);
   for (const auto& s : parts) payload->append(s);
@@ -318,6 +322,7 @@ void GroupQuantDecode(absl::string_view payload, const GroupQuantLayout& layout,
       const uint8_t* blk = base + layout.token_offset[t];
       const int bits = blk[0];
       const int exp = static_cast<int8_t>(blk[1]);
+      const float from_rel = Pow2(exp);
       const uint8_t* params = blk + 2;
       int flagged = 0;
       for (int gi = 0; gi < ng; ++gi) flagged += (params[3 * gi + 2] >> 7);
@@ -328,8 +333,8 @@ void GroupQuantDecode(absl::string_view payload, const GroupQuantLayout& layout,
       for (int gi = 0; gi < ng; ++gi) {
         const uint32_t w = params[3 * gi] | (params[3 * gi + 1] << 8) |
                            (static_cast<uint32_t>(params[3 * gi + 2]) << 16);
-        const float lo = std::ldexp(Mf12Decode(w & 0xFFF), exp);
-        const float scale = std::ldexp(Mf12Decode((w >> 12) & 0x7FF), exp);
+        const float lo = Mf12Decode(w & 0xFFF) * from_rel;
+        const float scale = Mf12Decode((w >> 12) & 0x7FF) * from_rel;
         const int64_t off = static_cast<int64_t>(gi) * g;
         const int n = static_cast<int>(std::min<int64_t>(g, dim - off));
         k.dequantize(codes.data() + off, n, lo, scale, row + off);

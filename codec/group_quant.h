@@ -61,9 +61,10 @@ struct GroupQuantStats {
 inline constexpr int kMinTokenExp = -120;
 inline constexpr int kMaxTokenExp = 104;
 
+// Appends the payload to *out (which may already hold a frame header).
 absl::Status GroupQuantEncode(const float* x, int64_t tokens, int64_t dim,
                               const GroupQuantParams& p, int threads, const Kernels& k,
-                              std::string* payload, GroupQuantStats* stats);
+                              std::string* out, GroupQuantStats* stats);
 
 // Byte offset of every token block (size tokens + 1), after a complete validation of the payload.
 struct GroupQuantLayout {

@@ -13,13 +13,18 @@ namespace {
 
 inline __m256 Abs(__m256 v) { return _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF))); }
 
-inline float HMax(__m256 v) {
-  alignas(32) float l[8];
-  _mm256_store_ps(l, v);
-  float m = l[0];
-  for (int i = 1; i < 8; ++i) m = l[i] > m ? l[i] : m;
-  return m;
+// Horizontal max/min, broadcast to every lane (max/min are exact: order does not matter).
+inline __m256 HMaxV(__m256 v) {
+  v = _mm256_max_ps(v, _mm256_permute2f128_ps(v, v, 1));
+  v = _mm256_max_ps(v, _mm256_permute_ps(v, 0x4E));
+  return _mm256_max_ps(v, _mm256_permute_ps(v, 0xB1));
 }
+inline __m256 HMinV(__m256 v) {
+  v = _mm256_min_ps(v, _mm256_permute2f128_ps(v, v, 1));
+  v = _mm256_min_ps(v, _mm256_permute_ps(v, 0x4E));
+  return _mm256_min_ps(v, _mm256_permute_ps(v, 0xB1));
+}
+inline float HMax(__m256 v) { return _mm256_cvtss_f32(HMaxV(v)); }
 
 void AbsSumMax(const float* x, int64_t n, float* sum, float* max) {
   __m256 acc = _mm256_setzero_ps(), mx = _mm256_setzero_ps();
@@ -79,20 +84,17 @@ void Top2Abs(const float* g, int n, float* a1, float* a2) {
     m2 = _mm256_max_ps(m2, _mm256_min_ps(m1, a));
     m1 = _mm256_max_ps(m1, a);
   }
-  alignas(32) float l[16];
-  _mm256_store_ps(l, m1);
-  _mm256_store_ps(l + 8, m2);
-  float r1 = 0.0f, r2 = 0.0f;
-  for (int i = 0; i < 16; ++i) {
-    if (l[i] > r1) {
-      r2 = r1;
-      r1 = l[i];
-    } else if (l[i] > r2) {
-      r2 = l[i];
-    }
+  // Global top-2 of the per-lane top-2s: a1 is the largest m1; a2 is a1 again when a1 heads two
+  // lanes, else the largest of all m2 and of the other lanes' m1 (values are >= 0, so zeroing the
+  // winning lane removes it).
+  const __m256 a1v = HMaxV(m1);
+  const __m256 is_a1 = _mm256_cmp_ps(m1, a1v, _CMP_EQ_OQ);
+  *a1 = _mm256_cvtss_f32(a1v);
+  if (__builtin_popcount(_mm256_movemask_ps(is_a1)) >= 2) {
+    *a2 = *a1;
+  } else {
+    *a2 = HMax(_mm256_max_ps(m2, _mm256_andnot_ps(is_a1, m1)));
   }
-  *a1 = r1;
-  *a2 = r2;
 }
 
 void MinMax(const float* v, int n, float* lo, float* hi) {
@@ -103,18 +105,9 @@ void MinMax(const float* v, int n, float* lo, float* hi) {
     l = _mm256_min_ps(l, x);
     h = _mm256_max_ps(h, x);
   }
-  alignas(32) float a[8], b[8];
-  _mm256_store_ps(a, l);
-  _mm256_store_ps(b, h);
-  float rl = a[0], rh = b[0];
-  for (int i = 1; i < 8; ++i) {
-    rl = a[i] < rl ? a[i] : rl;
-    rh = b[i] > rh ? b[i] : rh;
-  }
-  *lo = rl;
-  *hi = rh;
+  *lo = _mm256_cvtss_f32(HMinV(l));
+  *hi = _mm256_cvtss_f32(HMaxV(h));
 }
-
 
 void Fwht(float* v, int n) {
   if (n % 8 != 0) return ScalarKernels().fwht(v, n);
