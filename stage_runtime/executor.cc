@@ -1,0 +1,190 @@
+#include "stage_runtime/executor.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "stage_runtime/checkpoint.h"
+
+namespace longhaul::stage_runtime {
+namespace {
+
+template <typename Fn>
+auto CatchTorch(const char* what, Fn&& fn) -> decltype(fn()) {
+  try {
+    return fn();
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat(what, ": libtorch: ", e.what_without_backtrace()));
+  }
+}
+
+constexpr char kStepKey[] = "step";
+constexpr char kFormatKey[] = "format";
+constexpr char kFormat[] = "longhaul-stage-v1";
+
+}  // namespace
+
+double OptimizerConfig::LearningRate(int64_t step) const {
+  if (step < warmup_steps) return lr * static_cast<double>(step + 1) / warmup_steps;
+  const double span = std::max(1, total_steps - warmup_steps);
+  const double progress = std::min(1.0, static_cast<double>(step - warmup_steps) / span);
+  return min_lr + 0.5 * (lr - min_lr) * (1.0 + std::cos(M_PI * progress));
+}
+
+StageExecutor::StageExecutor(const StageSpec& spec)
+    : spec_(spec), model_(spec.model, spec.layers, spec.first, spec.last, spec.seed) {
+  for (auto& kv : model_->named_parameters()) {
+    params_.emplace_back(kv.key(), kv.value());
+    exp_avg_[kv.key()] = torch::zeros_like(kv.value());
+    exp_avg_sq_[kv.key()] = torch::zeros_like(kv.value());
+  }
+}
+
+absl::StatusOr<std::unique_ptr<StageExecutor>> StageExecutor::Create(const StageSpec& spec) {
+  if (absl::Status s = spec.model.Validate(); !s.ok()) return s;
+  if (spec.layers.begin < 0 || spec.layers.end > spec.model.layers || spec.layers.begin > spec.layers.end) {
+    return absl::InvalidArgumentError("stage layer range outside the model");
+  }
+  if (spec.micro_batches < 1) return absl::InvalidArgumentError("micro_batches must be >= 1");
+  return CatchTorch("create stage", [&]() -> absl::StatusOr<std::unique_ptr<StageExecutor>> {
+    return std::unique_ptr<StageExecutor>(new StageExecutor(spec));
+  });
+}
+
+absl::StatusOr<torch::Tensor> StageExecutor::Forward(int mb, const torch::Tensor& input,
+                                                     const torch::Tensor& labels) {
+  if (stored_.count(mb)) return absl::FailedPreconditionError(absl::StrCat("micro-batch ", mb, " already forwarded"));
+  if (spec_.last && !labels.defined()) return absl::InvalidArgumentError("last stage needs labels");
+  return CatchTorch("forward", [&]() -> absl::StatusOr<torch::Tensor> {
+    Stored s;
+    s.input = spec_.first ? input : input.detach().requires_grad_(true);
+    torch::Tensor out = model_->forward(s.input);
+    torch::Tensor result;
+    if (spec_.last) {
+      const torch::Tensor loss = torch::cross_entropy_loss(out.reshape({-1, out.size(-1)}), labels.reshape({-1}));
+      s.output = loss / spec_.micro_batches;
+      result = loss.detach();
+    } else {
+      s.output = out;
+      result = out.detach();
+    }
+    stored_[mb] = std::move(s);
+    peak_stored_ = std::max<int64_t>(peak_stored_, static_cast<int64_t>(stored_.size()));
+    return result;
+  });
+}
+
+absl::StatusOr<torch::Tensor> StageExecutor::Backward(int mb, const torch::Tensor& grad_output) {
+  auto it = stored_.find(mb);
+  if (it == stored_.end()) return absl::FailedPreconditionError(absl::StrCat("backward of micro-batch ", mb, " before its forward"));
+  if (!spec_.last && !grad_output.defined()) return absl::InvalidArgumentError("backward needs the output gradient");
+  return CatchTorch("backward", [&]() -> absl::StatusOr<torch::Tensor> {
+    Stored s = std::move(it->second);
+    stored_.erase(it);
+    if (spec_.last) {
+      s.output.backward();
+    } else {
+      if (grad_output.sizes() != s.output.sizes()) {
+        return absl::InvalidArgumentError("activation gradient shape does not match the activation");
+      }
+      s.output.backward(grad_output);
+    }
+    return spec_.first ? torch::Tensor() : s.input.grad().detach();
+  });
+}
+
+absl::StatusOr<torch::Tensor> StageExecutor::Evaluate(const torch::Tensor& input, const torch::Tensor& labels) {
+  return CatchTorch("evaluate", [&]() -> absl::StatusOr<torch::Tensor> {
+    torch::NoGradGuard no_grad;
+    torch::Tensor out = model_->forward(input);
+    if (!spec_.last) return out;
+    return torch::cross_entropy_loss(out.reshape({-1, out.size(-1)}), labels.reshape({-1}));
+  });
+}
+
+double StageExecutor::SquaredGradNorm() const {
+  double s = 0;
+  for (const auto& [name, p] : params_) {
+    if (p.grad().defined()) s += p.grad().to(torch::kFloat64).pow(2).sum().item<double>();
+  }
+  return s;
+}
+
+absl::Status StageExecutor::Step(double clip_factor) {
+  if (!stored_.empty()) return absl::FailedPreconditionError("optimizer step with micro-batches still in flight");
+  return CatchTorch("optimizer step", [&]() -> absl::Status {
+    torch::NoGradGuard no_grad;
+    const OptimizerConfig& o = spec_.optimizer;
+    const double lr = o.LearningRate(step_);
+    const double t = static_cast<double>(step_ + 1);
+    const double bc1 = 1 - std::pow(o.beta1, t), bc2 = 1 - std::pow(o.beta2, t);
+    for (auto& [name, p] : params_) {
+      torch::Tensor g = p.grad();
+      if (!g.defined()) continue;
+      if (clip_factor != 1.0) g.mul_(clip_factor);
+      torch::Tensor& m = exp_avg_[name];
+      torch::Tensor& v = exp_avg_sq_[name];
+      m.mul_(o.beta1).add_(g, 1 - o.beta1);
+      v.mul_(o.beta2).addcmul_(g, g, 1 - o.beta2);
+      // Decoupled weight decay on matrices only (not biases, norms).
+      if (p.dim() >= 2) p.mul_(1 - lr * o.weight_decay);
+      p.addcdiv_(m, (v / bc2).sqrt_().add_(o.eps), -lr / bc1);
+      g.zero_();
+    }
+    ++step_;
+    return absl::OkStatus();
+  });
+}
+
+absl::Status StageExecutor::SaveCheckpoint(const std::string& path) const {
+  return CatchTorch("save checkpoint", [&]() -> absl::Status {
+    TensorFile f;
+    for (const auto& [name, p] : params_) {
+      f.tensors[name] = p;
+      f.tensors["__optim__.exp_avg." + name] = exp_avg_.at(name);
+      f.tensors["__optim__.exp_avg_sq." + name] = exp_avg_sq_.at(name);
+    }
+    f.metadata[kStepKey] = std::to_string(step_);
+    f.metadata[kFormatKey] = kFormat;
+    return WriteSafetensors(path, f);
+  });
+}
+
+absl::Status StageExecutor::LoadCheckpoint(const std::string& path) {
+  absl::StatusOr<TensorFile> f = ReadSafetensors(path);
+  if (!f.ok()) return f.status();
+  auto fmt = f->metadata.find(kFormatKey);
+  auto st = f->metadata.find(kStepKey);
+  if (fmt == f->metadata.end() || fmt->second != kFormat || st == f->metadata.end()) {
+    return absl::DataLossError(absl::StrCat("checkpoint ", path, " is not a longhaul stage checkpoint"));
+  }
+  int64_t step = 0;
+  try {
+    step = std::stoll(st->second);
+  } catch (...) {
+    return absl::DataLossError(absl::StrCat("checkpoint ", path, ": bad step \"", st->second, "\""));
+  }
+  // Check everything before changing anything.
+  for (const auto& [name, p] : params_) {
+    for (const std::string& key : {name, "__optim__.exp_avg." + name, "__optim__.exp_avg_sq." + name}) {
+      auto it = f->tensors.find(key);
+      if (it == f->tensors.end()) return absl::DataLossError(absl::StrCat("checkpoint ", path, " lacks tensor ", key));
+      if (it->second.sizes() != p.sizes()) {
+        return absl::DataLossError(absl::StrCat("checkpoint ", path, ": tensor ", key, " has shape ",
+                                                c10::str(it->second.sizes()), ", the stage expects ", c10::str(p.sizes())));
+      }
+    }
+  }
+  if (f->tensors.size() != 3 * params_.size()) {
+    return absl::DataLossError(absl::StrCat("checkpoint ", path, " holds tensors this stage does not have"));
+  }
+  torch::NoGradGuard no_grad;
+  for (auto& [name, p] : params_) {
+    p.copy_(f->tensors[name]);
+    exp_avg_[name].copy_(f->tensors["__optim__.exp_avg." + name]);
+    exp_avg_sq_[name].copy_(f->tensors["__optim__.exp_avg_sq." + name]);
+  }
+  step_ = step;
+  return absl::OkStatus();
+}
+
+}  // namespace longhaul::stage_runtime

@@ -1,0 +1,85 @@
+// StageExecutor: one pipeline stage's training engine. It runs forward for a micro-batch from a
+// received activation (or token ids on stage 0), backward from a received activation gradient (or
+// from the loss on the last stage), accumulates gradients over micro-batches, and steps AdamW with
+// a warm-up + cosine learning rate. Gradient clipping is global: the caller sums every stage's
+// SquaredGradNorm() and passes the resulting clip factor to Step().
+//
+// Not thread-safe: one thread (the stage's compute thread) owns an executor. LibTorch errors are
+// caught here and returned as Status.
+#ifndef LONGHAUL_STAGE_RUNTIME_EXECUTOR_H_
+#define LONGHAUL_STAGE_RUNTIME_EXECUTOR_H_
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "absl/status/statusor.h"
+#include "stage_runtime/model.h"
+
+namespace longhaul::stage_runtime {
+
+struct OptimizerConfig {
+  double lr = 3e-3;
+  double min_lr = 3e-4;
+  int warmup_steps = 20;
+  int total_steps = 300;  // cosine decays from lr to min_lr between warm-up and total_steps
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
+  double clip_norm = 1.0;  // <= 0 disables clipping
+  double LearningRate(int64_t step) const;
+};
+
+struct StageSpec {
+  GptConfig model;
+  LayerRange layers;
+  bool first = true, last = true;
+  uint64_t seed = 1;
+  int micro_batches = 1;
+  OptimizerConfig optimizer;
+};
+
+class StageExecutor {
+ public:
+  static absl::StatusOr<std::unique_ptr<StageExecutor>> Create(const StageSpec& spec);
+
+  // Stage 0 takes token ids; others activations. On the last stage `labels` is required and the
+  // returned tensor is the micro-batch's mean cross-entropy (a scalar); otherwise the activation.
+  absl::StatusOr<torch::Tensor> Forward(int micro_batch, const torch::Tensor& input,
+                                        const torch::Tensor& labels = {});
+  // Last stage: grad_output is ignored (backward starts from the stored loss / micro_batches).
+  // Returns the gradient for the previous stage (undefined on stage 0).
+  absl::StatusOr<torch::Tensor> Backward(int micro_batch, const torch::Tensor& grad_output = {});
+  // Forward without autograd or stored state (evaluation). Last stage returns the mean loss.
+  absl::StatusOr<torch::Tensor> Evaluate(const torch::Tensor& input, const torch::Tensor& labels = {});
+
+  double SquaredGradNorm() const;
+  // Scales gradients by clip_factor, applies AdamW, zeroes gradients, advances the step.
+  absl::Status Step(double clip_factor);
+
+  int64_t step() const { return step_; }
+  int64_t peak_stored_activations() const { return peak_stored_; }
+  int64_t stored_activations() const { return static_cast<int64_t>(stored_.size()); }
+  GptStage& model() { return model_; }
+
+  absl::Status SaveCheckpoint(const std::string& path) const;
+  absl::Status LoadCheckpoint(const std::string& path);
+
+ private:
+  explicit StageExecutor(const StageSpec& spec);
+  struct Stored {
+    torch::Tensor input;   // leaf with requires_grad (stages > 0)
+    torch::Tensor output;  // activation, or the scaled loss on the last stage
+  };
+  StageSpec spec_;
+  GptStage model_;
+  std::vector<std::pair<std::string, torch::Tensor>> params_;
+  std::map<std::string, torch::Tensor> exp_avg_, exp_avg_sq_;
+  std::map<int, Stored> stored_;
+  int64_t step_ = 0;
+  int64_t peak_stored_ = 0;
+};
+
+}  // namespace longhaul::stage_runtime
+
+#endif  // LONGHAUL_STAGE_RUNTIME_EXECUTOR_H_
