@@ -6,6 +6,7 @@
 namespace longhaul::bench {
 
 int CodecBenchMain(int argc, char** argv);
+int ConvergenceBenchMain(int argc, char** argv);
 
 }  // namespace longhaul::bench
 

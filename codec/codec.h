@@ -9,7 +9,7 @@
 //   fp32 | fp16 | bf16                  raw, 32/16/16 bits per element
 //   int<k>[:g=G]                        k = 2..8, uniform asymmetric per group of G (default 64)
 //   tahquant[:g=G,r=R,tau=T,bits=H/L,hadamard=on|off,adaptive=on|off]
-//                                       TAH-Quant; defaults g=64 r=0.8 tau=3 bits=4/3
+//                                       TAH-Quant; defaults g=64 r=0.8 tau=2 bits=4/3
 // Inputs may be float32, float16 or bfloat16 of any shape; grouped codecs group along the last
 // dimension. Tensors on other devices are copied to the CPU (CUDA kernels are a later backend;
 // the interface does not change).

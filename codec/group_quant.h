@@ -35,7 +35,7 @@
 namespace longhaul::codec {
 
 // Default outlier threshold, chosen by measurement (docs/codec-results.md, "choosing tau").
-inline constexpr float kDefaultTau = 3.0f;
+inline constexpr float kDefaultTau = 2.0f;
 
 struct GroupQuantParams {
   int group_size = 64;  // power of two in [8, 256]

@@ -138,7 +138,7 @@ TEST(Codec, RejectsNonFiniteAndHugeInput) {
 TEST(Codec, SpecsParseAndPrintCanonically) {
   EXPECT_EQ(Make("int4")->spec(), "int4:g=64");
   EXPECT_EQ(Make("tahquant:g=32,hadamard=off")->spec(),
-            "tahquant:g=32,r=0.8,tau=3,bits=4/3,hadamard=off,adaptive=on");
+            "tahquant:g=32,r=0.8,tau=2,bits=4/3,hadamard=off,adaptive=on");
   for (const char* bad : {"", "int9", "int1", "int4:g=48", "int4:g=512", "tahquant:r=1.5",
                           "tahquant:tau=-1", "tahquant:bits=3/4", "tahquant:foo=1", "fp32:g=4",
                           "zstd", "tahquant:hadamard=maybe", "int4:r=0.5"}) {
