@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "codec/group_quant.h"
+#include "codec/torch_status.h"
 
 namespace longhaul::codec {
 namespace {
@@ -49,15 +50,6 @@ void RowsOf(const std::vector<int64_t>& shape, int64_t numel, int64_t* tokens, i
   *tokens = *dim == 0 ? 0 : numel / *dim;
 }
 
-template <typename Fn>
-auto CatchTorch(Fn&& fn) -> decltype(fn()) {
-  try {
-    return fn();
-  } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat("libtorch: ", e.what_without_backtrace()));
-  }
-}
-
 class RawCodec : public Codec {
  public:
   explicit RawCodec(CodecId id) : id_(id) {}
@@ -66,7 +58,7 @@ class RawCodec : public Codec {
 
   absl::StatusOr<std::string> Encode(const torch::Tensor& x, const EncodeOptions&,
                                      EncodeStats*) const override {
-    return CatchTorch([&]() -> absl::StatusOr<std::string> {
+    return CatchTorch("encode", [&]() -> absl::StatusOr<std::string> {
       absl::StatusOr<FrameDtype> dtype = DtypeOf(x);
       if (!dtype.ok()) return dtype.status();
       const torch::Tensor w = x.to(torch::kCPU, WireType()).contiguous();
@@ -99,7 +91,7 @@ class GroupQuantCodec : public Codec {
 
   absl::StatusOr<std::string> Encode(const torch::Tensor& x, const EncodeOptions& o,
                                      EncodeStats* stats) const override {
-    return CatchTorch([&]() -> absl::StatusOr<std::string> {
+    return CatchTorch("encode", [&]() -> absl::StatusOr<std::string> {
       absl::StatusOr<FrameDtype> dtype = DtypeOf(x);
       if (!dtype.ok()) return dtype.status();
       const torch::Tensor f = x.to(torch::kCPU, torch::kFloat32).contiguous();
@@ -208,7 +200,7 @@ absl::Status DecodeFrameInto(absl::string_view frame, torch::Tensor* out, const 
     }
     return torch::empty(h.shape, torch::TensorOptions().dtype(type));
   };
-  absl::StatusOr<torch::Tensor> result = CatchTorch([&]() -> absl::StatusOr<torch::Tensor> {
+  absl::StatusOr<torch::Tensor> result = CatchTorch("decode", [&]() -> absl::StatusOr<torch::Tensor> {
     switch (h.codec) {
       case CodecId::kFp32:
       case CodecId::kFp16:

@@ -3,19 +3,11 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "codec/torch_status.h"
 #include "stage_runtime/checkpoint.h"
 
 namespace longhaul::stage_runtime {
 namespace {
-
-template <typename Fn>
-auto CatchTorch(const char* what, Fn&& fn) -> decltype(fn()) {
-  try {
-    return fn();
-  } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat(what, ": libtorch: ", e.what_without_backtrace()));
-  }
-}
 
 constexpr char kStepKey[] = "step";
 constexpr char kFormatKey[] = "format";
