@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
-#include "bench/args.h"
+#include "tools/cli/args.h"
 #include "bench/benchmarks.h"
 #include "bench/synthetic_data.h"
 #include "codec/codec.h"
@@ -63,7 +63,7 @@ struct Result {
 }  // namespace
 
 int CodecBenchMain(int argc, char** argv) {
-  auto args = Args::Parse(argc, argv, {"codec", "tokens", "hidden", "threads", "outliers", "seed",
+  auto args = cli::Args::Parse(argc, argv, {"codec", "tokens", "hidden", "threads", "outliers", "seed",
                                        "min-seconds", "json", "help"});
   if (!args.ok()) {
     std::fprintf(stderr, "longhaul-bench codec: %s\n\n%s", std::string(args.status().message()).c_str(), kHelp);

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "absl/strings/str_format.h"
-#include "bench/args.h"
+#include "tools/cli/args.h"
 #include "bench/benchmarks.h"
 #include "stage_runtime/pipeline.h"
 
@@ -31,7 +31,7 @@ constexpr char kHelp[] =
 }  // namespace
 
 int ConvergenceBenchMain(int argc, char** argv) {
-  auto args = Args::Parse(argc, argv, {"steps", "codec", "bwd-codec", "schedule", "stages", "layers",
+  auto args = cli::Args::Parse(argc, argv, {"steps", "codec", "bwd-codec", "schedule", "stages", "layers",
                                        "hidden", "heads", "context", "micro-batches",
                                        "micro-batch-size", "lr", "seed", "eval-every", "json", "help"});
   auto fail = [](const absl::Status& s) {

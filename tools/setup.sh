@@ -8,7 +8,7 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config git
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc protobuf-compiler libprotobuf-dev
   libabsl-dev libtorch-dev libopenblas0-pthread prometheus-cpp-dev libboost-dev
-  libsqlite3-dev sqlite3 libgtest-dev libgmock-dev nlohmann-json3-dev
+  libsqlite3-dev sqlite3 libgtest-dev libgmock-dev nlohmann-json3-dev libyaml-cpp-dev
   clang libclang-rt-14-dev
   fortunes fortunes-min
   iproute2

@@ -1,14 +1,19 @@
-#include "bench/args.h"
+#include "tools/cli/args.h"
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
-namespace longhaul::bench {
+namespace longhaul::cli {
 
-absl::StatusOr<Args> Args::Parse(int argc, char** argv, const std::set<std::string>& known) {
+absl::StatusOr<Args> Args::Parse(int argc, char** argv, const std::set<std::string>& known,
+                                 bool allow_positional) {
   Args a;
   for (int i = 0; i < argc; ++i) {
     std::string s = argv[i];
+    if (s.rfind("--", 0) != 0 && allow_positional) {
+      a.positional_.push_back(s);
+      continue;
+    }
     if (s.rfind("--", 0) != 0) {
       return absl::InvalidArgumentError(absl::StrCat("unexpected argument \"", s, "\" (flags are --name=value)"));
     }
@@ -54,4 +59,4 @@ bool Args::Bool(const std::string& k) const {
   return v == "true" || v == "1" || v == "yes";
 }
 
-}  // namespace longhaul::bench
+}  // namespace longhaul::cli

@@ -1,0 +1,405 @@
+#include "worker/link.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "codec/torch_status.h"
+
+namespace longhaul::worker {
+
+// ----------------------------------------------------------------------------------------- Inbox
+
+Inbox::Inbox(size_t capacity, std::string peer) : capacity_(capacity < 1 ? 1 : capacity), peer_(std::move(peer)) {}
+
+bool Inbox::Push(InFrame f) {
+  absl::MutexLock l(&mu_);
+  auto room = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return q_.size() < capacity_ || !cancelled_.ok(); };
+  mu_.Await(absl::Condition(&room));
+  if (!cancelled_.ok()) return false;
+  q_.push_back(std::move(f));
+  return true;
+}
+
+absl::StatusOr<InFrame> Inbox::Pop(absl::Duration timeout) {
+  absl::MutexLock l(&mu_);
+  auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return !q_.empty() || !closed_.ok() || !cancelled_.ok();
+  };
+  if (!mu_.AwaitWithTimeout(absl::Condition(&ready), timeout)) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("no frame from ", peer_, " for ", absl::FormatDuration(timeout)));
+  }
+  if (!cancelled_.ok()) return cancelled_;
+  if (q_.empty()) return closed_;
+  InFrame f = std::move(q_.front());
+  q_.pop_front();
+  return f;
+}
+
+void Inbox::Close(absl::Status why) {
+  absl::MutexLock l(&mu_);
+  if (closed_.ok()) closed_ = why.ok() ? absl::UnavailableError(absl::StrCat("link from ", peer_, " closed")) : why;
+}
+
+void Inbox::Cancel(absl::Status why) {
+  absl::MutexLock l(&mu_);
+  if (cancelled_.ok()) cancelled_ = why.ok() ? absl::CancelledError("cancelled") : why;
+}
+
+// ------------------------------------------------------------------------------------ channels
+
+grpc::ChannelArguments LonghaulChannelArgs() {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  args.SetMaxSendMessageSize(kMaxMessageBytes);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // Each link gets its own TCP connection (no sharing with the control plane or other links), so a
+  // slow link's window never stalls another.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  return args;
+}
+
+// ------------------------------------------------------------------------------------ LinkSender
+
+LinkSender::LinkSender(const SenderOptions& o, const codec::Codec* codec) : opt_(o), codec_(codec) {}
+
+absl::StatusOr<std::unique_ptr<LinkSender>> LinkSender::Start(const SenderOptions& o,
+                                                              const codec::Codec* codec) {
+  std::unique_ptr<LinkSender> s(new LinkSender(o, codec));
+  s->channel_ = grpc::CreateCustomChannel(o.target, grpc::InsecureChannelCredentials(), LonghaulChannelArgs());
+  if (!s->channel_->WaitForConnected(absl::ToChronoTime(absl::Now() + o.connect_timeout))) {
+    return absl::UnavailableError(absl::StrCat("cannot connect to ", o.peer, " within ",
+                                               absl::FormatDuration(o.connect_timeout)));
+  }
+  s->stub_ = v1::StageLink::NewStub(s->channel_);
+  s->stream_ = s->stub_->Stream(&s->ctx_);
+  if (!s->stream_) return absl::UnavailableError(absl::StrCat("cannot open a stream to ", o.peer));
+  s->sender_ = std::thread([p = s.get()] { p->SenderLoop(); });
+  s->acker_ = std::thread([p = s.get()] { p->AckLoop(); });
+  return s;
+}
+
+LinkSender::~LinkSender() { Cancel(); }
+
+void LinkSender::Fail(absl::Status s) {
+  absl::MutexLock l(&mu_);
+  if (failed_.ok()) failed_ = std::move(s);
+}
+
+absl::Status LinkSender::Enqueue(Item item) {
+  absl::MutexLock l(&mu_);
+  if (finished_) return absl::FailedPreconditionError(absl::StrCat("link to ", opt_.peer, " already finished"));
+  auto room = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return q_.size() < opt_.queue_capacity || !failed_.ok();
+  };
+  const absl::Time t0 = absl::Now();
+  mu_.Await(absl::Condition(&room));
+  send_wait_ += absl::Now() - t0;
+  if (!failed_.ok()) return failed_;
+  q_.push_back(std::move(item));
+  return absl::OkStatus();
+}
+
+absl::Status LinkSender::Send(uint64_t step, int micro_batch, v1::Direction dir, torch::Tensor t,
+                              bool measure_error) {
+  Item it;
+  it.step = step;
+  it.micro_batch = micro_batch;
+  it.direction = dir;
+  it.tensor = t.detach();
+  it.measure_error = measure_error;
+  return Enqueue(std::move(it));
+}
+
+absl::Status LinkSender::SendValue(uint64_t step, v1::Direction dir, double value) {
+  Item it;
+  it.step = step;
+  it.direction = dir;
+  it.value = value;
+  return Enqueue(std::move(it));
+}
+
+absl::Status LinkSender::WriteFrame(const Item& item, const std::string& frame) {
+  const int64_t n = static_cast<int64_t>(frame.size());
+  const int64_t count = std::max<int64_t>(1, (n + kChunkBytes - 1) / kChunkBytes);
+  v1::TensorFrameChunk chunk;
+  chunk.set_job_id(opt_.job_id);
+  chunk.set_step(item.step);
+  chunk.set_micro_batch(static_cast<uint32_t>(item.micro_batch));
+  chunk.set_direction(item.direction);
+  chunk.set_chunk_count(static_cast<uint32_t>(count));
+  chunk.set_frame_bytes(static_cast<uint64_t>(n));
+  chunk.set_from_stage(opt_.from_stage);
+  absl::Duration shaped = absl::ZeroDuration();
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t off = i * kChunkBytes;
+    const int64_t len = std::min(kChunkBytes, n - off);
+    chunk.set_chunk_index(static_cast<uint32_t>(i));
+    chunk.mutable_data()->assign(frame.data() + off, static_cast<size_t>(len));
+    if (bucket_) shaped += bucket_->Acquire(len);
+    if (!stream_->Write(chunk)) {
+      return absl::UnavailableError(absl::StrCat("link to ", opt_.peer, " broke while sending step ",
+                                                 item.step, " (the peer closed the stream or died)"));
+    }
+  }
+  absl::MutexLock l(&mu_);
+  stats_.shaper_wait_seconds += absl::ToDoubleSeconds(shaped);
+  return absl::OkStatus();
+}
+
+void LinkSender::SenderLoop() {
+  if (opt_.rate_bytes_per_s > 0) {
+    bucket_ = std::make_unique<netem::TokenBucket>(
+        opt_.rate_bytes_per_s, opt_.burst_bytes > 0 ? opt_.burst_bytes : kChunkBytes, opt_.clock);
+  }
+  for (;;) {
+    Item item;
+    {
+      absl::MutexLock l(&mu_);
+      auto has = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return !q_.empty() || !failed_.ok(); };
+      mu_.Await(absl::Condition(&has));
+      if (!failed_.ok()) return;
+      item = std::move(q_.front());
+      // Leave the item counted in the queue until it is written, so Finish's drain is exact.
+    }
+    if (item.end) {
+      absl::MutexLock l(&mu_);
+      q_.pop_front();
+      return;
+    }
+    std::string frame;
+    double rel_error = -1;
+    if (item.tensor.defined()) {
+      absl::StatusOr<std::string> f = codec_->Encode(item.tensor, {opt_.codec_threads});
+      if (!f.ok()) {
+        Fail(absl::Status(f.status().code(), absl::StrCat("encoding for ", opt_.peer, ": ", f.status().message())));
+        return;
+      }
+      frame = std::move(*f);
+      if (item.measure_error) {
+        absl::StatusOr<double> e = CatchTorch("rel error", [&]() -> absl::StatusOr<double> {
+          auto y = codec::DecodeFrame(frame, {opt_.codec_threads});
+          if (!y.ok()) return y.status();
+          const double n = item.tensor.norm().item<double>();
+          return n > 0 ? (item.tensor.to(torch::kFloat32) - *y).norm().item<double>() / n : 0.0;
+        });
+        if (e.ok()) rel_error = *e;
+      }
+    } else {
+      frame.resize(sizeof(double));
+      std::memcpy(frame.data(), &item.value, sizeof(double));
+    }
+    if (absl::Status s = WriteFrame(item, frame); !s.ok()) {
+      Fail(s);
+      return;
+    }
+    absl::MutexLock l(&mu_);
+    q_.pop_front();
+    if (item.tensor.defined()) {
+      stats_.frames++;
+      stats_.raw_bytes += item.tensor.numel() * 4;
+      stats_.wire_bytes += static_cast<int64_t>(frame.size());
+      if (rel_error >= 0) {
+        stats_.error_samples++;
+        stats_.sum_rel_error += rel_error;
+      }
+    }
+  }
+}
+
+void LinkSender::AckLoop() {
+  v1::FrameAck ack;
+  while (stream_->Read(&ack)) {
+    if (!ack.error().empty()) {
+      Fail(absl::DataLossError(absl::StrCat(opt_.peer, " rejected a frame: ", ack.error())));
+      ctx_.TryCancel();
+      return;
+    }
+  }
+  absl::MutexLock l(&mu_);
+  if (failed_.ok() && !finished_) {
+    failed_ = absl::UnavailableError(absl::StrCat("link to ", opt_.peer, " closed by the peer"));
+  }
+}
+
+absl::Status LinkSender::Finish() {
+  {
+    absl::MutexLock l(&mu_);
+    if (finished_) return failed_;
+    Item end;
+    end.end = true;
+    q_.push_back(std::move(end));
+  }
+  if (sender_.joinable()) sender_.join();
+  absl::Status st;
+  {
+    absl::MutexLock l(&mu_);
+    finished_ = true;
+    st = failed_;
+  }
+  if (st.ok()) stream_->WritesDone();
+  else ctx_.TryCancel();
+  if (acker_.joinable()) acker_.join();
+  grpc::Status gs = stream_->Finish();
+  if (st.ok() && !gs.ok()) {
+    st = absl::UnavailableError(absl::StrCat("link to ", opt_.peer, " ended with: ", gs.error_message()));
+  }
+  return st;
+}
+
+void LinkSender::Cancel() {
+  {
+    absl::MutexLock l(&mu_);
+    if (finished_ && !sender_.joinable() && !acker_.joinable()) return;
+    finished_ = true;
+    if (failed_.ok()) failed_ = absl::CancelledError("link cancelled");
+  }
+  ctx_.TryCancel();
+  if (sender_.joinable()) sender_.join();
+  if (acker_.joinable()) acker_.join();
+}
+
+void LinkSender::Abort(absl::Status why) {
+  Fail(std::move(why));
+  ctx_.TryCancel();
+}
+
+LinkStats LinkSender::stats() {
+  absl::MutexLock l(&mu_);
+  return stats_;
+}
+
+absl::Duration LinkSender::TakeSendWait() {
+  absl::MutexLock l(&mu_);
+  absl::Duration d = send_wait_;
+  send_wait_ = absl::ZeroDuration();
+  return d;
+}
+
+// ------------------------------------------------------------------------------- receiving side
+
+absl::StatusOr<InFrame> DecodeInFrame(const v1::TensorFrameChunk& first, const std::string& bytes) {
+  InFrame f;
+  f.step = first.step();
+  f.micro_batch = static_cast<int>(first.micro_batch());
+  f.direction = first.direction();
+  switch (first.direction()) {
+    case v1::DIRECTION_FORWARD:
+    case v1::DIRECTION_BACKWARD: {
+      absl::StatusOr<torch::Tensor> t = codec::DecodeFrame(bytes);
+      if (!t.ok()) return t.status();
+      f.tensor = std::move(*t);
+      return f;
+    }
+    case v1::DIRECTION_NORM_PARTIAL:
+    case v1::DIRECTION_NORM_TOTAL:
+      if (bytes.size() != sizeof(double)) {
+        return absl::InvalidArgumentError(absl::StrCat("norm frame of ", bytes.size(), " bytes (want 8)"));
+      }
+      std::memcpy(&f.value, bytes.data(), sizeof(double));
+      if (!std::isfinite(f.value) || f.value < 0) {
+        return absl::InvalidArgumentError(absl::StrCat("norm frame carries ", f.value));
+      }
+      return f;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("unknown direction ", static_cast<int>(first.direction())));
+  }
+}
+
+namespace {
+
+// Accumulates the chunks of one frame, checking every field against the first chunk and bounds.
+class Reassembler {
+ public:
+  explicit Reassembler(int64_t max_frame_bytes) : max_(max_frame_bytes) {}
+
+  // Returns true when `c` completed a frame (then first() and bytes() hold it).
+  absl::StatusOr<bool> Add(const v1::TensorFrameChunk& c) {
+    if (next_ == 0) {
+      if (c.chunk_index() != 0) return absl::InvalidArgumentError(absl::StrCat("frame starts at chunk ", c.chunk_index()));
+      if (c.chunk_count() < 1) return absl::InvalidArgumentError("chunk_count 0");
+      if (c.frame_bytes() > static_cast<uint64_t>(max_)) {
+        return absl::ResourceExhaustedError(absl::StrCat("frame of ", c.frame_bytes(), " bytes exceeds the limit of ", max_));
+      }
+      if (c.frame_bytes() > uint64_t{c.chunk_count()} * kMaxMessageBytes) {
+        return absl::InvalidArgumentError("frame_bytes larger than its chunks can carry");
+      }
+      first_ = c;
+      first_.clear_data();
+      bytes_.clear();
+      bytes_.reserve(c.frame_bytes());
+    } else if (c.chunk_index() != next_ || c.chunk_count() != first_.chunk_count() ||
+               c.frame_bytes() != first_.frame_bytes() || c.step() != first_.step() ||
+               c.micro_batch() != first_.micro_batch() || c.direction() != first_.direction() ||
+               c.job_id() != first_.job_id() || c.from_stage() != first_.from_stage()) {
+      return absl::InvalidArgumentError(absl::StrCat("chunk ", c.chunk_index(), " does not continue frame (step ",
+                                                     first_.step(), ", micro-batch ", first_.micro_batch(),
+                                                     ", expected chunk ", next_, ")"));
+    }
+    if (bytes_.size() + c.data().size() > first_.frame_bytes()) {
+      return absl::InvalidArgumentError("chunks carry more bytes than frame_bytes");
+    }
+    bytes_.append(c.data());
+    ++next_;
+    if (next_ < first_.chunk_count()) return false;
+    next_ = 0;
+    if (bytes_.size() != first_.frame_bytes()) {
+      return absl::InvalidArgumentError(absl::StrCat("frame has ", bytes_.size(), " bytes, header said ", first_.frame_bytes()));
+    }
+    return true;
+  }
+  const v1::TensorFrameChunk& first() const { return first_; }
+  const std::string& bytes() const { return bytes_; }
+
+ private:
+  const int64_t max_;
+  uint32_t next_ = 0;
+  v1::TensorFrameChunk first_;
+  std::string bytes_;
+};
+
+}  // namespace
+
+grpc::Status StageLinkService::Stream(grpc::ServerContext* ctx,
+                                      grpc::ServerReaderWriter<v1::FrameAck, v1::TensorFrameChunk>* stream) {
+  v1::TensorFrameChunk c;
+  if (!stream->Read(&c)) return grpc::Status::OK;
+  absl::StatusOr<std::shared_ptr<Inbox>> inbox = router_->Find(c.job_id(), c.from_stage(), absl::Seconds(30));
+  if (!inbox.ok()) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, std::string(inbox.status().message()));
+  }
+  Reassembler r(max_frame_bytes_);
+  auto reject = [&](const absl::Status& s) {
+    v1::FrameAck ack;
+    ack.set_step(c.step());
+    ack.set_micro_batch(c.micro_batch());
+    ack.set_direction(c.direction());
+    ack.set_error(std::string(s.message()));
+    stream->Write(ack);
+    (*inbox)->Close(absl::DataLossError(absl::StrCat("bad frame from ", (*inbox)->peer(), ": ", s.message())));
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, std::string(s.message()));
+  };
+  do {
+    absl::StatusOr<bool> done = r.Add(c);
+    if (!done.ok()) return reject(done.status());
+    if (!*done) continue;
+    absl::StatusOr<InFrame> f = DecodeInFrame(r.first(), r.bytes());
+    if (!f.ok()) return reject(f.status());
+    v1::FrameAck ack;
+    ack.set_step(f->step);
+    ack.set_micro_batch(static_cast<uint32_t>(f->micro_batch));
+    ack.set_direction(f->direction);
+    if (!(*inbox)->Push(std::move(*f))) return grpc::Status(grpc::StatusCode::CANCELLED, "job cancelled");
+    if (!stream->Write(ack)) break;
+  } while (stream->Read(&c));
+  // A sender that finished cleanly half-closed the stream; one that died cancelled it. Either way
+  // nothing more comes; a Pop that still needs a frame learns why.
+  (*inbox)->Close(ctx->IsCancelled()
+                      ? absl::UnavailableError(absl::StrCat("link from ", (*inbox)->peer(), " broke (peer died or cancelled)"))
+                      : absl::UnavailableError(absl::StrCat("link from ", (*inbox)->peer(), " closed")));
+  return grpc::Status::OK;
+}
+
+}  // namespace longhaul::worker

@@ -1,0 +1,193 @@
+// Data-plane links between neighbouring stages (the StageLink service of data_plane.proto).
+//
+// One directed link = one LinkSender on the sending worker + one Inbox on the receiving worker:
+//
+//   compute thread --Send()--> [bounded queue] --sender thread: encode, shape, chunk, Write-->
+//   gRPC stream --> StageLinkService handler: reassemble, validate, decode --> [bounded Inbox]
+//   --Pop()--> compute thread
+//
+// Threading: Send/SendValue/Finish/Cancel are called by the stage's compute thread only. Each
+// LinkSender owns two threads (the sender and the ack reader). Inbox is a thread-safe bounded
+// FIFO between one gRPC handler thread (Push) and the compute thread (Pop). Compute blocks on Send
+// only when the send queue is full; queues are sized to a step's frames, so in practice never.
+// Any link failure is sticky: the link is torn down and the error, naming the peer, reaches the
+// compute thread at its next Send or Pop (STYLE.md 9: recovery is the control plane's job).
+#ifndef LONGHAUL_WORKER_LINK_H_
+#define LONGHAUL_WORKER_LINK_H_
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include <grpcpp/grpcpp.h>
+#include <torch/torch.h>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "codec/codec.h"
+#include "longhaul/v1/data_plane.grpc.pb.h"
+#include "netem/clock.h"
+#include "netem/shaper.h"
+
+namespace longhaul::worker {
+
+namespace v1 = ::longhaul::v1;
+
+// Largest frame a receiver accepts (a hostile frame_bytes is rejected before any allocation).
+inline constexpr int64_t kDefaultMaxFrameBytes = int64_t{1} << 30;
+// Chunk size on the wire (below the 4 MiB message limit set on every channel and server).
+inline constexpr int64_t kChunkBytes = int64_t{1} << 20;
+inline constexpr int kMaxMessageBytes = 4 << 20;
+
+// A received, validated item: a decoded tensor (FORWARD/BACKWARD) or a scalar (NORM_*).
+struct InFrame {
+  uint64_t step = 0;
+  int micro_batch = 0;
+  v1::Direction direction = v1::DIRECTION_UNSPECIFIED;
+  torch::Tensor tensor;
+  double value = 0;
+};
+
+class Inbox {
+ public:
+  // `peer` describes the sending side for error messages ("stage 1 (worker w1 at host:port)").
+  Inbox(size_t capacity, std::string peer);
+
+  // Handler side: blocks while full. Returns false when the inbox was cancelled (drop the frame).
+  bool Push(InFrame f);
+  // Compute side: the next frame in arrival order. Fails when the link was closed with nothing
+  // left (the message names the peer), when cancelled, or after `timeout`.
+  absl::StatusOr<InFrame> Pop(absl::Duration timeout);
+  // No more frames will come; `why` is reported to a Pop that finds the inbox empty.
+  void Close(absl::Status why);
+  // Wakes every waiter; Push and Pop fail from now on.
+  void Cancel(absl::Status why);
+  const std::string& peer() const { return peer_; }
+
+ private:
+  const size_t capacity_;
+  const std::string peer_;
+  absl::Mutex mu_;
+  std::deque<InFrame> q_ ABSL_GUARDED_BY(mu_);
+  absl::Status closed_ ABSL_GUARDED_BY(mu_);     // non-OK once closed
+  absl::Status cancelled_ ABSL_GUARDED_BY(mu_);  // non-OK once cancelled
+};
+
+struct LinkStats {
+  int64_t frames = 0;
+  int64_t raw_bytes = 0;   // fp32 bytes of the tensors sent
+  int64_t wire_bytes = 0;  // frame bytes sent (chunk framing excluded)
+  int64_t error_samples = 0;
+  double sum_rel_error = 0;
+  double shaper_wait_seconds = 0;
+};
+
+struct SenderOptions {
+  std::string target;  // host:port of the receiving worker
+  std::string peer;    // for messages
+  uint64_t job_id = 0;
+  int from_stage = 0;
+  double rate_bytes_per_s = 0;  // 0: unshaped
+  int64_t burst_bytes = 0;      // 0: one chunk
+  size_t queue_capacity = 8;
+  int codec_threads = 1;
+  absl::Duration connect_timeout = absl::Seconds(30);
+  netem::Clock* clock = netem::RealClock();
+};
+
+class LinkSender {
+ public:
+  // Connects (waiting up to connect_timeout for the peer) and opens the stream. `codec` must
+  // outlive the sender.
+  static absl::StatusOr<std::unique_ptr<LinkSender>> Start(const SenderOptions& o,
+                                                           const codec::Codec* codec);
+  ~LinkSender();
+
+  // Queues a tensor; it is encoded and sent by the sender thread. `measure_error` decodes the
+  // frame again to measure ||x - dec(enc(x))|| / ||x|| (costs a decode; the runner samples).
+  absl::Status Send(uint64_t step, int micro_batch, v1::Direction dir, torch::Tensor t,
+                    bool measure_error);
+  absl::Status SendValue(uint64_t step, v1::Direction dir, double value);
+  // Sends everything queued, closes the stream and waits for the receiver's last ack.
+  absl::Status Finish();
+  // Tears the link down now (queued items are dropped) and joins the threads. Owner thread only.
+  void Cancel();
+  // Makes the link fail with `why` and cancels the stream, without waiting: wakes a compute thread
+  // blocked in Send and a sender blocked in a Write to a hung peer. Any thread.
+  void Abort(absl::Status why);
+
+  LinkStats stats();
+  // Time Send() spent blocked on a full queue since the last call.
+  absl::Duration TakeSendWait();
+
+ private:
+  struct Item {
+    uint64_t step = 0;
+    int micro_batch = 0;
+    v1::Direction direction = v1::DIRECTION_UNSPECIFIED;
+    torch::Tensor tensor;
+    double value = 0;
+    bool measure_error = false;
+    bool end = false;
+  };
+  LinkSender(const SenderOptions& o, const codec::Codec* codec);
+  absl::Status Enqueue(Item item);
+  void SenderLoop();
+  void AckLoop();
+  absl::Status WriteFrame(const Item& item, const std::string& frame);
+  void Fail(absl::Status s);
+
+  const SenderOptions opt_;
+  const codec::Codec* codec_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::StageLink::Stub> stub_;
+  grpc::ClientContext ctx_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::TensorFrameChunk, v1::FrameAck>> stream_;
+  std::thread sender_, acker_;
+  std::unique_ptr<netem::TokenBucket> bucket_;  // sender thread only
+
+  absl::Mutex mu_;
+  std::deque<Item> q_ ABSL_GUARDED_BY(mu_);
+  absl::Status failed_ ABSL_GUARDED_BY(mu_);
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  LinkStats stats_ ABSL_GUARDED_BY(mu_);
+  absl::Duration send_wait_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
+};
+
+// Where the StageLink handler delivers a link's frames: the worker maps (job, sending stage) to the
+// inbox of the stage it hosts. Find may wait up to `wait` for the job to be set up (a neighbour
+// can start sending before this worker has processed its own assignment).
+class InboxRouter {
+ public:
+  virtual ~InboxRouter() = default;
+  virtual absl::StatusOr<std::shared_ptr<Inbox>> Find(uint64_t job_id, int from_stage,
+                                                      absl::Duration wait) = 0;
+};
+
+class StageLinkService final : public v1::StageLink::Service {
+ public:
+  explicit StageLinkService(InboxRouter* router, int64_t max_frame_bytes = kDefaultMaxFrameBytes)
+      : router_(router), max_frame_bytes_(max_frame_bytes) {}
+  grpc::Status Stream(grpc::ServerContext* ctx,
+                      grpc::ServerReaderWriter<v1::FrameAck, v1::TensorFrameChunk>* stream) override;
+
+ private:
+  InboxRouter* router_;
+  const int64_t max_frame_bytes_;
+};
+
+// Validates a reassembled frame and turns it into an InFrame (decodes tensors, checks that the
+// direction may travel on a link from `from_stage`). Exposed for tests.
+absl::StatusOr<InFrame> DecodeInFrame(const v1::TensorFrameChunk& first, const std::string& bytes);
+
+// Channel arguments shared by every longhaul channel: explicit message limits, keepalive so a
+// silent dead peer is noticed.
+grpc::ChannelArguments LonghaulChannelArgs();
+
+}  // namespace longhaul::worker
+
+#endif  // LONGHAUL_WORKER_LINK_H_

@@ -1,0 +1,87 @@
+// The worker daemon's core: a StageLink server for incoming frames, a Session with the coordinator
+// (register, heartbeats, progress up; assignments and cancellations down), and at most one running
+// stage (StageRunner) at a time.
+//
+//   auto w = Worker::Start({.coordinator = "localhost:7400", .listen = "0.0.0.0:0", .name = "w0"});
+//   std::thread signals([&] { WaitForSignal(); (*w)->Shutdown(); });
+//   (*w)->Run();   // returns after Shutdown()
+//
+// Threading: Run() is the session thread (reads the coordinator's stream). A heartbeat thread
+// writes heartbeats; the job thread runs the StageRunner (the compute thread) and writes progress.
+// Writes to the session stream are serialised by write_mu_. gRPC's sync server threads run the
+// StageLink handlers. Shutdown() may be called from any thread, once.
+#ifndef LONGHAUL_WORKER_WORKER_H_
+#define LONGHAUL_WORKER_WORKER_H_
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "longhaul/v1/control_plane.grpc.pb.h"
+#include "worker/link.h"
+#include "worker/stage_runner.h"
+
+namespace longhaul::worker {
+
+struct WorkerOptions {
+  std::string coordinator = "localhost:7400";
+  std::string listen = "0.0.0.0:0";  // port 0: pick a free port
+  std::string advertise_host = "";   // host others use to reach us; "" = the listen host, or 127.0.0.1 for 0.0.0.0
+  std::string name;                  // "" = hostname-port
+  std::string region = "local";
+  std::string device = "cpu";
+  std::string data_dir = "/tmp/longhaul-worker";
+};
+
+class Worker : public InboxRouter {
+ public:
+  static absl::StatusOr<std::unique_ptr<Worker>> Start(const WorkerOptions& o);
+  ~Worker() override;
+
+  // The session loop: registers, serves the coordinator's stream, reconnects (with backoff) when
+  // the coordinator goes away. Returns after Shutdown().
+  void Run();
+  // Stops the running job (it is reported as failed), closes the session and the server.
+  void Shutdown();
+
+  const std::string& address() const { return address_; }
+  const std::string& name() const { return opt_.name; }
+
+  absl::StatusOr<std::shared_ptr<Inbox>> Find(uint64_t job_id, int from_stage, absl::Duration wait) override;
+
+ private:
+  explicit Worker(const WorkerOptions& o) : opt_(o) {}
+  bool RunSession();  // one registration + session; false when the coordinator was unreachable
+  void StartJob(const v1::StageAssignment& a);
+  void CancelJob(uint64_t job_id, const std::string& reason);
+  void JoinFinishedJob();
+  bool Send(const v1::WorkerMessage& m);
+
+  WorkerOptions opt_;
+  std::string address_;
+  std::unique_ptr<StageLinkService> link_service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::shared_ptr<grpc::Channel> coord_channel_;
+  std::unique_ptr<v1::Coordinator::Stub> coord_;
+
+  absl::Mutex mu_;
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t worker_id_ ABSL_GUARDED_BY(mu_) = 0;
+  grpc::ClientContext* session_ctx_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::shared_ptr<StageRunner> job_ ABSL_GUARDED_BY(mu_);
+  std::thread job_thread_ ABSL_GUARDED_BY(mu_);
+  bool job_done_ ABSL_GUARDED_BY(mu_) = false;
+
+  absl::Mutex write_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  grpc::ClientReaderWriter<v1::WorkerMessage, v1::CoordinatorMessage>* session_ ABSL_GUARDED_BY(write_mu_) = nullptr;
+};
+
+}  // namespace longhaul::worker
+
+#endif  // LONGHAUL_WORKER_WORKER_H_
