@@ -1,0 +1,506 @@
+#include "coordinator/coordinator.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "coordinator/job_spec.h"
+#include "stage_runtime/model.h"
+#include "tools/cli/log.h"
+
+namespace longhaul::coordinator {
+namespace {
+
+grpc::Status ToGrpc(const absl::Status& s) {
+  // absl and gRPC status codes have the same numbering (STYLE.md 8).
+  return s.ok() ? grpc::Status::OK
+                : grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+void Log(const std::string& msg) { cli::Log("coordinator", msg); }
+
+std::string Describe(const v1::WorkerStatus& w) {
+  return absl::StrCat("worker ", w.info().name(), " (id ", w.worker_id(), ", ", w.info().address(), ")");
+}
+
+}  // namespace
+
+const char* JobStateName(v1::JobState s) {
+  switch (s) {
+    case v1::JOB_STATE_PENDING: return "PENDING";
+    case v1::JOB_STATE_RUNNING: return "RUNNING";
+    case v1::JOB_STATE_SUCCEEDED: return "SUCCEEDED";
+    case v1::JOB_STATE_FAILED: return "FAILED";
+    case v1::JOB_STATE_CANCELLED: return "CANCELLED";
+    default: return "UNKNOWN";
+  }
+}
+
+const char* WorkerStateName(v1::WorkerState s) {
+  switch (s) {
+    case v1::WORKER_STATE_IDLE: return "IDLE";
+    case v1::WORKER_STATE_BUSY: return "BUSY";
+    case v1::WORKER_STATE_DEAD: return "DEAD";
+    default: return "UNKNOWN";
+  }
+}
+
+bool IsTerminal(v1::JobState s) {
+  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
+}
+
+absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(std::unique_ptr<Store> store,
+                                                                              CoordinatorOptions o) {
+  std::unique_ptr<CoordinatorService> c(new CoordinatorService(std::move(store), o));
+  absl::MutexLock l(&c->mu_);
+  absl::StatusOr<std::vector<v1::WorkerStatus>> ws = c->store_->LoadWorkers();
+  if (!ws.ok()) return ws.status();
+  for (v1::WorkerStatus& w : *ws) {
+    c->next_worker_id_ = std::max(c->next_worker_id_, w.worker_id() + 1);
+    if (w.state() != v1::WORKER_STATE_DEAD) {
+      w.set_state(v1::WORKER_STATE_DEAD);
+      w.set_job_id(0);
+      w.set_note("coordinator restarted; waiting for the worker to register again");
+      if (absl::Status s = c->store_->PutWorker(w); !s.ok()) return s;
+    }
+    c->workers_[w.worker_id()].status = std::move(w);
+  }
+  absl::StatusOr<std::vector<v1::JobStatus>> js = c->store_->LoadJobs();
+  if (!js.ok()) return js.status();
+  for (v1::JobStatus& j : *js) {
+    c->next_job_id_ = std::max(c->next_job_id_, j.job_id() + 1);
+    Job& job = c->jobs_[j.job_id()];
+    job.status = std::move(j);
+    if (job.status.state() == v1::JOB_STATE_RUNNING) {
+      job.status.set_state(v1::JOB_STATE_FAILED);
+      job.status.set_error("the coordinator restarted while the job was running");
+      job.status.set_finished_unix(c->UnixNow());
+      c->Persist(job);
+    }
+  }
+  Log(absl::StrCat("loaded ", c->jobs_.size(), " job(s) and ", c->workers_.size(), " worker(s) from the state file"));
+  return c;
+}
+
+CoordinatorService::~CoordinatorService() { Stop(); }
+
+void CoordinatorService::StartMonitor() {
+  monitor_ = std::thread([this] {
+    for (;;) {
+      {
+        absl::MutexLock l(&mu_);
+        if (mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Milliseconds(200))) return;
+      }
+      CheckHeartbeats();
+    }
+  });
+}
+
+void CoordinatorService::Stop() {
+  std::vector<grpc::ServerContext*> ctxs;
+  {
+    absl::MutexLock l(&mu_);
+    stopping_ = true;
+    for (auto& [id, w] : workers_) {
+      if (w.session && w.session->ctx) w.session->ctx->TryCancel();
+    }
+  }
+  if (monitor_.joinable()) monitor_.join();
+}
+
+void CoordinatorService::Persist(const Job& job) {
+  if (absl::Status s = store_->PutJob(job.status); !s.ok()) Log(absl::StrCat("cannot persist job: ", s.message()));
+}
+
+void CoordinatorService::SetWorkerState(Worker& w, v1::WorkerState s, uint64_t job_id, const std::string& note) {
+  w.status.set_state(s);
+  w.status.set_job_id(job_id);
+  w.status.set_note(note);
+  w.status.set_last_heartbeat_unix(absl::ToDoubleSeconds(w.last_heartbeat - absl::UnixEpoch()));
+  if (absl::Status st = store_->PutWorker(w.status); !st.ok()) Log(absl::StrCat("cannot persist worker: ", st.message()));
+}
+
+void CoordinatorService::Deliver(Outbox& out) {
+  for (auto& [session, msg] : out) {
+    absl::MutexLock l(&session->write_mu);
+    if (session->stream) session->stream->Write(msg);
+  }
+  out.clear();
+}
+
+void CoordinatorService::Schedule(Outbox* out) {
+  for (auto& [id, job] : jobs_) {
+    if (job.status.state() != v1::JOB_STATE_PENDING) continue;
+    const v1::JobSpec& spec = job.status.spec();
+    std::vector<Worker*> idle;
+    for (auto& [wid, w] : workers_) {
+      if (w.status.state() == v1::WORKER_STATE_IDLE && w.session) idle.push_back(&w);
+    }
+    if (static_cast<int>(idle.size()) < spec.stages()) return;  // jobs start in submission order
+    absl::StatusOr<std::vector<stage_runtime::LayerRange>> parts =
+        stage_runtime::PartitionLayers(spec.model().layers(), spec.stages());
+    if (!parts.ok()) {
+      FailJob(job, std::string(parts.status().message()), v1::JOB_STATE_FAILED, out);
+      continue;
+    }
+    job.status.clear_stages();
+    for (int s = 0; s < spec.stages(); ++s) {
+      v1::StagePlacement* p = job.status.add_stages();
+      p->set_stage(s);
+      p->set_worker_id(idle[s]->status.worker_id());
+      p->set_worker_name(idle[s]->status.info().name());
+      p->set_layer_begin((*parts)[s].begin);
+      p->set_layer_end((*parts)[s].end);
+    }
+    auto peer = [&](int s, v1::StagePeer* p) {
+      p->set_worker_id(idle[s]->status.worker_id());
+      p->set_name(idle[s]->status.info().name());
+      p->set_address(idle[s]->status.info().address());
+    };
+    for (int s = 0; s < spec.stages(); ++s) {
+      v1::CoordinatorMessage m;
+      v1::StageAssignment* a = m.mutable_assign();
+      a->set_job_id(id);
+      *a->mutable_spec() = spec;
+      a->set_stage(s);
+      a->set_layer_begin((*parts)[s].begin);
+      a->set_layer_end((*parts)[s].end);
+      if (s > 0) peer(s - 1, a->mutable_prev());
+      if (s + 1 < spec.stages()) peer(s + 1, a->mutable_next());
+      SetWorkerState(*idle[s], v1::WORKER_STATE_BUSY, id, "");
+      out->emplace_back(idle[s]->session, std::move(m));
+    }
+    job.status.set_state(v1::JOB_STATE_RUNNING);
+    job.status.set_started_unix(UnixNow());
+    Log(absl::StrCat("job ", id, " (", job.status.name(), ") placed on ", spec.stages(), " worker(s)"));
+    Persist(job);
+    Changed();
+  }
+}
+
+void CoordinatorService::FailJob(Job& job, const std::string& error, v1::JobState state, Outbox* out) {
+  if (IsTerminal(job.status.state())) return;
+  const bool was_running = job.status.state() == v1::JOB_STATE_RUNNING;
+  job.status.set_state(state);
+  job.status.set_error(error);
+  job.status.set_finished_unix(UnixNow());
+  Log(absl::StrCat("job ", job.status.job_id(), " ", JobStateName(state), ": ", error));
+  if (was_running) {
+    for (const v1::StagePlacement& p : job.status.stages()) {
+      auto it = workers_.find(p.worker_id());
+      if (it == workers_.end() || !it->second.session || it->second.status.job_id() != job.status.job_id()) continue;
+      v1::CoordinatorMessage m;
+      m.mutable_cancel()->set_job_id(job.status.job_id());
+      m.mutable_cancel()->set_reason(error);
+      out->emplace_back(it->second.session, std::move(m));
+    }
+  }
+  Persist(job);
+  Changed();
+}
+
+void CoordinatorService::WorkerLost(uint64_t worker_id, const std::string& why, Outbox* out) {
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end() || it->second.status.state() == v1::WORKER_STATE_DEAD) return;
+  Worker& w = it->second;
+  const uint64_t job_id = w.status.job_id();
+  if (w.session && w.session->ctx) w.session->ctx->TryCancel();
+  w.session.reset();
+  Log(absl::StrCat(Describe(w.status), " lost: ", why));
+  SetWorkerState(w, v1::WORKER_STATE_DEAD, 0, why);
+  auto j = jobs_.find(job_id);
+  if (j != jobs_.end()) {
+    FailJob(j->second, absl::StrCat(Describe(w.status), " lost: ", why), v1::JOB_STATE_FAILED, out);
+  }
+  Changed();
+}
+
+void CoordinatorService::CheckHeartbeats() {
+  Outbox out;
+  {
+    absl::MutexLock l(&mu_);
+    const absl::Time now = opt_.clock->Now();
+    std::vector<uint64_t> late;
+    for (auto& [id, w] : workers_) {
+      if (w.status.state() != v1::WORKER_STATE_DEAD && now - w.last_heartbeat > opt_.heartbeat_timeout) {
+        late.push_back(id);
+      }
+    }
+    for (uint64_t id : late) {
+      WorkerLost(id, absl::StrCat("no heartbeat for ", absl::FormatDuration(now - workers_[id].last_heartbeat)), &out);
+    }
+  }
+  Deliver(out);
+}
+
+grpc::Status CoordinatorService::Register(grpc::ServerContext*, const v1::RegisterRequest* req,
+                                          v1::RegisterResponse* resp) {
+  const v1::WorkerInfo& info = req->info();
+  if (info.name().empty() || info.name().size() > 128) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "worker name must be 1..128 characters");
+  }
+  if (info.address().empty()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "worker address is empty");
+  absl::MutexLock l(&mu_);
+  uint64_t id = 0;
+  for (auto& [wid, w] : workers_) {
+    if (w.status.info().name() != info.name()) continue;
+    if (w.status.state() != v1::WORKER_STATE_DEAD) {
+      return grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
+                          absl::StrCat("a live worker named ", info.name(), " is already registered (id ", wid, ")"));
+    }
+    id = wid;  // a dead worker coming back keeps its id
+  }
+  if (id == 0) id = next_worker_id_++;
+  Worker& w = workers_[id];
+  w.status.set_worker_id(id);
+  *w.status.mutable_info() = info;
+  w.last_heartbeat = opt_.clock->Now();
+  w.session.reset();
+  SetWorkerState(w, v1::WORKER_STATE_IDLE, 0, "");
+  resp->set_worker_id(id);
+  resp->set_heartbeat_interval_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(opt_.heartbeat_interval)));
+  resp->set_heartbeat_timeout_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(opt_.heartbeat_timeout)));
+  Log(absl::StrCat("registered ", Describe(w.status), " region ", info.region(), " device ", info.device()));
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::Session(
+    grpc::ServerContext* ctx, grpc::ServerReaderWriter<v1::CoordinatorMessage, v1::WorkerMessage>* stream) {
+  v1::WorkerMessage m;
+  if (!stream->Read(&m)) return grpc::Status::OK;
+  const uint64_t id = m.worker_id();
+  auto handle = std::make_shared<SessionHandle>();
+  {
+    absl::MutexLock hl(&handle->write_mu);
+    handle->stream = stream;
+  }
+  handle->ctx = ctx;
+  Outbox out;
+  {
+    absl::MutexLock l(&mu_);
+    auto it = workers_.find(id);
+    if (stopping_ || it == workers_.end() || it->second.status.state() == v1::WORKER_STATE_DEAD) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          absl::StrCat("worker id ", id, " is not registered (register again)"));
+    }
+    if (it->second.session && it->second.session->ctx) it->second.session->ctx->TryCancel();
+    it->second.session = handle;
+    it->second.last_heartbeat = opt_.clock->Now();
+    Schedule(&out);
+  }
+  Deliver(out);
+  while (stream->Read(&m)) {
+    {
+      absl::MutexLock l(&mu_);
+      auto it = workers_.find(id);
+      if (it == workers_.end() || it->second.session != handle) break;  // superseded or declared dead
+      Worker& w = it->second;
+      w.last_heartbeat = opt_.clock->Now();
+      if (m.has_heartbeat()) {
+        const uint64_t running = m.heartbeat().running_job_id();
+        auto j = jobs_.find(running);
+        if (running != 0 && (j == jobs_.end() || j->second.status.state() != v1::JOB_STATE_RUNNING ||
+                              w.status.job_id() != running)) {
+          v1::CoordinatorMessage c;
+          c.mutable_cancel()->set_job_id(running);
+          c.mutable_cancel()->set_reason("the coordinator does not have this job running on this worker");
+          out.emplace_back(handle, std::move(c));
+        }
+      } else if (m.has_progress()) {
+        OnProgress(w, m.progress());
+      } else if (m.has_finished()) {
+        OnFinished(w, m.finished(), &out);
+      }
+    }
+    Deliver(out);
+  }
+  {
+    absl::MutexLock l(&mu_);
+    auto it = workers_.find(id);
+    if (it != workers_.end() && it->second.session == handle) {
+      WorkerLost(id, stopping_ ? "coordinator shutting down" : "session closed (the worker exited or lost its connection)",
+                 &out);
+    }
+  }
+  {
+    absl::MutexLock hl(&handle->write_mu);
+    handle->stream = nullptr;
+  }
+  Deliver(out);
+  return grpc::Status::OK;
+}
+
+void CoordinatorService::OnProgress(Worker& w, const v1::StepProgress& p) {
+  auto it = jobs_.find(p.job_id());
+  if (it == jobs_.end() || it->second.status.state() != v1::JOB_STATE_RUNNING) return;
+  Job& job = it->second;
+  const int S = job.status.spec().stages();
+  if (p.stage() < 0 || p.stage() >= S || job.status.stages(p.stage()).worker_id() != w.status.worker_id()) return;
+  job.latest[p.stage()] = p;
+  job.status.mutable_stages(p.stage())->set_step(p.step());
+  int64_t wire = 0, raw = 0;
+  double err = 0;
+  int err_n = 0;
+  for (const auto& [s, lp] : job.latest) {
+    wire += lp.wire_bytes();
+    raw += lp.raw_bytes();
+    if (s < S - 1) {
+      err += lp.mean_rel_error();
+      ++err_n;
+    }
+  }
+  job.status.set_wire_bytes(wire);
+  job.status.set_raw_bytes(raw);
+  job.status.set_mean_rel_error(err_n ? err / err_n : 0.0);
+  if (p.stage() == S - 1) {
+    const absl::Time now = opt_.clock->Now();
+    if (job.status.step() == 0) {
+      job.status.set_initial_loss(p.loss());
+      job.first_step_at = now;
+      job.first_step_tokens = p.step() * p.tokens();
+      job.status.set_tokens_per_s(p.step_seconds() > 0 ? p.tokens() / p.step_seconds() : 0.0);
+    } else if (now > job.first_step_at) {
+      // Steady state: tokens since the first step over the time since then (start-up excluded).
+      job.status.set_tokens_per_s(static_cast<double>(p.step() * p.tokens() - job.first_step_tokens) /
+                                  absl::ToDoubleSeconds(now - job.first_step_at));
+    }
+    job.status.set_step(p.step());
+    job.status.set_loss(p.loss());
+    if (absl::Status s = store_->AppendLoss(job.status.job_id(), p.step(), p.loss()); !s.ok()) {
+      Log(absl::StrCat("cannot persist loss: ", s.message()));
+    }
+    Persist(job);
+  }
+  Changed();
+}
+
+void CoordinatorService::OnFinished(Worker& w, const v1::JobFinished& f, Outbox* out) {
+  if (w.status.job_id() == f.job_id()) SetWorkerState(w, v1::WORKER_STATE_IDLE, 0, "");
+  auto it = jobs_.find(f.job_id());
+  if (it != jobs_.end() && it->second.status.state() == v1::JOB_STATE_RUNNING) {
+    Job& job = it->second;
+    if (f.stage() >= 0 && f.stage() < job.status.stages_size() &&
+        job.status.stages(f.stage()).worker_id() == w.status.worker_id()) {
+      job.status.mutable_stages(f.stage())->set_checkpoint_path(f.checkpoint_path());
+      if (!f.ok()) {
+        FailJob(job, absl::StrCat(Describe(w.status), " failed: ", f.error()), v1::JOB_STATE_FAILED, out);
+      } else {
+        job.finished[f.stage()] = true;
+        if (static_cast<int>(job.finished.size()) == job.status.spec().stages()) {
+          job.status.set_state(v1::JOB_STATE_SUCCEEDED);
+          job.status.set_finished_unix(UnixNow());
+          Log(absl::StrCat("job ", job.status.job_id(), " succeeded: ", job.status.step(), " steps, final loss ",
+                           job.status.loss()));
+        }
+        Persist(job);
+        Changed();
+      }
+    }
+  }
+  Changed();
+  Schedule(out);
+}
+
+grpc::Status CoordinatorService::SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* req,
+                                           v1::SubmitJobResponse* resp) {
+  absl::StatusOr<v1::JobSpec> spec = ParseJobSpec(req->spec_yaml(), req->steps_override());
+  if (!spec.ok()) return ToGrpc(spec.status());
+  Outbox out;
+  {
+    absl::MutexLock l(&mu_);
+    if (stopping_) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator shutting down");
+    const uint64_t id = next_job_id_++;
+    Job& job = jobs_[id];
+    job.status.set_job_id(id);
+    job.status.set_name(spec->name());
+    job.status.set_state(v1::JOB_STATE_PENDING);
+    job.status.set_steps(spec->steps());
+    job.status.set_submitted_unix(UnixNow());
+    *job.status.mutable_spec() = *spec;
+    job.status.set_spec_yaml(req->spec_yaml());
+    Persist(job);
+    Changed();
+    Log(absl::StrCat("job ", id, " (", spec->name(), ") submitted: ", spec->stages(), " stages, ", spec->steps(),
+                     " steps"));
+    resp->set_job_id(id);
+    Schedule(&out);
+  }
+  Deliver(out);
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::GetJob(grpc::ServerContext*, const v1::GetJobRequest* req, v1::JobStatus* resp) {
+  absl::MutexLock l(&mu_);
+  auto it = jobs_.find(req->job_id());
+  if (it == jobs_.end()) return grpc::Status(grpc::StatusCode::NOT_FOUND, absl::StrCat("no job ", req->job_id()));
+  *resp = it->second.status;
+  if (req->include_losses()) {
+    absl::StatusOr<std::vector<double>> losses = store_->Losses(req->job_id());
+    if (!losses.ok()) return ToGrpc(losses.status());
+    for (double v : *losses) resp->add_losses(v);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::ListJobs(grpc::ServerContext*, const v1::ListJobsRequest*, v1::ListJobsResponse* resp) {
+  absl::MutexLock l(&mu_);
+  for (const auto& [id, job] : jobs_) {
+    v1::JobStatus* s = resp->add_jobs();
+    *s = job.status;
+    s->clear_spec_yaml();
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::WatchJob(grpc::ServerContext* ctx, const v1::WatchJobRequest* req,
+                                          grpc::ServerWriter<v1::JobStatus>* writer) {
+  uint64_t seen = ~uint64_t{0};
+  for (;;) {
+    v1::JobStatus st;
+    {
+      absl::MutexLock l(&mu_);
+      auto changed = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return version_ != seen || stopping_; };
+      mu_.AwaitWithTimeout(absl::Condition(&changed), absl::Seconds(1));
+      if (ctx->IsCancelled()) return grpc::Status::CANCELLED;
+      auto it = jobs_.find(req->job_id());
+      if (it == jobs_.end()) return grpc::Status(grpc::StatusCode::NOT_FOUND, absl::StrCat("no job ", req->job_id()));
+      if (stopping_) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator shutting down");
+      if (version_ == seen) continue;
+      seen = version_;
+      st = it->second.status;
+      st.clear_spec_yaml();
+    }
+    if (!writer->Write(st)) return grpc::Status::CANCELLED;
+    if (IsTerminal(st.state())) return grpc::Status::OK;
+  }
+}
+
+grpc::Status CoordinatorService::CancelJob(grpc::ServerContext*, const v1::CancelJobRequest* req, v1::CancelJobResponse*) {
+  Outbox out;
+  {
+    absl::MutexLock l(&mu_);
+    auto it = jobs_.find(req->job_id());
+    if (it == jobs_.end()) return grpc::Status(grpc::StatusCode::NOT_FOUND, absl::StrCat("no job ", req->job_id()));
+    if (IsTerminal(it->second.status.state())) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          absl::StrCat("job ", req->job_id(), " already ", JobStateName(it->second.status.state())));
+    }
+    FailJob(it->second, "cancelled by the user", v1::JOB_STATE_CANCELLED, &out);
+  }
+  Deliver(out);
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::ListWorkers(grpc::ServerContext*, const v1::ListWorkersRequest*,
+                                             v1::ListWorkersResponse* resp) {
+  absl::MutexLock l(&mu_);
+  for (auto& [id, w] : workers_) {
+    v1::WorkerStatus* s = resp->add_workers();
+    *s = w.status;
+    if (w.status.state() != v1::WORKER_STATE_DEAD) {
+      s->set_last_heartbeat_unix(absl::ToDoubleSeconds(w.last_heartbeat - absl::UnixEpoch()));
+    }
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace longhaul::coordinator

@@ -1,0 +1,361 @@
+// longhaulctl: the command-line client of the coordinator.
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include <grpcpp/grpcpp.h>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "coordinator/coordinator.h"
+#include "longhaul/v1/control_plane.grpc.pb.h"
+#include "tools/cli/args.h"
+
+namespace {
+
+namespace v1 = longhaul::v1;
+using longhaul::coordinator::IsTerminal;
+using longhaul::coordinator::JobStateName;
+using longhaul::coordinator::WorkerStateName;
+
+constexpr char kUsage[] =
+    "usage: longhaulctl [--coordinator=HOST:PORT] <command> [args]\n"
+    "\n"
+    "commands:\n"
+    "  workers [--json]                     list registered workers and their state\n"
+    "  submit JOB.yaml [--steps=N] [--watch] [--summary-json=PATH]\n"
+    "                                       submit a job spec; an invalid spec is rejected with\n"
+    "                                       every problem listed. --watch follows it like `watch`\n"
+    "  status [JOB] [--json]                one job in detail, or a table of all jobs\n"
+    "  watch JOB [--summary-json=PATH]      live progress (step, loss, tokens/s, compression,\n"
+    "                                       ETA) until the job ends, then a summary; exit status 0\n"
+    "                                       only if the job succeeded\n"
+    "  cancel JOB                           stop a pending or running job\n"
+    "\n"
+    "The coordinator address defaults to $LONGHAUL_COORDINATOR, else localhost:7400.\n"
+    "A job spec's keys and defaults are documented in coordinator/job_spec.h; an example is\n"
+    "deploy/jobs/demo.yaml.\n";
+
+int Fail(const std::string& msg, int code = 1) {
+  std::fprintf(stderr, "longhaulctl: %s\n", msg.c_str());
+  return code;
+}
+
+int RpcFail(const std::string& what, const grpc::Status& s, const std::string& addr) {
+  if (s.error_code() == grpc::StatusCode::UNAVAILABLE || s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    return Fail(absl::StrCat(what, ": coordinator at ", addr, " is not reachable (", s.error_message(), ")"));
+  }
+  return Fail(absl::StrCat(what, ": ", s.error_message()));
+}
+
+std::string HumanBytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) {
+    b /= 1024;
+    ++u;
+  }
+  return absl::StrFormat("%.1f %s", b, units[u]);
+}
+
+std::string Duration(double s) {
+  if (!(s >= 0) || s > 1e7) return "--:--";
+  const int64_t t = static_cast<int64_t>(s + 0.5);
+  return t >= 3600 ? absl::StrFormat("%d:%02d:%02d", t / 3600, t / 60 % 60, t % 60)
+                   : absl::StrFormat("%d:%02d", t / 60, t % 60);
+}
+
+double Ratio(const v1::JobStatus& j) {
+  return j.wire_bytes() > 0 ? static_cast<double>(j.raw_bytes()) / j.wire_bytes() : 0.0;
+}
+
+std::unique_ptr<grpc::ClientContext> Ctx(double seconds) {
+  auto c = std::make_unique<grpc::ClientContext>();
+  if (seconds > 0) c->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(seconds)));
+  return c;
+}
+
+nlohmann::json Summary(const v1::JobStatus& j) {
+  nlohmann::json out = {
+      {"job_id", j.job_id()},
+      {"name", j.name()},
+      {"state", JobStateName(j.state())},
+      {"error", j.error()},
+      {"steps", j.step()},
+      {"planned_steps", j.steps()},
+      {"initial_train_loss", j.initial_loss()},
+      {"final_train_loss", j.loss()},
+      {"tokens_per_s", j.tokens_per_s()},
+      {"wire_bytes", j.wire_bytes()},
+      {"raw_bytes", j.raw_bytes()},
+      {"compression_ratio", Ratio(j)},
+      {"mean_rel_error_forward", j.mean_rel_error()},
+      {"forward_codec", j.spec().forward_codec()},
+      {"backward_codec", j.spec().backward_codec()},
+      {"link_rate_mbit", j.spec().links().rate_mbit()},
+      {"wall_seconds", j.finished_unix() > 0 && j.started_unix() > 0 ? j.finished_unix() - j.started_unix() : 0.0},
+  };
+  nlohmann::json stages = nlohmann::json::array();
+  for (const v1::StagePlacement& p : j.stages()) {
+    stages.push_back({{"stage", p.stage()}, {"worker", p.worker_name()}, {"layers", {p.layer_begin(), p.layer_end()}},
+                      {"checkpoint", p.checkpoint_path()}});
+  }
+  out["stages"] = stages;
+  return out;
+}
+
+void PrintDetail(const v1::JobStatus& j) {
+  std::printf("job %llu (%s): %s\n", static_cast<unsigned long long>(j.job_id()), j.name().c_str(),
+              JobStateName(j.state()));
+  if (!j.error().empty()) std::printf("  error: %s\n", j.error().c_str());
+  std::printf("  step %lld / %lld   loss %.4f (initial %.4f)   %.0f tokens/s\n", static_cast<long long>(j.step()),
+              static_cast<long long>(j.steps()), j.loss(), j.initial_loss(), j.tokens_per_s());
+  std::printf("  links: forward %s, backward %s, %s; wire %s vs %s uncompressed (%.2fx); forward rel. error %.4f\n",
+              j.spec().forward_codec().c_str(), j.spec().backward_codec().c_str(),
+              j.spec().links().rate_mbit() > 0 ? absl::StrCat(j.spec().links().rate_mbit(), " Mbit/s").c_str()
+                                               : "unshaped",
+              HumanBytes(j.wire_bytes()).c_str(), HumanBytes(j.raw_bytes()).c_str(), Ratio(j), j.mean_rel_error());
+  for (const v1::StagePlacement& p : j.stages()) {
+    std::printf("  stage %d: worker %s, layers %d..%d, step %lld%s%s\n", p.stage(), p.worker_name().c_str(),
+                p.layer_begin(), p.layer_end() - 1, static_cast<long long>(p.step()),
+                p.checkpoint_path().empty() ? "" : ", checkpoint ", p.checkpoint_path().c_str());
+  }
+}
+
+class Ctl {
+ public:
+  explicit Ctl(std::string addr) : addr_(std::move(addr)) {
+    grpc::ChannelArguments a;
+    a.SetMaxReceiveMessageSize(4 << 20);
+    stub_ = v1::Coordinator::NewStub(grpc::CreateCustomChannel(addr_, grpc::InsecureChannelCredentials(), a));
+  }
+
+  int Workers(bool json) {
+    v1::ListWorkersResponse r;
+    grpc::Status s = stub_->ListWorkers(Ctx(10).get(), {}, &r);
+    if (!s.ok()) return RpcFail("workers", s, addr_);
+    if (json) {
+      nlohmann::json out = nlohmann::json::array();
+      for (const auto& w : r.workers()) {
+        out.push_back({{"id", w.worker_id()}, {"name", w.info().name()}, {"address", w.info().address()},
+                       {"region", w.info().region()}, {"device", w.info().device()},
+                       {"state", WorkerStateName(w.state())}, {"job_id", w.job_id()}, {"note", w.note()}});
+      }
+      std::printf("%s\n", out.dump(2).c_str());
+      return 0;
+    }
+    std::printf("%-4s %-16s %-22s %-10s %-7s %-5s %s\n", "ID", "NAME", "ADDRESS", "REGION", "STATE", "JOB", "NOTE");
+    for (const auto& w : r.workers()) {
+      std::printf("%-4llu %-16s %-22s %-10s %-7s %-5s %s\n", static_cast<unsigned long long>(w.worker_id()),
+                  w.info().name().c_str(), w.info().address().c_str(), w.info().region().c_str(),
+                  WorkerStateName(w.state()), w.job_id() ? std::to_string(w.job_id()).c_str() : "-",
+                  w.note().c_str());
+    }
+    return 0;
+  }
+
+  int Submit(const std::string& path, int64_t steps, bool watch, const std::string& summary) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return Fail(absl::StrCat("cannot read ", path));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    v1::SubmitJobRequest req;
+    req.set_spec_yaml(ss.str());
+    req.set_steps_override(steps);
+    v1::SubmitJobResponse resp;
+    grpc::Status s = stub_->SubmitJob(Ctx(30).get(), req, &resp);
+    if (s.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
+      std::fprintf(stderr, "longhaulctl: %s was rejected:\n", path.c_str());
+      std::istringstream lines(s.error_message());
+      for (std::string line; std::getline(lines, line);) std::fprintf(stderr, "  - %s\n", line.c_str());
+      return 1;
+    }
+    if (!s.ok()) return RpcFail("submit", s, addr_);
+    std::printf("submitted job %llu\n", static_cast<unsigned long long>(resp.job_id()));
+    std::fflush(stdout);
+    return watch ? Watch(resp.job_id(), summary) : 0;
+  }
+
+  int Status(const std::vector<std::string>& pos, bool json) {
+    if (pos.empty()) {
+      v1::ListJobsResponse r;
+      grpc::Status s = stub_->ListJobs(Ctx(10).get(), {}, &r);
+      if (!s.ok()) return RpcFail("status", s, addr_);
+      if (json) {
+        nlohmann::json out = nlohmann::json::array();
+        for (const auto& j : r.jobs()) out.push_back(Summary(j));
+        std::printf("%s\n", out.dump(2).c_str());
+        return 0;
+      }
+      std::printf("%-5s %-16s %-10s %-13s %-9s %-10s %s\n", "JOB", "NAME", "STATE", "STEP", "LOSS", "TOKENS/S", "ERROR");
+      for (const auto& j : r.jobs()) {
+        std::printf("%-5llu %-16s %-10s %-13s %-9.4f %-10.0f %s\n", static_cast<unsigned long long>(j.job_id()),
+                    j.name().c_str(), JobStateName(j.state()),
+                    absl::StrCat(j.step(), "/", j.steps()).c_str(), j.loss(), j.tokens_per_s(), j.error().c_str());
+      }
+      return 0;
+    }
+    uint64_t id;
+    if (!absl::SimpleAtoi(pos[0], &id)) return Fail(absl::StrCat("\"", pos[0], "\" is not a job id"), 2);
+    v1::GetJobRequest req;
+    req.set_job_id(id);
+    v1::JobStatus j;
+    grpc::Status s = stub_->GetJob(Ctx(10).get(), req, &j);
+    if (!s.ok()) return RpcFail("status", s, addr_);
+    if (json) {
+      std::printf("%s\n", Summary(j).dump(2).c_str());
+    } else {
+      PrintDetail(j);
+    }
+    return 0;
+  }
+
+  int Cancel(uint64_t id) {
+    v1::CancelJobRequest req;
+    req.set_job_id(id);
+    v1::CancelJobResponse resp;
+    grpc::Status s = stub_->CancelJob(Ctx(10).get(), req, &resp);
+    if (!s.ok()) return RpcFail("cancel", s, addr_);
+    std::printf("job %llu cancelled\n", static_cast<unsigned long long>(id));
+    return 0;
+  }
+
+  int Watch(uint64_t id, const std::string& summary_path) {
+    const bool tty = isatty(fileno(stderr));
+    v1::WatchJobRequest req;
+    req.set_job_id(id);
+    v1::JobStatus last;
+    bool have = false;
+    double last_print = 0;
+    // The stream may break if the coordinator restarts; re-attach a few times before giving up.
+    for (int attempt = 0; attempt < 5 && !(have && IsTerminal(last.state())); ++attempt) {
+      grpc::ClientContext ctx;
+      std::unique_ptr<grpc::ClientReader<v1::JobStatus>> r = stub_->WatchJob(&ctx, req);
+      v1::JobStatus j;
+      while (r->Read(&j)) {
+        last = j;
+        have = true;
+        const double now = absl::ToUnixSeconds(absl::Now());
+        if (tty || IsTerminal(j.state()) || now - last_print >= 5) {
+          PrintProgress(j, tty);
+          last_print = now;
+        }
+      }
+      grpc::Status s = r->Finish();
+      if (s.error_code() == grpc::StatusCode::NOT_FOUND) return RpcFail("watch", s, addr_);
+      if (!s.ok() && !(have && IsTerminal(last.state()))) {
+        std::fprintf(stderr, "\nlonghaulctl: watch interrupted (%s); re-attaching\n", s.error_message().c_str());
+        absl::SleepFor(absl::Seconds(1 << attempt));
+      }
+    }
+    if (tty) std::fprintf(stderr, "\n");
+    if (!have) return Fail(absl::StrCat("watch: no status for job ", id, " from ", addr_));
+    // The final status carries every stage's checkpoint path.
+    v1::GetJobRequest g;
+    g.set_job_id(id);
+    v1::JobStatus full;
+    if (stub_->GetJob(Ctx(10).get(), g, &full).ok()) last = full;
+    PrintSummary(last);
+    if (!summary_path.empty()) {
+      std::ofstream out(summary_path);
+      out << Summary(last).dump(2) << "\n";
+      if (!out) return Fail(absl::StrCat("cannot write ", summary_path));
+      std::printf("summary written to %s\n", summary_path.c_str());
+    }
+    return last.state() == v1::JOB_STATE_SUCCEEDED ? 0 : 1;
+  }
+
+ private:
+  static void PrintProgress(const v1::JobStatus& j, bool tty) {
+    const double frac = j.steps() > 0 ? static_cast<double>(j.step()) / j.steps() : 0;
+    const int width = 24, fill = static_cast<int>(frac * width);
+    std::string bar(width, ' ');
+    for (int i = 0; i < fill && i < width; ++i) bar[i] = '=';
+    if (fill < width) bar[fill] = '>';
+    const v1::JobSpec& sp = j.spec();
+    const double tokens_per_step = static_cast<double>(sp.micro_batches()) * sp.micro_batch_size() * sp.model().context();
+    const double eta = j.tokens_per_s() > 0 ? (j.steps() - j.step()) * tokens_per_step / j.tokens_per_s() : -1;
+    const std::string line = absl::StrFormat(
+        "[%s] %-9s step %lld/%lld  loss %.4f  %.0f tok/s  compression %.1fx  err %.3f  ETA %s", bar,
+        JobStateName(j.state()), static_cast<long long>(j.step()), static_cast<long long>(j.steps()), j.loss(),
+        j.tokens_per_s(), Ratio(j), j.mean_rel_error(), Duration(eta));
+    if (tty) {
+      std::fprintf(stderr, "\r%s\x1b[K", line.c_str());
+    } else {
+      std::fprintf(stderr, "%s\n", line.c_str());
+    }
+    std::fflush(stderr);
+  }
+
+  static void PrintSummary(const v1::JobStatus& j) {
+    std::printf("\n== job %llu (%s) %s ==\n", static_cast<unsigned long long>(j.job_id()), j.name().c_str(),
+                JobStateName(j.state()));
+    if (!j.error().empty()) std::printf("error:        %s\n", j.error().c_str());
+    std::printf("steps:        %lld of %lld in %s\n", static_cast<long long>(j.step()),
+                static_cast<long long>(j.steps()),
+                Duration(j.finished_unix() > 0 ? j.finished_unix() - j.started_unix() : -1).c_str());
+    std::printf("train loss:   %.4f -> %.4f\n", j.initial_loss(), j.loss());
+    std::printf("throughput:   %.0f tokens/s\n", j.tokens_per_s());
+    std::printf("on the wire:  %s sent, %s uncompressed (%.2fx smaller); forward rel. L2 error %.4f\n",
+                HumanBytes(j.wire_bytes()).c_str(), HumanBytes(j.raw_bytes()).c_str(), Ratio(j), j.mean_rel_error());
+    for (const v1::StagePlacement& p : j.stages()) {
+      if (!p.checkpoint_path().empty()) {
+        std::printf("checkpoint:   stage %d (%s): %s\n", p.stage(), p.worker_name().c_str(), p.checkpoint_path().c_str());
+      }
+    }
+  }
+
+  std::string addr_;
+  std::unique_ptr<v1::Coordinator::Stub> stub_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::StatusOr<longhaul::cli::Args> args = longhaul::cli::Args::Parse(
+      argc - 1, argv + 1, {"coordinator", "json", "steps", "watch", "summary-json", "help"}, /*allow_positional=*/true);
+  if (!args.ok()) {
+    std::fprintf(stderr, "longhaulctl: %s\n\n%s", std::string(args.status().message()).c_str(), kUsage);
+    return 2;
+  }
+  const std::vector<std::string>& pos = args->Positional();
+  if (args->Bool("help") || pos.empty() || pos[0] == "help") {
+    std::fputs(kUsage, pos.empty() && !args->Bool("help") ? stderr : stdout);
+    return pos.empty() && !args->Bool("help") ? 2 : 0;
+  }
+  const char* env = std::getenv("LONGHAUL_COORDINATOR");
+  Ctl ctl(args->Str("coordinator", env && *env ? env : "localhost:7400"));
+  const std::string& cmd = pos[0];
+  const std::vector<std::string> rest(pos.begin() + 1, pos.end());
+  auto job_id = [&](uint64_t* id) {
+    return rest.size() == 1 && absl::SimpleAtoi(rest[0], id);
+  };
+  if (cmd == "workers") return ctl.Workers(args->Bool("json"));
+  if (cmd == "submit") {
+    if (rest.size() != 1) return Fail("usage: longhaulctl submit JOB.yaml [--steps=N] [--watch] [--summary-json=PATH]", 2);
+    absl::StatusOr<int64_t> steps = args->Int("steps", 0);
+    if (!steps.ok() || *steps < 0) return Fail("--steps needs a positive integer", 2);
+    return ctl.Submit(rest[0], *steps, args->Bool("watch") || args->Has("summary-json"), args->Str("summary-json", ""));
+  }
+  if (cmd == "status") {
+    if (rest.size() > 1) return Fail("usage: longhaulctl status [JOB] [--json]", 2);
+    return ctl.Status(rest, args->Bool("json"));
+  }
+  uint64_t id = 0;
+  if (cmd == "watch") {
+    if (!job_id(&id)) return Fail("usage: longhaulctl watch JOB [--summary-json=PATH]", 2);
+    return ctl.Watch(id, args->Str("summary-json", ""));
+  }
+  if (cmd == "cancel") {
+    if (!job_id(&id)) return Fail("usage: longhaulctl cancel JOB", 2);
+    return ctl.Cancel(id);
+  }
+  std::fprintf(stderr, "longhaulctl: unknown command \"%s\"\n\n%s", cmd.c_str(), kUsage);
+  return 2;
+}

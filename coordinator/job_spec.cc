@@ -1,0 +1,242 @@
+#include "coordinator/job_spec.h"
+
+#include <cmath>
+#include <functional>
+#include <map>
+#include <vector>
+
+#include <yaml-cpp/yaml.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "codec/codec.h"
+
+namespace longhaul::coordinator {
+
+v1::JobSpec DefaultJobSpec() {
+  v1::JobSpec s;
+  s.set_name("job");
+  v1::ModelSpec* m = s.mutable_model();
+  m->set_layers(4);
+  m->set_hidden(128);
+  m->set_heads(4);
+  m->set_context(64);
+  m->set_vocab(256);
+  s.set_stages(4);
+  s.set_schedule("1f1b");
+  s.set_micro_batches(4);
+  s.set_micro_batch_size(8);
+  s.set_forward_codec("tahquant");
+  s.set_backward_codec("int8");
+  v1::OptimizerSpec* o = s.mutable_optimizer();
+  o->set_lr(3e-3);
+  o->set_min_lr(3e-4);
+  o->set_warmup_steps(20);
+  o->set_beta1(0.9);
+  o->set_beta2(0.95);
+  o->set_eps(1e-8);
+  o->set_weight_decay(0.1);
+  o->set_clip_norm(1.0);
+  s.set_steps(300);
+  s.set_seed(1);
+  s.set_checkpoint_interval(0);
+  s.set_data_dir("/usr/share/games/fortunes");
+  s.set_val_fraction(0.1);
+  s.set_codec_threads(1);
+  return s;
+}
+
+namespace {
+
+// Walks one YAML mapping: each known key has a handler; unknown keys and conversion failures
+// become problems with their dotted path and line number.
+class MapReader {
+ public:
+  MapReader(const YAML::Node& node, std::string path, std::vector<std::string>* problems)
+      : node_(node), path_(std::move(path)), problems_(problems) {}
+
+  template <typename T, typename Set>
+  MapReader& Field(const std::string& key, Set set) {
+    known_.push_back(key);
+    const YAML::Node v = node_[key];
+    if (!v) return *this;
+    if (!v.IsScalar()) {
+      Problem(key, v, "must be a single value");
+      return *this;
+    }
+    try {
+      set(v.as<T>());
+    } catch (const YAML::Exception&) {
+      Problem(key, v, absl::StrCat("\"", v.Scalar(), "\" is not ", TypeName<T>()));
+    }
+    return *this;
+  }
+
+  MapReader& Map(const std::string& key, const std::function<void(MapReader&)>& fn) {
+    known_.push_back(key);
+    const YAML::Node v = node_[key];
+    if (!v) return *this;
+    if (!v.IsMap()) {
+      Problem(key, v, "must be a mapping");
+      return *this;
+    }
+    MapReader sub(v, Path(key), problems_);
+    fn(sub);
+    sub.CheckUnknown();
+    return *this;
+  }
+
+  void CheckUnknown() {
+    for (const auto& kv : node_) {
+      const std::string k = kv.first.as<std::string>("");
+      if (std::find(known_.begin(), known_.end(), k) == known_.end()) {
+        Problem(k, kv.first, absl::StrCat("unknown key (known here: ", absl::StrJoin(known_, ", "), ")"));
+      }
+    }
+  }
+
+ private:
+  template <typename T>
+  static const char* TypeName() {
+    if constexpr (std::is_same_v<T, std::string>) return "a string";
+    else if constexpr (std::is_floating_point_v<T>) return "a number";
+    else return "an integer";
+  }
+  std::string Path(const std::string& key) const { return path_.empty() ? key : absl::StrCat(path_, ".", key); }
+  void Problem(const std::string& key, const YAML::Node& at, const std::string& what) {
+    problems_->push_back(absl::StrCat(Path(key), " (line ", at.Mark().line + 1, "): ", what));
+  }
+
+  const YAML::Node& node_;
+  std::string path_;
+  std::vector<std::string>* problems_;
+  std::vector<std::string> known_;
+};
+
+}  // namespace
+
+absl::StatusOr<v1::JobSpec> ParseJobSpec(const std::string& yaml, int64_t steps_override) {
+  if (yaml.size() > kMaxSpecBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("job spec is ", yaml.size(), " bytes; the limit is ", kMaxSpecBytes));
+  }
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml);
+  } catch (const YAML::ParserException& e) {
+    return absl::InvalidArgumentError(absl::StrCat("job spec is not valid YAML: line ", e.mark.line + 1, ", column ",
+                                                   e.mark.column + 1, ": ", e.msg));
+  }
+  if (!root.IsMap()) return absl::InvalidArgumentError("job spec must be a YAML mapping (key: value lines)");
+
+  v1::JobSpec s = DefaultJobSpec();
+  std::vector<std::string> problems;
+  std::string optimizer_name = "adamw";
+  MapReader top(root, "", &problems);
+  top.Field<std::string>("name", [&](std::string v) { s.set_name(v); })
+      .Map("model", [&](MapReader& m) {
+        v1::ModelSpec* ms = s.mutable_model();
+        m.Field<int>("layers", [&](int v) { ms->set_layers(v); })
+            .Field<int>("hidden", [&](int v) { ms->set_hidden(v); })
+            .Field<int>("heads", [&](int v) { ms->set_heads(v); })
+            .Field<int>("context", [&](int v) { ms->set_context(v); })
+            .Field<int>("vocab", [&](int v) { ms->set_vocab(v); });
+      })
+      .Field<int>("stages", [&](int v) { s.set_stages(v); })
+      .Field<std::string>("schedule", [&](std::string v) { s.set_schedule(v); })
+      .Field<int>("micro_batches", [&](int v) { s.set_micro_batches(v); })
+      .Field<int>("micro_batch_size", [&](int v) { s.set_micro_batch_size(v); })
+      .Map("codecs", [&](MapReader& m) {
+        m.Field<std::string>("forward", [&](std::string v) { s.set_forward_codec(v); })
+            .Field<std::string>("backward", [&](std::string v) { s.set_backward_codec(v); });
+      })
+      .Map("optimizer", [&](MapReader& m) {
+        v1::OptimizerSpec* o = s.mutable_optimizer();
+        m.Field<std::string>("name", [&](std::string v) { optimizer_name = v; })
+            .Field<double>("lr", [&](double v) { o->set_lr(v); })
+            .Field<double>("min_lr", [&](double v) { o->set_min_lr(v); })
+            .Field<int>("warmup_steps", [&](int v) { o->set_warmup_steps(v); })
+            .Field<double>("beta1", [&](double v) { o->set_beta1(v); })
+            .Field<double>("beta2", [&](double v) { o->set_beta2(v); })
+            .Field<double>("eps", [&](double v) { o->set_eps(v); })
+            .Field<double>("weight_decay", [&](double v) { o->set_weight_decay(v); })
+            .Field<double>("clip_norm", [&](double v) { o->set_clip_norm(v); });
+      })
+      .Field<int64_t>("steps", [&](int64_t v) { s.set_steps(v); })
+      .Field<uint64_t>("seed", [&](uint64_t v) { s.set_seed(v); })
+      .Map("checkpoint", [&](MapReader& m) {
+        m.Field<int64_t>("interval", [&](int64_t v) { s.set_checkpoint_interval(v); })
+            .Field<std::string>("dir", [&](std::string v) { s.set_checkpoint_dir(v); });
+      })
+      .Map("data", [&](MapReader& m) {
+        m.Field<std::string>("corpus", [&](std::string v) { s.set_data_dir(v); })
+            .Field<double>("val_fraction", [&](double v) { s.set_val_fraction(v); });
+      })
+      .Map("links", [&](MapReader& m) {
+        m.Field<double>("rate_mbit", [&](double v) { s.mutable_links()->set_rate_mbit(v); })
+            .Field<int64_t>("burst_bytes", [&](int64_t v) { s.mutable_links()->set_burst_bytes(v); });
+      })
+      .Field<int>("codec_threads", [&](int v) { s.set_codec_threads(v); });
+  top.CheckUnknown();
+  if (optimizer_name != "adamw") problems.push_back(absl::StrCat("optimizer.name: \"", optimizer_name, "\" is not supported (adamw)"));
+  if (steps_override > 0) s.set_steps(steps_override);
+
+  absl::Status v = ValidateJobSpec(s);
+  if (!v.ok()) problems.push_back(std::string(v.message()));
+  if (!problems.empty()) {
+    return absl::InvalidArgumentError(absl::StrJoin(problems, "\n"));
+  }
+  return s;
+}
+
+absl::Status ValidateJobSpec(const v1::JobSpec& s) {
+  std::vector<std::string> p;
+  auto range = [&](const char* name, double v, double lo, double hi) {
+    if (!(v >= lo && v <= hi)) p.push_back(absl::StrCat(name, ": ", v, " is out of range [", lo, ", ", hi, "]"));
+  };
+  const v1::ModelSpec& m = s.model();
+  range("model.layers", m.layers(), 1, 1024);
+  range("model.hidden", m.hidden(), 8, 65536);
+  range("model.heads", m.heads(), 1, 1024);
+  range("model.context", m.context(), 2, 65536);
+  if (m.heads() > 0 && m.hidden() % m.heads() != 0) {
+    p.push_back(absl::StrCat("model.hidden: ", m.hidden(), " is not divisible by model.heads (", m.heads(), ")"));
+  }
+  if (m.vocab() != 256) p.push_back(absl::StrCat("model.vocab: ", m.vocab(), " (the byte-level tokenizer needs 256)"));
+  range("stages", s.stages(), 1, 1024);
+  if (s.stages() > m.layers() && m.layers() >= 1) {
+    p.push_back(absl::StrCat("stages: ", s.stages(), " stages need at least as many layers (model.layers is ", m.layers(), ")"));
+  }
+  if (s.schedule() != "1f1b" && s.schedule() != "gpipe") {
+    p.push_back(absl::StrCat("schedule: \"", s.schedule(), "\" is not 1f1b or gpipe"));
+  }
+  range("micro_batches", s.micro_batches(), 1, 4096);
+  range("micro_batch_size", s.micro_batch_size(), 1, 65536);
+  for (const auto& [name, spec] : {std::pair<const char*, std::string>{"codecs.forward", s.forward_codec()},
+                                   {"codecs.backward", s.backward_codec()}}) {
+    absl::StatusOr<std::unique_ptr<codec::Codec>> c = codec::MakeCodec(spec);
+    if (!c.ok()) p.push_back(absl::StrCat(name, ": ", c.status().message()));
+  }
+  const v1::OptimizerSpec& o = s.optimizer();
+  if (!(o.lr() > 0 && o.lr() <= 10)) p.push_back(absl::StrCat("optimizer.lr: ", o.lr(), " must be in (0, 10]"));
+  if (!(o.min_lr() >= 0 && o.min_lr() <= o.lr())) p.push_back(absl::StrCat("optimizer.min_lr: ", o.min_lr(), " must be in [0, lr]"));
+  range("optimizer.warmup_steps", o.warmup_steps(), 0, 1e9);
+  if (!(o.beta1() >= 0 && o.beta1() < 1)) p.push_back(absl::StrCat("optimizer.beta1: ", o.beta1(), " must be in [0, 1)"));
+  if (!(o.beta2() >= 0 && o.beta2() < 1)) p.push_back(absl::StrCat("optimizer.beta2: ", o.beta2(), " must be in [0, 1)"));
+  if (!(o.eps() > 0)) p.push_back(absl::StrCat("optimizer.eps: ", o.eps(), " must be > 0"));
+  range("optimizer.weight_decay", o.weight_decay(), 0, 10);
+  if (!std::isfinite(o.clip_norm())) p.push_back("optimizer.clip_norm: must be finite (<= 0 disables clipping)");
+  range("steps", static_cast<double>(s.steps()), 1, 1e9);
+  range("checkpoint.interval", static_cast<double>(s.checkpoint_interval()), 0, 1e9);
+  if (!(s.val_fraction() > 0 && s.val_fraction() < 1)) {
+    p.push_back(absl::StrCat("data.val_fraction: ", s.val_fraction(), " must be in (0, 1)"));
+  }
+  if (s.data_dir().empty()) p.push_back("data.corpus: must name a directory on the workers");
+  range("links.rate_mbit", s.links().rate_mbit(), 0, 1e6);
+  range("links.burst_bytes", static_cast<double>(s.links().burst_bytes()), 0, 1 << 30);
+  range("codec_threads", s.codec_threads(), 1, 64);
+  if (s.name().empty() || s.name().size() > 128) p.push_back("name: must be 1..128 characters");
+  if (!p.empty()) return absl::InvalidArgumentError(absl::StrJoin(p, "\n"));
+  return absl::OkStatus();
+}
+
+}  // namespace longhaul::coordinator

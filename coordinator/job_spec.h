@@ -1,0 +1,44 @@
+// Job specs: YAML in, a validated v1::JobSpec out. Every problem is reported, not just the first:
+// the error message has one "field: problem" line per problem, so `longhaulctl submit` can show
+// them all at once.
+//
+//   absl::StatusOr<v1::JobSpec> spec = ParseJobSpec(yaml_text);
+//
+// The YAML schema (every key optional, defaults in brackets; see deploy/jobs/demo.yaml):
+//   name [job]
+//   model: {layers [4], hidden [128], heads [4], context [64], vocab [256]}
+//   stages [4]            pipeline stages, one worker each, 1..layers
+//   schedule [1f1b]       1f1b | gpipe
+//   micro_batches [4], micro_batch_size [8]
+//   codecs: {forward [tahquant], backward [int8]}     codec specs, see codec/codec.h
+//   optimizer: {name [adamw], lr [3e-3], min_lr [3e-4], warmup_steps [20], beta1 [0.9],
+//               beta2 [0.95], eps [1e-8], weight_decay [0.1], clip_norm [1.0]}
+//   steps [300], seed [1]
+//   checkpoint: {interval [0 = at the end only], dir [<worker data dir>/jobs/<id>]}
+//   data: {corpus [/usr/share/games/fortunes], val_fraction [0.1]}
+//   links: {rate_mbit [0 = unshaped], burst_bytes [0 = one 1 MiB chunk]}
+//   codec_threads [1]
+#ifndef LONGHAUL_COORDINATOR_JOB_SPEC_H_
+#define LONGHAUL_COORDINATOR_JOB_SPEC_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "longhaul/v1/control_plane.pb.h"
+
+namespace longhaul::coordinator {
+
+inline constexpr size_t kMaxSpecBytes = 64 * 1024;
+
+v1::JobSpec DefaultJobSpec();
+
+// Parses and validates. steps_override > 0 replaces `steps` before validation.
+absl::StatusOr<v1::JobSpec> ParseJobSpec(const std::string& yaml, int64_t steps_override = 0);
+
+// Checks a spec's values (used by ParseJobSpec; exposed for specs built in code). Returns every
+// problem, one per line.
+absl::Status ValidateJobSpec(const v1::JobSpec& spec);
+
+}  // namespace longhaul::coordinator
+
+#endif  // LONGHAUL_COORDINATOR_JOB_SPEC_H_
