@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # longhaul's two entry points (README quick start):
-#   ./longhaul.sh demo [options]   run the main job (today: build everything, run the codec benchmark)
+#   ./longhaul.sh demo [options]   run the main job: a local coordinator + 4 workers training a small
+#                                  GPT over gRPC with compressed, rate-limited links (tools/demo.sh)
 #   ./longhaul.sh test [ctest args] build and run the whole test suite; non-zero exit on any failure
 # Both install missing Debian packages on first use (tools/setup.sh) and build incrementally into
 # build/ (executables in build/bin/).
@@ -14,9 +15,10 @@ usage() {
 usage: ./longhaul.sh <command> [args]
 
 commands:
-  demo [--json]       build everything and run the codec benchmark (TAH-Quant vs INT4 vs fp16 on
-                      synthetic LLM-like activations); the multi-process training demo replaces it
-                      once the worker/coordinator slice lands
+  demo [options]      build, then start a coordinator and 4 worker processes on this machine and
+                      train a small GPT over gRPC (TAH-Quant forward / INT8 backward, 100 Mbit/s
+                      links) with a live progress bar and a summary; options: --steps N,
+                      --summary-json PATH, --rate-mbit R, ... (./longhaul.sh demo --help)
   test [ctest args]   build and run the whole CTest suite (e.g. ./longhaul.sh test -L codec)
   build               install what is missing and build, nothing else
   help                this text
@@ -47,9 +49,9 @@ cmd="${1:-help}"
 [[ $# -gt 0 ]] && shift
 case "$cmd" in
   demo)
+    for a in "$@"; do [[ "$a" == "-h" || "$a" == "--help" ]] && exec bash "$ROOT/tools/demo.sh" --help; done
     build
-    exec "$BUILD/bin/longhaul-bench" codec --codec=tahquant --codec=int4 --codec=int8 --codec=fp16 \
-      --tokens=4096 --hidden=2048 "$@"
+    exec bash "$ROOT/tools/demo.sh" "$@"
     ;;
   test)
     build

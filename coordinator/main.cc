@@ -1,5 +1,4 @@
 // longhaul-coordinator: the control-plane daemon (worker registry, jobs, placement, state file).
-#include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <thread>
@@ -11,6 +10,7 @@
 #include "coordinator/store.h"
 #include "tools/cli/args.h"
 #include "tools/cli/log.h"
+#include "tools/cli/signals.h"
 
 namespace {
 
@@ -51,11 +51,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "longhaul-coordinator: need 10 <= --heartbeat-interval-ms < --heartbeat-timeout-ms\n");
     return 2;
   }
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  if (!longhaul::cli::InstallTerminationHandlers()) {
+    std::fprintf(stderr, "longhaul-coordinator: cannot install signal handlers\n");
+    return 1;
+  }
 
   const std::string state = args->Str("state", "longhaul-coordinator.db");
   absl::StatusOr<std::unique_ptr<Store>> store = Store::Open(state);
@@ -91,9 +90,8 @@ int main(int argc, char** argv) {
   }
   longhaul::cli::Log("coordinator", absl::StrCat("listening on port ", port, ", state file ", state));
   (*svc)->StartMonitor();
-  int sig = 0;
-  sigwait(&set, &sig);
-  longhaul::cli::Log("coordinator", absl::StrCat(sig == SIGTERM ? "SIGTERM" : "SIGINT", ": shutting down"));
+  const int sig = longhaul::cli::WaitForTerminationSignal();
+  longhaul::cli::Log("coordinator", absl::StrCat(longhaul::cli::SignalName(sig), ": shutting down"));
   (*svc)->Stop();
   server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
   return 0;

@@ -1,5 +1,4 @@
 // longhaul-worker: the worker daemon. Hosts a pipeline stage when the coordinator assigns one.
-#include <csignal>
 #include <cstdio>
 #include <thread>
 
@@ -8,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "tools/cli/args.h"
 #include "tools/cli/log.h"
+#include "tools/cli/signals.h"
 #include "worker/worker.h"
 
 namespace {
@@ -68,13 +68,10 @@ int main(int argc, char** argv) {
     torch::set_num_interop_threads(1);
   }
 
-  // Signals are taken by one thread with sigwait; every other thread (gRPC's included) inherits
-  // the blocked mask.
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  if (!longhaul::cli::InstallTerminationHandlers()) {
+    std::fprintf(stderr, "longhaul-worker: cannot install signal handlers\n");
+    return 1;
+  }
 
   absl::StatusOr<std::unique_ptr<longhaul::worker::Worker>> w = longhaul::worker::Worker::Start(o);
   if (!w.ok()) {
@@ -82,11 +79,10 @@ int main(int argc, char** argv) {
     return 1;
   }
   longhaul::worker::Worker* worker = w->get();
-  std::thread signals([&set, worker] {
-    int sig = 0;
-    sigwait(&set, &sig);
+  std::thread signals([worker] {
+    const int sig = longhaul::cli::WaitForTerminationSignal();
     longhaul::cli::Log(absl::StrCat("worker ", worker->name()),
-                       absl::StrCat(sig == SIGTERM ? "SIGTERM" : "SIGINT", ": shutting down"));
+                       absl::StrCat(longhaul::cli::SignalName(sig), ": shutting down"));
     worker->Shutdown();
   });
   signals.detach();
