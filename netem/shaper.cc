@@ -24,14 +24,13 @@ absl::Duration TokenBucket::Acquire(int64_t bytes) {
   // caller's write (which happens after Acquire returns) completes the interval it paid for.
   Refill();
   tokens_ -= static_cast<double>(bytes);
-  absl::Duration waited = absl::ZeroDuration();
-  while (tokens_ < 0) {
-    const absl::Duration d = absl::Seconds(-tokens_ / rate_);
-    clock_->SleepFor(d);
-    waited += d;
-    Refill();
-  }
-  return waited;
+  if (tokens_ >= 0) return absl::ZeroDuration();
+  const absl::Duration d = absl::Seconds(-tokens_ / rate_);
+  clock_->SleepFor(d);
+  Refill();
+  // The debt has been slept off; what is left is rounding (or nothing, if the sleep overshot).
+  if (tokens_ < 0) tokens_ = 0;
+  return d;
 }
 
 }  // namespace longhaul::netem

@@ -1,0 +1,106 @@
+#include "coordinator/job_spec.h"
+
+#include <gtest/gtest.h>
+
+namespace longhaul::coordinator {
+namespace {
+
+TEST(JobSpecTest, EmptyMappingGivesDefaults) {
+  absl::StatusOr<v1::JobSpec> s = ParseJobSpec("name: x\n");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->stages(), 4);
+  EXPECT_EQ(s->forward_codec(), "tahquant");
+  EXPECT_EQ(s->backward_codec(), "int8");
+  EXPECT_EQ(s->schedule(), "1f1b");
+  EXPECT_EQ(s->steps(), 300);
+  EXPECT_DOUBLE_EQ(s->optimizer().lr(), 3e-3);
+}
+
+TEST(JobSpecTest, ReadsEveryField) {
+  absl::StatusOr<v1::JobSpec> s = ParseJobSpec(R"(
+name: full
+model: {layers: 6, hidden: 96, heads: 3, context: 48, vocab: 256}
+stages: 3
+schedule: gpipe
+micro_batches: 6
+micro_batch_size: 2
+codecs: {forward: "int4:g=32", backward: fp16}
+optimizer: {name: adamw, lr: 0.01, min_lr: 0.001, warmup_steps: 3, beta1: 0.8, beta2: 0.9, eps: 1.0e-6,
+            weight_decay: 0.0, clip_norm: 0}
+steps: 12
+seed: 99
+checkpoint: {interval: 4, dir: /tmp/ck}
+data: {corpus: /tmp/corpus, val_fraction: 0.2}
+links: {rate_mbit: 50.5, burst_bytes: 4096}
+codec_threads: 2
+)");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->name(), "full");
+  EXPECT_EQ(s->model().layers(), 6);
+  EXPECT_EQ(s->model().heads(), 3);
+  EXPECT_EQ(s->stages(), 3);
+  EXPECT_EQ(s->schedule(), "gpipe");
+  EXPECT_EQ(s->micro_batches(), 6);
+  EXPECT_EQ(s->forward_codec(), "int4:g=32");
+  EXPECT_EQ(s->backward_codec(), "fp16");
+  EXPECT_DOUBLE_EQ(s->optimizer().beta1(), 0.8);
+  EXPECT_DOUBLE_EQ(s->optimizer().clip_norm(), 0);
+  EXPECT_EQ(s->steps(), 12);
+  EXPECT_EQ(s->seed(), 99u);
+  EXPECT_EQ(s->checkpoint_interval(), 4);
+  EXPECT_EQ(s->checkpoint_dir(), "/tmp/ck");
+  EXPECT_EQ(s->data_dir(), "/tmp/corpus");
+  EXPECT_DOUBLE_EQ(s->links().rate_mbit(), 50.5);
+  EXPECT_EQ(s->links().burst_bytes(), 4096);
+  EXPECT_EQ(s->codec_threads(), 2);
+}
+
+TEST(JobSpecTest, ListsEveryProblem) {
+  absl::StatusOr<v1::JobSpec> s = ParseJobSpec(R"(
+model: {layers: 2, hidden: 100, heads: 3, vocab: 50000}
+stages: 3
+schedule: round-robin
+micro_batches: many
+codecs: {forward: "tahquant:g=5", backward: zstd}
+optimizer: {name: sgd, lr: -1}
+steps: 0
+checkpoint: {interval: -2}
+links: {rate_mbit: -3}
+colour: blue
+)");
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string m(s.status().message());
+  for (const char* want :
+       {"model.hidden: 100 is not divisible by model.heads", "model.vocab", "stages: 3 stages need at least",
+        "schedule: \"round-robin\"", "micro_batches (line 5): \"many\" is not an integer", "codecs.forward",
+        "codecs.backward", "optimizer.name", "optimizer.lr", "steps: 0", "checkpoint.interval", "links.rate_mbit",
+        "colour (line 11): unknown key"}) {
+    EXPECT_NE(m.find(want), std::string::npos) << "missing \"" << want << "\" in:\n" << m;
+  }
+}
+
+TEST(JobSpecTest, SyntaxErrorsAndShapesAreClear) {
+  absl::StatusOr<v1::JobSpec> s = ParseJobSpec("model: {layers: 4\nstages: [");
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("not valid YAML: line"), std::string::npos) << s.status();
+  s = ParseJobSpec("- a\n- b\n");
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("must be a YAML mapping"), std::string::npos);
+  s = ParseJobSpec("model: 4\ncodecs: {forward: [1, 2]}\n");
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("model (line 1): must be a mapping"), std::string::npos) << s.status();
+  EXPECT_NE(s.status().message().find("codecs.forward (line 2): must be a single value"), std::string::npos);
+  s = ParseJobSpec(std::string(kMaxSpecBytes + 1, '#'));
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("the limit is"), std::string::npos);
+}
+
+TEST(JobSpecTest, StepsOverrideApplies) {
+  absl::StatusOr<v1::JobSpec> s = ParseJobSpec("steps: 0\n", 60);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->steps(), 60);
+}
+
+}  // namespace
+}  // namespace longhaul::coordinator

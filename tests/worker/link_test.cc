@@ -1,0 +1,207 @@
+// The data-plane link over real gRPC in one process: a StageLinkService on a loopback port, a
+// LinkSender, and hand-made hostile chunk streams.
+#include "worker/link.h"
+
+#include <cstring>
+
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "codec/codec.h"
+
+namespace longhaul::worker {
+namespace {
+
+class OneInboxRouter : public InboxRouter {
+ public:
+  OneInboxRouter() : inbox(std::make_shared<Inbox>(16, "stage 0 (test)")) {}
+  absl::StatusOr<std::shared_ptr<Inbox>> Find(uint64_t job_id, int from_stage, absl::Duration) override {
+    if (job_id != 1) return absl::FailedPreconditionError(absl::StrCat("not running job ", job_id));
+    if (from_stage != 0) return absl::InvalidArgumentError("no link from that stage");
+    return inbox;
+  }
+  std::shared_ptr<Inbox> inbox;
+};
+
+class LinkTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    service_ = std::make_unique<StageLinkService>(&router_, /*max_frame_bytes=*/8 << 20);
+    grpc::ServerBuilder b;
+    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    b.SetMaxReceiveMessageSize(kMaxMessageBytes);
+    b.RegisterService(service_.get());
+    server_ = b.BuildAndStart();
+    ASSERT_NE(port_, 0);
+    target_ = absl::StrCat("127.0.0.1:", port_);
+  }
+  void TearDown() override { server_->Shutdown(); }
+
+  // Sends raw chunks and returns (final status, first ack error).
+  std::pair<grpc::Status, std::string> SendRaw(const std::vector<v1::TensorFrameChunk>& chunks) {
+    auto stub = v1::StageLink::NewStub(grpc::CreateChannel(target_, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    auto stream = stub->Stream(&ctx);
+    for (const auto& c : chunks) {
+      if (!stream->Write(c)) break;
+    }
+    stream->WritesDone();
+    std::string err;
+    v1::FrameAck ack;
+    while (stream->Read(&ack)) {
+      if (err.empty()) err = ack.error();
+    }
+    return {stream->Finish(), err};
+  }
+
+  static v1::TensorFrameChunk Chunk(const std::string& data, uint32_t index = 0, uint32_t count = 1,
+                                    uint64_t frame_bytes = ~uint64_t{0}) {
+    v1::TensorFrameChunk c;
+    c.set_job_id(1);
+    c.set_from_stage(0);
+    c.set_step(3);
+    c.set_micro_batch(1);
+    c.set_direction(v1::DIRECTION_FORWARD);
+    c.set_chunk_index(index);
+    c.set_chunk_count(count);
+    c.set_frame_bytes(frame_bytes == ~uint64_t{0} ? data.size() : frame_bytes);
+    c.set_data(data);
+    return c;
+  }
+
+  OneInboxRouter router_;
+  std::unique_ptr<StageLinkService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  std::string target_;
+};
+
+TEST_F(LinkTest, TensorsAndNormsArriveInOrderAndIntact) {
+  auto codec = codec::MakeCodec("fp32");
+  ASSERT_TRUE(codec.ok());
+  SenderOptions o;
+  o.target = target_;
+  o.peer = "stage 1 (test)";
+  o.job_id = 1;
+  o.from_stage = 0;
+  auto sender = LinkSender::Start(o, codec->get());
+  ASSERT_TRUE(sender.ok()) << sender.status();
+  torch::manual_seed(1);
+  // 3 MiB tensors span several 1 MiB chunks.
+  std::vector<torch::Tensor> sent;
+  for (int mb = 0; mb < 3; ++mb) {
+    sent.push_back(torch::randn({768, 1024}));
+    ASSERT_TRUE((*sender)->Send(5, mb, v1::DIRECTION_FORWARD, sent.back(), mb == 0).ok());
+  }
+  ASSERT_TRUE((*sender)->SendValue(5, v1::DIRECTION_NORM_TOTAL, 42.5).ok());
+  ASSERT_TRUE((*sender)->Finish().ok());
+  for (int mb = 0; mb < 3; ++mb) {
+    auto f = router_.inbox->Pop(absl::Seconds(10));
+    ASSERT_TRUE(f.ok()) << f.status();
+    EXPECT_EQ(f->step, 5u);
+    EXPECT_EQ(f->micro_batch, mb);
+    EXPECT_TRUE(torch::equal(f->tensor, sent[mb]));
+  }
+  auto n = router_.inbox->Pop(absl::Seconds(10));
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(n->direction, v1::DIRECTION_NORM_TOTAL);
+  EXPECT_EQ(n->value, 42.5);
+  const LinkStats st = (*sender)->stats();
+  EXPECT_EQ(st.frames, 3);
+  EXPECT_EQ(st.raw_bytes, 3 * 768 * 1024 * 4);
+  EXPECT_GT(st.wire_bytes, st.raw_bytes);  // fp32 frames carry a header
+  EXPECT_EQ(st.error_samples, 1);
+  EXPECT_EQ(st.sum_rel_error, 0.0);
+  // The sender closed cleanly: the inbox is closed and says so.
+  auto end = router_.inbox->Pop(absl::Seconds(10));
+  ASSERT_FALSE(end.ok());
+  EXPECT_NE(end.status().message().find("closed"), std::string::npos) << end.status();
+}
+
+TEST_F(LinkTest, HostileFrameSizeIsRejectedBeforeAllocation) {
+  auto [st, err] = SendRaw({Chunk("abc", 0, 1, uint64_t{1} << 40)});
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(err.find("exceeds the limit"), std::string::npos) << err;
+  auto f = router_.inbox->Pop(absl::Seconds(5));
+  ASSERT_FALSE(f.ok());
+  EXPECT_NE(f.status().message().find("bad frame from stage 0 (test)"), std::string::npos) << f.status();
+}
+
+TEST_F(LinkTest, ChunksThatDoNotContinueTheFrameAreRejected) {
+  auto [st, err] = SendRaw({Chunk("abcd", 0, 2, 8), Chunk("efgh", 2, 2, 8)});
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(err.find("does not continue frame"), std::string::npos) << err;
+}
+
+TEST_F(LinkTest, MoreBytesThanAnnouncedAreRejected) {
+  auto [st, err] = SendRaw({Chunk("abcdefgh", 0, 1, 4)});
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(err.find("more bytes than frame_bytes"), std::string::npos) << err;
+}
+
+TEST_F(LinkTest, CorruptCodecFrameIsRejectedWithTheCodecsReason) {
+  auto codec = codec::MakeCodec("int8");
+  ASSERT_TRUE(codec.ok());
+  auto frame = (*codec)->Encode(torch::randn({4, 64}));
+  ASSERT_TRUE(frame.ok());
+  std::string bad = *frame;
+  bad[bad.size() / 2] ^= 0x5a;
+  auto [st, err] = SendRaw({Chunk(bad)});
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(err.find("CRC"), std::string::npos) << err;
+}
+
+TEST_F(LinkTest, BadNormFramesAreRejected) {
+  v1::TensorFrameChunk c = Chunk("1234");
+  c.set_direction(v1::DIRECTION_NORM_PARTIAL);
+  auto [st, err] = SendRaw({c});
+  EXPECT_NE(err.find("norm frame of 4 bytes"), std::string::npos) << err;
+  double nan = std::nan("");
+  std::string b(8, '\0');
+  std::memcpy(b.data(), &nan, 8);
+  OneInboxRouter fresh;
+  router_.inbox = fresh.inbox;
+  c = Chunk(b);
+  c.set_direction(v1::DIRECTION_NORM_TOTAL);
+  auto [st2, err2] = SendRaw({c});
+  EXPECT_NE(err2.find("norm frame carries nan"), std::string::npos) << err2;
+}
+
+TEST_F(LinkTest, UnknownJobIsRefused) {
+  v1::TensorFrameChunk c = Chunk("x");
+  c.set_job_id(99);
+  auto [st, err] = SendRaw({c});
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(st.error_message().find("not running job 99"), std::string::npos) << st.error_message();
+}
+
+TEST(InboxTest, CancelWakesAWaitingPopAndTimeoutNamesThePeer) {
+  Inbox in(2, "stage 4 (worker w9 at h:1)");
+  auto t = in.Pop(absl::Milliseconds(20));
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("no frame from stage 4 (worker w9"), std::string::npos);
+  std::thread canceller([&] {
+    absl::SleepFor(absl::Milliseconds(50));
+    in.Cancel(absl::CancelledError("job cancelled"));
+  });
+  auto c = in.Pop(absl::Seconds(30));
+  canceller.join();
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kCancelled);
+  EXPECT_FALSE(in.Push(InFrame{}));
+}
+
+TEST(LinkSenderTest, UnreachablePeerIsAClearError) {
+  auto codec = codec::MakeCodec("fp32");
+  SenderOptions o;
+  o.target = "127.0.0.1:1";
+  o.peer = "stage 2 (worker gone at 127.0.0.1:1)";
+  o.connect_timeout = absl::Milliseconds(300);
+  auto s = LinkSender::Start(o, codec->get());
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("cannot connect to stage 2 (worker gone"), std::string::npos) << s.status();
+}
+
+}  // namespace
+}  // namespace longhaul::worker
