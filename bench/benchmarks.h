@@ -7,6 +7,7 @@ namespace longhaul::bench {
 
 int CodecBenchMain(int argc, char** argv);
 int ConvergenceBenchMain(int argc, char** argv);
+int TransportBenchMain(int argc, char** argv);
 
 }  // namespace longhaul::bench
 

@@ -15,6 +15,7 @@ void Usage(FILE* out) {
                "benchmarks:\n"
                "  codec        bits/element, relative L2 error, encode/decode GB/s vs memcpy\n"
                "  convergence  train a small GPT through the in-process pipeline with a link codec\n"
+               "  transport    goodput of the gRPC data plane vs a plain TCP socket, two processes\n"
                "\n"
                "longhaul-bench <benchmark> --help shows its flags.\n");
 }
@@ -29,6 +30,7 @@ int main(int argc, char** argv) {
   const std::string what = argv[1];
   if (what == "codec") return longhaul::bench::CodecBenchMain(argc - 2, argv + 2);
   if (what == "convergence") return longhaul::bench::ConvergenceBenchMain(argc - 2, argv + 2);
+  if (what == "transport") return longhaul::bench::TransportBenchMain(argc - 2, argv + 2);
   std::fprintf(stderr, "longhaul-bench: unknown benchmark \"%s\"\n", what.c_str());
   Usage(stderr);
   return 2;

@@ -15,6 +15,7 @@
 #include "absl/time/clock.h"
 #include "coordinator/coordinator.h"
 #include "longhaul/v1/control_plane.grpc.pb.h"
+#include "proto/channel_config.h"
 #include "tools/cli/args.h"
 
 namespace {
@@ -131,9 +132,8 @@ void PrintDetail(const v1::JobStatus& j) {
 class Ctl {
  public:
   explicit Ctl(std::string addr) : addr_(std::move(addr)) {
-    grpc::ChannelArguments a;
-    a.SetMaxReceiveMessageSize(4 << 20);
-    stub_ = v1::Coordinator::NewStub(grpc::CreateCustomChannel(addr_, grpc::InsecureChannelCredentials(), a));
+    stub_ = v1::Coordinator::NewStub(
+        grpc::CreateCustomChannel(addr_, grpc::InsecureChannelCredentials(), longhaul::LonghaulChannelArgs()));
   }
 
   int Workers(bool json) {

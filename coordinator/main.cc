@@ -11,6 +11,7 @@
 #include "tools/cli/args.h"
 #include "tools/cli/log.h"
 #include "tools/cli/signals.h"
+#include "proto/channel_config.h"
 
 namespace {
 
@@ -74,8 +75,7 @@ int main(int argc, char** argv) {
   grpc::ServerBuilder b;
   int port = 0;
   b.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
-  b.SetMaxReceiveMessageSize(4 << 20);
-  b.SetMaxSendMessageSize(4 << 20);
+  longhaul::ConfigureLonghaulServer(&b);
   b.RegisterService(svc->get());
   std::unique_ptr<grpc::Server> server = b.BuildAndStart();
   if (!server || port == 0) {

@@ -46,21 +46,6 @@ void Inbox::Cancel(absl::Status why) {
   if (cancelled_.ok()) cancelled_ = why.ok() ? absl::CancelledError("cancelled") : why;
 }
 
-// ------------------------------------------------------------------------------------ channels
-
-grpc::ChannelArguments LonghaulChannelArgs() {
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  args.SetMaxSendMessageSize(kMaxMessageBytes);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  // Each link gets its own TCP connection (no sharing with the control plane or other links), so a
-  // slow link's window never stalls another.
-  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  return args;
-}
-
 // ------------------------------------------------------------------------------------ LinkSender
 
 LinkSender::LinkSender(const SenderOptions& o, const codec::Codec* codec) : opt_(o), codec_(codec) {}

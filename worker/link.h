@@ -31,6 +31,7 @@
 #include "codec/codec.h"
 #include "longhaul/v1/data_plane.grpc.pb.h"
 #include "netem/clock.h"
+#include "proto/channel_config.h"
 #include "netem/shaper.h"
 
 namespace longhaul::worker {
@@ -41,7 +42,6 @@ namespace v1 = ::longhaul::v1;
 inline constexpr int64_t kDefaultMaxFrameBytes = int64_t{1} << 30;
 // Chunk size on the wire (below the 4 MiB message limit set on every channel and server).
 inline constexpr int64_t kChunkBytes = int64_t{1} << 20;
-inline constexpr int kMaxMessageBytes = 4 << 20;
 
 // A received, validated item: a decoded tensor (FORWARD/BACKWARD) or a scalar (NORM_*).
 struct InFrame {
@@ -183,10 +183,6 @@ class StageLinkService final : public v1::StageLink::Service {
 // Validates a reassembled frame and turns it into an InFrame (decodes tensors, checks that the
 // direction may travel on a link from `from_stage`). Exposed for tests.
 absl::StatusOr<InFrame> DecodeInFrame(const v1::TensorFrameChunk& first, const std::string& bytes);
-
-// Channel arguments shared by every longhaul channel: explicit message limits, keepalive so a
-// silent dead peer is noticed.
-grpc::ChannelArguments LonghaulChannelArgs();
 
 }  // namespace longhaul::worker
 

@@ -21,8 +21,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& o) {
   grpc::ServerBuilder b;
   int port = 0;
   b.AddListeningPort(o.listen, grpc::InsecureServerCredentials(), &port);
-  b.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  b.SetMaxSendMessageSize(kMaxMessageBytes);
+  ConfigureLonghaulServer(&b);
   b.RegisterService(w->link_service_.get());
   w->server_ = b.BuildAndStart();
   if (!w->server_ || port == 0) {

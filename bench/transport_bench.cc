@@ -1,0 +1,228 @@
+// longhaul-bench transport: goodput of the real data-plane path (LinkSender -> gRPC StageLink
+// stream -> StageLinkService reassembly, CRC check and decode -> Inbox) between two processes,
+// against a plain TCP socket between the same two processes in the same run.
+//
+// The receiving process is this binary re-executed with --serve (posix_spawn, not fork, so it
+// starts with a clean gRPC and LibTorch): it listens on a gRPC port and a TCP port, prints both on
+// stdout, consumes whatever arrives, and exits when its stdin closes.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+#include <torch/torch.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "bench/benchmarks.h"
+#include "codec/codec.h"
+#include "tools/cli/args.h"
+#include "worker/link.h"
+
+extern char** environ;
+
+namespace longhaul::bench {
+namespace {
+
+constexpr char kHelp[] =
+    "usage: longhaul-bench transport [--bytes=N] [--frame-bytes=N] [--codec=SPEC] [--json]\n"
+    "\n"
+    "Streams --bytes of fp32 tensor data (frames of --frame-bytes, default 4 MiB, encoded with\n"
+    "--codec, default fp32) from this process to a second process over the real gRPC data plane,\n"
+    "then the same number of bytes over one plain TCP socket, and prints both goodputs (payload\n"
+    "bits per second) and their ratio. Defaults: --bytes=1073741824.\n"
+    "JSON fields: bytes, frame_bytes, grpc_gbps, tcp_gbps, ratio, grpc_seconds, tcp_seconds.\n";
+
+using Clock = std::chrono::steady_clock;
+
+class Router : public worker::InboxRouter {
+ public:
+  Router() : inbox_(std::make_shared<worker::Inbox>(8, "bench sender")) {}
+  absl::StatusOr<std::shared_ptr<worker::Inbox>> Find(uint64_t, int, absl::Duration) override { return inbox_; }
+  std::shared_ptr<worker::Inbox> inbox_;
+};
+
+int Serve() {
+  Router router;
+  worker::StageLinkService svc(&router);
+  grpc::ServerBuilder b;
+  int gport = 0;
+  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &gport);
+  ConfigureLonghaulServer(&b);
+  b.RegisterService(&svc);
+  auto server = b.BuildAndStart();
+
+  const int lfd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || listen(lfd, 4) != 0) return 1;
+  socklen_t len = sizeof(a);
+  getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len);
+  std::printf("%d %d\n", gport, ntohs(a.sin_port));
+  std::fflush(stdout);
+
+  std::thread tcp([lfd] {
+    for (;;) {
+      const int fd = accept(lfd, nullptr, nullptr);
+      if (fd < 0) return;
+      std::vector<char> buf(1 << 20);
+      int64_t got = 0;
+      ssize_t n;
+      while ((n = read(fd, buf.data(), buf.size())) > 0) got += n;
+      (void)!write(fd, &got, sizeof(got));
+      close(fd);
+    }
+  });
+  tcp.detach();
+  std::thread consume([&router] {
+    for (;;) {
+      auto f = router.inbox_->Pop(absl::Hours(1));
+      if (!f.ok()) return;
+    }
+  });
+  consume.detach();
+  char c;
+  while (read(0, &c, 1) > 0) {
+  }
+  return 0;
+}
+
+double TcpSeconds(int port, int64_t bytes) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) return -1;
+  std::vector<char> buf(1 << 20, 'x');
+  const auto t0 = Clock::now();
+  int64_t sent = 0;
+  while (sent < bytes) {
+    const ssize_t n = write(fd, buf.data(), static_cast<size_t>(std::min<int64_t>(buf.size(), bytes - sent)));
+    if (n <= 0) return -1;
+    sent += n;
+  }
+  shutdown(fd, SHUT_WR);
+  int64_t got = 0;
+  if (read(fd, &got, sizeof(got)) != sizeof(got) || got != bytes) return -1;
+  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  close(fd);
+  return s;
+}
+
+}  // namespace
+
+int TransportBenchMain(int argc, char** argv) {
+  auto args = cli::Args::Parse(argc, argv, {"bytes", "frame-bytes", "codec", "json", "serve", "help"});
+  if (!args.ok()) {
+    std::fprintf(stderr, "longhaul-bench transport: %s\n\n%s", std::string(args.status().message()).c_str(), kHelp);
+    return 2;
+  }
+  if (args->Bool("help")) {
+    std::fputs(kHelp, stdout);
+    return 0;
+  }
+  if (args->Bool("serve")) return Serve();
+  auto bytes = args->Int("bytes", int64_t{1} << 30), frame = args->Int("frame-bytes", 4 << 20);
+  if (!bytes.ok() || !frame.ok() || *bytes < 4 || *frame < 4 || *frame > (256 << 20)) {
+    std::fprintf(stderr, "longhaul-bench transport: --bytes and --frame-bytes need positive integers "
+                         "(frames at most 256 MiB)\n");
+    return 2;
+  }
+  auto codec = codec::MakeCodec(args->Str("codec", "fp32"));
+  if (!codec.ok()) {
+    std::fprintf(stderr, "longhaul-bench transport: %s\n", std::string(codec.status().message()).c_str());
+    return 2;
+  }
+  const bool json = args->Bool("json");
+
+  // The receiver: this binary with --serve, stdin and stdout on pipes.
+  int in[2], out[2];
+  if (pipe(in) != 0 || pipe(out) != 0) return 1;
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, in[0], 0);
+  posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+  posix_spawn_file_actions_addclose(&fa, in[1]);
+  posix_spawn_file_actions_addclose(&fa, out[0]);
+  std::string self = "/proc/self/exe";
+  std::vector<char*> cargv = {self.data(), const_cast<char*>("transport"), const_cast<char*>("--serve"), nullptr};
+  pid_t child;
+  if (posix_spawn(&child, self.c_str(), &fa, nullptr, cargv.data(), environ) != 0) {
+    std::fprintf(stderr, "longhaul-bench transport: cannot start the receiver process\n");
+    return 1;
+  }
+  close(in[0]);
+  close(out[1]);
+  FILE* child_out = fdopen(out[0], "r");
+  int gport = 0, tport = 0;
+  if (std::fscanf(child_out, "%d %d", &gport, &tport) != 2) {
+    std::fprintf(stderr, "longhaul-bench transport: the receiver process did not start\n");
+    return 1;
+  }
+
+  const int64_t elems = *frame / 4;
+  const int64_t frames = (*bytes + *frame - 1) / *frame;
+  torch::Tensor t = torch::randn({elems});
+  worker::SenderOptions o;
+  o.target = absl::StrCat("127.0.0.1:", gport);
+  o.peer = "bench receiver";
+  o.job_id = 1;
+  o.queue_capacity = 4;
+  auto sender = worker::LinkSender::Start(o, codec->get());
+  if (!sender.ok()) {
+    std::fprintf(stderr, "longhaul-bench transport: %s\n", std::string(sender.status().message()).c_str());
+    return 1;
+  }
+  const auto g0 = Clock::now();
+  absl::Status st;
+  for (int64_t i = 0; i < frames && st.ok(); ++i) st = (*sender)->Send(1, static_cast<int>(i), v1::DIRECTION_FORWARD, t, false);
+  if (st.ok()) st = (*sender)->Finish();
+  const double grpc_s = std::chrono::duration<double>(Clock::now() - g0).count();
+  const int64_t grpc_bytes = frames * elems * 4;
+  const int64_t wire = (*sender)->stats().wire_bytes;
+  if (!st.ok()) {
+    std::fprintf(stderr, "longhaul-bench transport: gRPC run failed: %s\n", std::string(st.message()).c_str());
+    return 1;
+  }
+  const double tcp_s = TcpSeconds(tport, grpc_bytes);
+  close(in[1]);
+  int ws;
+  waitpid(child, &ws, 0);
+  if (tcp_s <= 0) {
+    std::fprintf(stderr, "longhaul-bench transport: TCP run failed\n");
+    return 1;
+  }
+  const double grpc_gbps = grpc_bytes * 8 / grpc_s / 1e9, tcp_gbps = grpc_bytes * 8 / tcp_s / 1e9;
+  if (json) {
+    std::printf("{\"bytes\": %lld, \"frame_bytes\": %lld, \"codec\": \"%s\", \"wire_bytes\": %lld, "
+                "\"grpc_gbps\": %.4f, \"tcp_gbps\": %.4f, \"ratio\": %.4f, \"grpc_seconds\": %.4f, "
+                "\"tcp_seconds\": %.4f}\n",
+                static_cast<long long>(grpc_bytes), static_cast<long long>(elems * 4), (*codec)->spec().c_str(),
+                static_cast<long long>(wire), grpc_gbps, tcp_gbps, grpc_gbps / tcp_gbps, grpc_s, tcp_s);
+  } else {
+    std::printf("payload %s in frames of %s (%s)\n", absl::StrFormat("%.2f GiB", grpc_bytes / 1073741824.0),
+                absl::StrFormat("%.1f MiB", elems * 4 / 1048576.0), (*codec)->spec());
+    std::printf("  gRPC data plane: %8.3f Gbit/s  (%.2f s)\n", grpc_gbps, grpc_s);
+    std::printf("  plain TCP:       %8.3f Gbit/s  (%.2f s)\n", tcp_gbps, tcp_s);
+    std::printf("  ratio gRPC/TCP:  %8.3f\n", grpc_gbps / tcp_gbps);
+  }
+  return 0;
+}
+
+}  // namespace longhaul::bench
