@@ -33,6 +33,8 @@ constexpr char kHelp[] =
     "  memcpy_gbps        one-thread memcpy of the same fp32 buffer, measured in this run\n"
     "  threads_for_10gbit threads needed so neither side limits a 10 Gbit/s link\n"
     "--codec may be repeated (default tahquant); see codec/codec.h for spec strings.\n"
+    "--data=gradients uses heavy-tailed synthetic gradients (Student-t, per-row scales, outlier\n"
+    "columns; bench/synthetic_data.h) instead of activations; rows are output channels for BitDP.\n"
     "Defaults: --tokens=8192 --hidden=2048 --outliers=4 --seed=1 --min-seconds=0.5.\n";
 
 using Clock = std::chrono::steady_clock;
@@ -58,13 +60,14 @@ struct Result {
   double bits = 0, rel_l2 = 0, enc = 0, dec = 0, dec_alloc = 0, enc_mt = 0, dec_mt = 0;
   double transformed_fraction = 0;
   int threads_needed = 0;
+  std::string kernels;
 };
 
 }  // namespace
 
 int CodecBenchMain(int argc, char** argv) {
   auto args = cli::Args::Parse(argc, argv, {"codec", "tokens", "hidden", "threads", "outliers", "seed",
-                                       "min-seconds", "json", "help"});
+                                       "min-seconds", "data", "json", "help"});
   if (!args.ok()) {
     std::fprintf(stderr, "longhaul-bench codec: %s\n\n%s", std::string(args.status().message()).c_str(), kHelp);
     return 2;
@@ -92,13 +95,22 @@ int CodecBenchMain(int argc, char** argv) {
   if (specs.empty()) specs.push_back("tahquant");
   const bool json = args->Bool("json");
 
+  const std::string kind = args->Str("data", "activations");
+  if (kind != "activations" && kind != "gradients") {
+    std::fprintf(stderr, "longhaul-bench codec: --data is activations or gradients, not \"%s\"\n", kind.c_str());
+    return 2;
+  }
   ActivationSpec as;
   as.tokens = *tokens;
   as.hidden = *hidden;
   as.seed = static_cast<uint64_t>(*seed);
   as.outlier_channels = static_cast<int>(*outliers);
-  if (!json) std::fprintf(stderr, "generating %lld x %lld activations...\n", (long long)*tokens, (long long)*hidden);
-  std::vector<float> data = SyntheticActivations(as);
+  if (!json) {
+    std::fprintf(stderr, "generating %lld x %lld %s...\n", (long long)*tokens, (long long)*hidden, kind.c_str());
+  }
+  std::vector<float> data = kind == "gradients"
+                                ? SyntheticGradients(*tokens, *hidden, as.seed, as.outlier_channels)
+                                : SyntheticActivations(as);
   const torch::Tensor x = torch::from_blob(data.data(), {*tokens, *hidden}, torch::kFloat32);
   const double bytes = static_cast<double>(data.size()) * 4.0;
 
@@ -127,6 +139,9 @@ int CodecBenchMain(int argc, char** argv) {
     }
     Result r;
     r.spec = (*codec)->spec();
+    // The SIMD kernels serve the int<k>/tahquant engine; the replica codecs are scalar so far.
+    const codec::CodecId cid = (*codec)->id();
+    r.kernels = cid == codec::CodecId::kIntK || cid == codec::CodecId::kTahQuant ? codec::BestKernels().name : "scalar";
     r.bits = frame->size() * 8.0 / static_cast<double>(data.size());
     r.rel_l2 = ((x.to(torch::kFloat64) - y->to(torch::kFloat64)).norm() / x.to(torch::kFloat64).norm()).item<double>();
     r.transformed_fraction = st.groups ? static_cast<double>(st.transformed_groups) / st.groups : 0.0;
@@ -152,10 +167,11 @@ int CodecBenchMain(int argc, char** argv) {
         "\"decode_alloc_gbps\": %.3f, "
         "\"threads\": %d, \"encode_gbps_mt\": %.3f, \"decode_gbps_mt\": %.3f, "
         "\"memcpy_gbps\": %.3f, \"encode_vs_memcpy\": %.3f, \"decode_vs_memcpy\": %.3f, "
-        "\"transformed_group_fraction\": %.4f, \"threads_for_10gbit\": %d, \"kernels\": \"%s\"}",
+        "\"transformed_group_fraction\": %.4f, \"threads_for_10gbit\": %d, \"kernels\": \"%s\", "
+        "\"data\": \"%s\"}",
         r.spec, *tokens, *hidden, r.bits, r.rel_l2, r.enc, r.dec, r.dec_alloc, *threads, r.enc_mt, r.dec_mt,
         memcpy_gbps, r.enc / memcpy_gbps, r.dec / memcpy_gbps, r.transformed_fraction,
-        r.threads_needed, codec::BestKernels().name);
+        r.threads_needed, r.kernels, kind);
   };
   if (json) {
     if (results.size() == 1) {
@@ -169,8 +185,8 @@ int CodecBenchMain(int argc, char** argv) {
     }
     return 0;
   }
-  std::printf("%lld x %lld fp32 activations (%.0f MB), %lld outlier channels, kernels: %s\n",
-              (long long)*tokens, (long long)*hidden, bytes / 1e6, (long long)*outliers,
+  std::printf("%lld x %lld fp32 %s (%.0f MB), %lld outlier channels, SIMD kernels: %s\n",
+              (long long)*tokens, (long long)*hidden, kind.c_str(), bytes / 1e6, (long long)*outliers,
               codec::BestKernels().name);
   std::printf("memcpy (1 thread): %.2f GB/s\n\n", memcpy_gbps);
   std::printf("| codec | bits/elem | rel L2 err | enc GB/s | dec GB/s | dec GB/s (new tensor) | enc/memcpy | dec/memcpy | enc GB/s x%lld | dec GB/s x%lld | threads for 10 Gbit/s |\n",

@@ -57,4 +57,20 @@ std::vector<float> SyntheticActivations(const ActivationSpec& s) {
   return x;
 }
 
+std::vector<float> SyntheticGradients(int64_t rows, int64_t cols, uint64_t seed, int outlier_cols) {
+  Normal n(seed * 0x9e3779b97f4a7c15ull + 7);
+  std::vector<bool> outlier(static_cast<size_t>(cols), false);
+  for (int k = 0; k < outlier_cols && cols > 0; ++k) outlier[n.NextU64() % cols] = true;
+  std::vector<float> g(static_cast<size_t>(rows * cols));
+  for (int64_t i = 0; i < rows; ++i) {
+    const float r = std::exp(0.5f * n.Next());
+    for (int64_t j = 0; j < cols; ++j) {
+      const float a = n.Next(), b = n.Next(), c = n.Next();
+      const float t = n.Next() / std::sqrt((a * a + b * b + c * c) / 3.0f + 1e-12f);
+      g[i * cols + j] = r * t * (outlier[j] ? 20.0f : 1.0f);
+    }
+  }
+  return g;
+}
+
 }  // namespace longhaul::bench

@@ -34,6 +34,11 @@ struct ActivationSpec {
 
 std::vector<float> SyntheticActivations(const ActivationSpec& spec);
 
+// Heavy-tailed gradients, [rows, cols] (rows = output channels): entry = r_i * t_ij with a per-row
+// log-normal scale r_i = exp(0.5 z_i) and t Student-t with 3 degrees of freedom (finite variance,
+// heavy tails, as weight gradients of transformers are); `outlier_cols` columns are 20x larger.
+std::vector<float> SyntheticGradients(int64_t rows, int64_t cols, uint64_t seed, int outlier_cols = 4);
+
 // Deterministic standard normal stream.
 class Normal {
  public:

@@ -99,7 +99,9 @@ int Serve() {
   char c;
   while (read(0, &c, 1) > 0) {
   }
-  return 0;
+  // The parent is done; leave without unwinding the server under the detached threads.
+  std::fflush(stdout);
+  _exit(0);
 }
 
 double TcpSeconds(int port, int64_t bytes) {
@@ -216,8 +218,8 @@ int TransportBenchMain(int argc, char** argv) {
                 static_cast<long long>(grpc_bytes), static_cast<long long>(elems * 4), (*codec)->spec().c_str(),
                 static_cast<long long>(wire), grpc_gbps, tcp_gbps, grpc_gbps / tcp_gbps, grpc_s, tcp_s);
   } else {
-    std::printf("payload %s in frames of %s (%s)\n", absl::StrFormat("%.2f GiB", grpc_bytes / 1073741824.0),
-                absl::StrFormat("%.1f MiB", elems * 4 / 1048576.0), (*codec)->spec());
+    std::printf("payload %.2f GiB in frames of %.1f MiB (%s)\n", grpc_bytes / 1073741824.0, elems * 4 / 1048576.0,
+                (*codec)->spec().c_str());
     std::printf("  gRPC data plane: %8.3f Gbit/s  (%.2f s)\n", grpc_gbps, grpc_s);
     std::printf("  plain TCP:       %8.3f Gbit/s  (%.2f s)\n", tcp_gbps, tcp_s);
     std::printf("  ratio gRPC/TCP:  %8.3f\n", grpc_gbps / tcp_gbps);

@@ -5,7 +5,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "codec/bitdp.h"
 #include "codec/group_quant.h"
+#include "codec/sym_quant.h"
 #include "codec/torch_status.h"
 
 namespace longhaul::codec {
@@ -13,6 +15,8 @@ namespace {
 
 constexpr uint8_t kRawVersion = 1;
 constexpr uint8_t kGroupQuantVersion = 1;
+constexpr uint8_t kSymQuantVersion = 1;
+constexpr uint8_t kBitDpVersion = 1;
 
 absl::StatusOr<FrameDtype> DtypeOf(const torch::Tensor& x) {
   switch (x.scalar_type()) {
@@ -115,6 +119,69 @@ class GroupQuantCodec : public Codec {
   GroupQuantParams p_;
 };
 
+// BitDP's matrix view of a tensor: rows = first dimension (output channels), cols = the rest.
+void MatrixOf(const std::vector<int64_t>& shape, int64_t numel, int64_t* rows, int64_t* cols) {
+  *rows = shape.empty() ? 1 : shape[0];
+  *cols = *rows == 0 ? 0 : numel / *rows;
+}
+
+// The symmetric-quant presets (SDP4Bit, ZeRO++) share one wire format; the name is kept for spec().
+class SymQuantCodec : public Codec {
+ public:
+  SymQuantCodec(std::string name, SymQuantParams p) : name_(std::move(name)), p_(p) {}
+  CodecId id() const override { return CodecId::kSymQuant; }
+  std::string spec() const override {
+    std::string s = absl::StrCat(name_, ":g=", p_.group_size);
+    if (name_ == "sdp4bit-tlqhs" || name_ == "zeropp-qw") absl::StrAppend(&s, ",bits=", p_.bits);
+    if (name_ == "sdp4bit-tlqhs") {
+      absl::StrAppend(&s, ",rounding=", p_.rounding == Rounding::kStochastic ? "stochastic" : "nearest");
+    }
+    return s;
+  }
+  absl::StatusOr<std::string> Encode(const torch::Tensor& x, const EncodeOptions& o, EncodeStats*) const override {
+    return CatchTorch("encode", [&]() -> absl::StatusOr<std::string> {
+      absl::StatusOr<FrameDtype> dtype = DtypeOf(x);
+      if (!dtype.ok()) return dtype.status();
+      const torch::Tensor f = x.to(torch::kCPU, torch::kFloat32).contiguous();
+      FrameHeader h = HeaderFor(x, CodecId::kSymQuant, kSymQuantVersion, *dtype);
+      h.params = p_.Serialize();
+      std::string frame = BeginFrame(h);
+      SymQuantEncode(f.data_ptr<float>(), f.numel(), p_, o.seed, &frame);
+      FinishFrame(&frame);
+      return frame;
+    });
+  }
+
+ private:
+  std::string name_;
+  SymQuantParams p_;
+};
+
+class BitDpCodec : public Codec {
+ public:
+  explicit BitDpCodec(int bits) : bits_(bits) {}
+  CodecId id() const override { return CodecId::kBitDp; }
+  std::string spec() const override { return absl::StrCat("bitdp", bits_); }
+  absl::StatusOr<std::string> Encode(const torch::Tensor& x, const EncodeOptions&, EncodeStats*) const override {
+    return CatchTorch("encode", [&]() -> absl::StatusOr<std::string> {
+      absl::StatusOr<FrameDtype> dtype = DtypeOf(x);
+      if (!dtype.ok()) return dtype.status();
+      const torch::Tensor f = x.to(torch::kCPU, torch::kFloat32).contiguous();
+      FrameHeader h = HeaderFor(x, CodecId::kBitDp, kBitDpVersion, *dtype);
+      h.params[0] = static_cast<uint8_t>(bits_);
+      int64_t rows, cols;
+      MatrixOf(h.shape, f.numel(), &rows, &cols);
+      std::string frame = BeginFrame(h);
+      BitDpEncode(f.data_ptr<float>(), rows, cols, bits_, &frame);
+      FinishFrame(&frame);
+      return frame;
+    });
+  }
+
+ private:
+  int bits_;
+};
+
 absl::Status BadSpec(absl::string_view spec, absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat("bad codec spec \"", spec, "\": ", why));
 }
@@ -135,6 +202,36 @@ absl::StatusOr<std::unique_ptr<Codec>> MakeCodec(absl::string_view spec) {
     const CodecId id = name == "fp32" ? CodecId::kFp32 : name == "fp16" ? CodecId::kFp16 : CodecId::kBf16;
     return std::make_unique<RawCodec>(id);
   }
+  if (name == "bitdp1" || name == "bitdp2") {
+    if (!nv.second.empty()) return BadSpec(spec, "bitdp takes no parameters");
+    return std::make_unique<BitDpCodec>(name == "bitdp1" ? 1 : 2);
+  }
+  if (name == "sdp4bit-qwd" || name == "sdp4bit-tlqhs" || name == "zeropp-ulq" || name == "zeropp-qw") {
+    SymQuantParams q;
+    q.bits = 4;
+    q.group_size = name == "sdp4bit-qwd" || name == "zeropp-qw" ? 2048 : 128;
+    q.hadamard = name == "sdp4bit-tlqhs";
+    if (!nv.second.empty()) {
+      for (absl::string_view kv : absl::StrSplit(nv.second, ',')) {
+        std::pair<absl::string_view, absl::string_view> f = absl::StrSplit(kv, absl::MaxSplits('=', 1));
+        bool ok = true;
+        if (f.first == "g") {
+          ok = absl::SimpleAtoi(f.second, &q.group_size);
+        } else if (f.first == "bits" && (name == "sdp4bit-tlqhs" || name == "zeropp-qw")) {
+          ok = absl::SimpleAtoi(f.second, &q.bits) && (q.bits == 4 || q.bits == 8);
+          if (!ok) return BadSpec(spec, "bits must be 4 or 8");
+        } else if (f.first == "rounding" && name == "sdp4bit-tlqhs") {
+          if (f.second != "nearest" && f.second != "stochastic") return BadSpec(spec, "rounding is nearest or stochastic");
+          q.rounding = f.second == "stochastic" ? Rounding::kStochastic : Rounding::kNearest;
+        } else {
+          return BadSpec(spec, absl::StrCat("unknown parameter \"", f.first, "\""));
+        }
+        if (!ok) return BadSpec(spec, absl::StrCat("cannot parse value of \"", f.first, "\""));
+      }
+    }
+    if (absl::Status st = q.Validate(); !st.ok()) return BadSpec(spec, st.message());
+    return std::make_unique<SymQuantCodec>(std::string(name), q);
+  }
   GroupQuantParams p;
   CodecId id;
   if (name == "tahquant") {
@@ -150,7 +247,9 @@ absl::StatusOr<std::unique_ptr<Codec>> MakeCodec(absl::string_view spec) {
     p.adaptive = false;
     p.hadamard = false;
   } else {
-    return BadSpec(spec, "unknown codec (known: fp32 fp16 bf16 int2..int8 tahquant)");
+    return BadSpec(spec,
+                   "unknown codec (known: fp32 fp16 bf16 int2..int8 tahquant sdp4bit-qwd sdp4bit-tlqhs zeropp-ulq "
+                   "zeropp-qw bitdp1 bitdp2)");
   }
   if (!nv.second.empty()) {
     for (absl::string_view kv : absl::StrSplit(nv.second, ',')) {
@@ -246,6 +345,32 @@ absl::Status DecodeFrameInto(absl::string_view frame, torch::Tensor* out, const 
                                                       : torch::empty(h.shape, torch::kFloat32);
         GroupQuantDecode(v->payload, *layout, tokens, dim, *p, o.threads,
                          o.kernels ? *o.kernels : BestKernels(), t.data_ptr<float>());
+        return out_type == torch::kFloat32 ? t : t.to(out_type);
+      }
+      case CodecId::kSymQuant:
+      case CodecId::kBitDp: {
+        const uint8_t want = h.codec == CodecId::kSymQuant ? kSymQuantVersion : kBitDpVersion;
+        if (h.codec_version != want) {
+          return absl::InvalidArgumentError(absl::StrCat("unsupported ", CodecIdName(h.codec),
+                                                         " version ", h.codec_version));
+        }
+        torch::Tensor t = out_type == torch::kFloat32 ? target(torch::kFloat32)
+                                                      : torch::empty(h.shape, torch::kFloat32);
+        if (h.codec == CodecId::kSymQuant) {
+          absl::StatusOr<SymQuantParams> p = SymQuantParams::Parse(h.params);
+          if (!p.ok()) return p.status();
+          if (absl::Status s = SymQuantValidate(v->payload, v->numel, *p); !s.ok()) return s;
+          SymQuantDecode(v->payload, v->numel, *p, {}, t.data_ptr<float>());
+        } else {
+          const int bits = h.params[0];
+          for (int i = 1; i < kCodecParamBytes; ++i) {
+            if (h.params[i] != 0) return absl::InvalidArgumentError("bitdp frame: non-zero reserved parameter bytes");
+          }
+          int64_t rows, cols;
+          MatrixOf(h.shape, v->numel, &rows, &cols);
+          if (absl::Status s = BitDpValidate(v->payload, rows, cols, bits); !s.ok()) return s;
+          BitDpDecode(v->payload, rows, cols, bits, t.data_ptr<float>());
+        }
         return out_type == torch::kFloat32 ? t : t.to(out_type);
       }
     }

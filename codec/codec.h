@@ -10,6 +10,16 @@
 //   int<k>[:g=G]                        k = 2..8, uniform asymmetric per group of G (default 64)
 //   tahquant[:g=G,r=R,tau=T,bits=H/L,hadamard=on|off,adaptive=on|off]
 //                                       TAH-Quant; defaults g=64 r=0.8 tau=2 bits=4/3
+//   sdp4bit-qwd[:g=G]                   SDP4Bit weight differences: symmetric INT4, g=2048
+//   sdp4bit-tlqhs[:bits=B,g=G,rounding=nearest|stochastic]
+//                                       TLq-HS wire format: block-32 Hadamard fused with symmetric
+//                                       INT-B (B=4 slow level, default; 8 fast level), g=128
+//   zeropp-ulq[:g=G]                    ZeRO++ qgZ / SDP4Bit ULq: symmetric INT4, g=128, no Hadamard
+//   zeropp-qw[:bits=B,g=G]              ZeRO++ qwZ / SDP4Bit qW: symmetric INT-B (4 or 8), g=2048
+//   bitdp1 | bitdp2                     BitDP 1-bit / 2-bit ternary per output channel (first
+//                                       dimension = output channels); see bitdp.h
+// The collective-level pieces (reduce in the Hadamard domain, gather-and-reduce of BitDP planes,
+// qWD model sync, simulations of P replicas) are in sdp4bit.h and bitdp.h.
 // Inputs may be float32, float16 or bfloat16 of any shape; grouped codecs group along the last
 // dimension. Tensors on other devices are copied to the CPU (CUDA kernels are a later backend;
 // the interface does not change).
@@ -33,6 +43,7 @@ namespace longhaul::codec {
 struct EncodeOptions {
   int threads = 1;
   const Kernels* kernels = nullptr;  // nullptr: BestKernels()
+  uint64_t seed = 0;                 // stochastic rounding draws (same seed, same frame)
 };
 
 struct DecodeOptions {

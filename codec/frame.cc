@@ -17,6 +17,8 @@ const char* CodecIdName(CodecId id) {
     case CodecId::kBf16: return "bf16";
     case CodecId::kIntK: return "int";
     case CodecId::kTahQuant: return "tahquant";
+    case CodecId::kSymQuant: return "symquant";
+    case CodecId::kBitDp: return "bitdp";
   }
   return "unknown";
 }

@@ -46,6 +46,8 @@ enum class CodecId : uint8_t {
   kBf16 = 3,
   kIntK = 4,      // uniform asymmetric per-group INT-k
   kTahQuant = 5,  // TAH-Quant (same payload layout as kIntK, plus adaptive bits and Hadamard)
+  kSymQuant = 6,  // symmetric per-group INT-k, optional fused Hadamard (SDP4Bit, ZeRO++; sym_quant.h)
+  kBitDp = 7,     // BitDP 1-/2-bit per output channel (bitdp.h)
 };
 
 enum class FrameDtype : uint8_t { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };

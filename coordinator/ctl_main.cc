@@ -281,10 +281,14 @@ class Ctl {
     const v1::JobSpec& sp = j.spec();
     const double tokens_per_step = static_cast<double>(sp.micro_batches()) * sp.micro_batch_size() * sp.model().context();
     const double eta = j.tokens_per_s() > 0 ? (j.steps() - j.step()) * tokens_per_step / j.tokens_per_s() : -1;
-    const std::string line = absl::StrFormat(
-        "[%s] %-9s step %lld/%lld  loss %.4f  %.0f tok/s  compression %.1fx  err %.3f  ETA %s", bar,
-        JobStateName(j.state()), static_cast<long long>(j.step()), static_cast<long long>(j.steps()), j.loss(),
-        j.tokens_per_s(), Ratio(j), j.mean_rel_error(), Duration(eta));
+    const std::string line =
+        j.step() == 0 && !IsTerminal(j.state())
+            ? absl::StrFormat("[%s] %-9s waiting for the first step (%d stages)", bar, JobStateName(j.state()),
+                              sp.stages())
+            : absl::StrFormat("[%s] %-9s step %lld/%lld  loss %.4f  %.0f tok/s  compression %.1fx  err %.3f  ETA %s",
+                              bar, JobStateName(j.state()), static_cast<long long>(j.step()),
+                              static_cast<long long>(j.steps()), j.loss(), j.tokens_per_s(), Ratio(j),
+                              j.mean_rel_error(), Duration(eta));
     if (tty) {
       std::fprintf(stderr, "\r%s\x1b[K", line.c_str());
     } else {

@@ -157,7 +157,10 @@ void LinkSender::SenderLoop() {
     std::string frame;
     double rel_error = -1;
     if (item.tensor.defined()) {
-      absl::StatusOr<std::string> f = codec_->Encode(item.tensor, {opt_.codec_threads});
+      codec::EncodeOptions eo;
+      eo.threads = opt_.codec_threads;
+      eo.seed = item.step;  // stochastic rounding differs per step, reproducibly
+      absl::StatusOr<std::string> f = codec_->Encode(item.tensor, eo);
       if (!f.ok()) {
         Fail(absl::Status(f.status().code(), absl::StrCat("encoding for ", opt_.peer, ": ", f.status().message())));
         return;
@@ -165,7 +168,9 @@ void LinkSender::SenderLoop() {
       frame = std::move(*f);
       if (item.measure_error) {
         absl::StatusOr<double> e = CatchTorch("rel error", [&]() -> absl::StatusOr<double> {
-          auto y = codec::DecodeFrame(frame, {opt_.codec_threads});
+          codec::DecodeOptions d;
+          d.threads = opt_.codec_threads;
+          auto y = codec::DecodeFrame(frame, d);
           if (!y.ok()) return y.status();
           const double n = item.tensor.norm().item<double>();
           return n > 0 ? (item.tensor.to(torch::kFloat32) - *y).norm().item<double>() / n : 0.0;
