@@ -14,25 +14,10 @@ bool IsPow2(int v) { return v > 0 && (v & (v - 1)) == 0; }
 
 int64_t NumGroups(int64_t n, int g) { return (n + g - 1) / g; }
 
-// In-place orthonormal FWHT of 32 values.
-void Fwht32(float* v) {
-  for (int h = 1; h < kHadamardBlock; h <<= 1) {
-    for (int i = 0; i < kHadamardBlock; i += h << 1) {
-      for (int j = i; j < i + h; ++j) {
-        const float a = v[j], b = v[j + h];
-        v[j] = a + b;
-        v[j + h] = a - b;
-      }
-    }
-  }
-  const float norm = 1.0f / std::sqrt(static_cast<float>(kHadamardBlock));
-  for (int i = 0; i < kHadamardBlock; ++i) v[i] *= norm;
-}
-
 // Transforms the full 32-blocks of a group (groups start at multiples of 32, so these are the
 // tensor's own blocks; only the tensor's tail can be shorter than a block).
-void TransformGroup(float* v, int64_t len) {
-  for (int64_t b = 0; b + kHadamardBlock <= len; b += kHadamardBlock) Fwht32(v + b);
+void TransformGroup(float* v, int64_t len, const Kernels& k) {
+  for (int64_t b = 0; b + kHadamardBlock <= len; b += kHadamardBlock) k.fwht(v + b, kHadamardBlock);
 }
 
 uint64_t SplitMix64(uint64_t z) {
@@ -41,51 +26,6 @@ uint64_t SplitMix64(uint64_t z) {
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   return z ^ (z >> 31);
 }
-
-class BitWriter {
- public:
-  explicit BitWriter(uint8_t* out) : out_(out) {}
-  void Put(uint32_t v, int bits) {
-    acc_ |= static_cast<uint64_t>(v) << fill_;
-    fill_ += bits;
-    while (fill_ >= 8) {
-      *out_++ = static_cast<uint8_t>(acc_);
-      acc_ >>= 8;
-      fill_ -= 8;
-    }
-  }
-  void Flush() {
-    if (fill_ > 0) *out_++ = static_cast<uint8_t>(acc_);
-    acc_ = 0;
-    fill_ = 0;
-  }
-
- private:
-  uint8_t* out_;
-  uint64_t acc_ = 0;
-  int fill_ = 0;
-};
-
-class BitReader {
- public:
-  explicit BitReader(const uint8_t* in) : in_(in) {}
-  uint32_t Get(int bits) {
-    while (fill_ < bits) {
-      acc_ |= static_cast<uint64_t>(*in_++) << fill_;
-      fill_ += 8;
-    }
-    const uint32_t v = static_cast<uint32_t>(acc_ & ((1u << bits) - 1));
-    acc_ >>= bits;
-    fill_ -= bits;
-    return v;
-  }
-  uint64_t rest() const { return acc_; }
-
- private:
-  const uint8_t* in_;
-  uint64_t acc_ = 0;
-  int fill_ = 0;
-};
 
 }  // namespace
 
@@ -142,39 +82,48 @@ uint64_t SymQuantPayloadBytes(int64_t n, const SymQuantParams& p) {
 }
 
 void SymQuantEncode(const float* x, int64_t n, const SymQuantParams& p, uint64_t seed, std::string* out,
-                    int64_t index_offset) {
+                    int64_t index_offset, const Kernels& k) {
   const int64_t ng = NumGroups(n, p.group_size);
   const size_t base = out->size();
   out->resize(base + SymQuantPayloadBytes(n, p));
   uint8_t* scales = reinterpret_cast<uint8_t*>(&(*out)[base]);
-  BitWriter w(scales + 4 * ng);
+  uint8_t* codes = scales + 4 * ng;
   const int qmax = (1 << (p.bits - 1)) - 1;
+  const float maxq = static_cast<float>(2 * qmax);
   std::vector<float> buf(static_cast<size_t>(p.group_size));
+  std::vector<uint8_t> q(static_cast<size_t>(p.group_size));
   for (int64_t g = 0; g < ng; ++g) {
     const int64_t start = g * p.group_size;
-    const int64_t len = std::min<int64_t>(p.group_size, n - start);
+    const int len = static_cast<int>(std::min<int64_t>(p.group_size, n - start));
     // One pass per group: load, transform in cache, find the scale, quantise, pack.
     std::memcpy(buf.data(), x + start, static_cast<size_t>(len) * sizeof(float));
-    if (p.hadamard) TransformGroup(buf.data(), len);
-    float s = 0;
-    for (int64_t i = 0; i < len; ++i) s = std::max(s, std::fabs(buf[i]));
-    if (!std::isfinite(s)) s = 0;  // non-finite input quantises to zero rather than poisoning the frame
-    std::memcpy(scales + 4 * g, &s, 4);
-    const float inv = s > 0 ? qmax / s : 0.0f;
-    for (int64_t i = 0; i < len; ++i) {
-      const float y = buf[i] * inv;
-      float r = p.rounding == Rounding::kNearest
-                    ? std::nearbyint(y)
-                    : std::floor(y + UniformAt(seed, static_cast<uint64_t>(index_offset + start + i)));
-      if (std::isnan(r)) r = 0;  // NaN inputs (and anything times a zeroed scale) encode as 0
-      r = std::max<float>(-qmax, std::min<float>(qmax, r));
-      w.Put(static_cast<uint32_t>(static_cast<int>(r) + qmax), p.bits);
+    if (p.hadamard) TransformGroup(buf.data(), len, k);
+    for (int i = 0; i < len; ++i) {
+      if (std::isnan(buf[i])) buf[i] = 0;  // NaN encodes as 0 instead of poisoning the scale
     }
+    float sum, s;
+    k.abs_sum_max(buf.data(), len, &sum, &s);
+    if (!std::isfinite(s)) {  // infinities: the group cannot be represented; send zeros
+      s = 0;
+      std::fill(buf.begin(), buf.begin() + len, 0.0f);
+    }
+    std::memcpy(scales + 4 * g, &s, 4);
+    const float inv = s > 0 ? static_cast<float>(qmax) / s : 0.0f;
+    const float lo = -s;
+    if (p.rounding == Rounding::kNearest) {
+      k.quantize(buf.data(), len, lo, inv, maxq, q.data());
+    } else {
+      for (int i = 0; i < len; ++i) {
+        const float c = std::floor((buf[i] - lo) * inv + UniformAt(seed, static_cast<uint64_t>(index_offset + start + i)));
+        q[i] = static_cast<uint8_t>(std::max(0.0f, std::min(maxq, c)));
+      }
+    }
+    // Groups hold a multiple of 8 codes, so each group's codes start on a byte boundary.
+    k.pack(q.data(), len, p.bits, codes + start * p.bits / 8);
   }
-  w.Flush();
 }
 
-absl::Status SymQuantValidate(absl::string_view payload, int64_t n, const SymQuantParams& p) {
+absl::Status SymQuantValidate(absl::string_view payload, int64_t n, const SymQuantParams& p, const Kernels& k) {
   if (absl::Status s = p.Validate(); !s.ok()) return s;
   if (n < 0) return absl::InvalidArgumentError("negative element count");
   const uint64_t want = SymQuantPayloadBytes(n, p);
@@ -191,35 +140,45 @@ absl::Status SymQuantValidate(absl::string_view payload, int64_t n, const SymQua
       return absl::InvalidArgumentError(absl::StrCat("symmetric-quant group ", g, " has scale ", s));
     }
   }
-  const uint32_t bad = (1u << p.bits) - 1;
-  BitReader r(b + 4 * ng);
-  for (int64_t i = 0; i < n; ++i) {
-    if (r.Get(p.bits) == bad) {
-      return absl::InvalidArgumentError(absl::StrCat("symmetric-quant code of element ", i, " is out of range"));
+  const uint8_t bad = static_cast<uint8_t>((1u << p.bits) - 1);
+  std::vector<uint8_t> q(static_cast<size_t>(p.group_size));
+  const uint8_t* codes = b + 4 * ng;
+  for (int64_t g = 0; g < ng; ++g) {
+    const int64_t start = g * p.group_size;
+    const int len = static_cast<int>(std::min<int64_t>(p.group_size, n - start));
+    k.unpack(codes + start * p.bits / 8, len, p.bits, q.data());
+    for (int i = 0; i < len; ++i) {
+      if (q[i] == bad) {
+        return absl::InvalidArgumentError(absl::StrCat("symmetric-quant code of element ", start + i, " is out of range"));
+      }
     }
   }
-  if (r.rest() != 0) return absl::InvalidArgumentError("symmetric-quant padding bits are not zero");
+  const int64_t used_bits = n * p.bits;
+  if (used_bits % 8 != 0 && (payload.back() >> (used_bits % 8)) != 0) {
+    return absl::InvalidArgumentError("symmetric-quant padding bits are not zero");
+  }
   return absl::OkStatus();
 }
 
 void SymQuantDecode(absl::string_view payload, int64_t n, const SymQuantParams& p, const SymDecodeOptions& o,
-                    float* out) {
+                    float* out, const Kernels& k) {
   const int64_t ng = NumGroups(n, p.group_size);
   const uint8_t* b = reinterpret_cast<const uint8_t*>(payload.data());
-  BitReader r(b + 4 * ng);
+  const uint8_t* codes = b + 4 * ng;
   const int qmax = (1 << (p.bits - 1)) - 1;
   std::vector<float> buf(static_cast<size_t>(p.group_size));
+  std::vector<uint8_t> q(static_cast<size_t>(p.group_size));
   for (int64_t g = 0; g < ng; ++g) {
     const int64_t start = g * p.group_size;
-    const int64_t len = std::min<int64_t>(p.group_size, n - start);
+    const int len = static_cast<int>(std::min<int64_t>(p.group_size, n - start));
     float s;
     std::memcpy(&s, b + 4 * g, 4);
-    const float step = s / qmax;
-    for (int64_t i = 0; i < len; ++i) buf[i] = static_cast<float>(static_cast<int>(r.Get(p.bits)) - qmax) * step;
-    if (p.hadamard && !o.hadamard_domain) TransformGroup(buf.data(), len);
+    k.unpack(codes + start * p.bits / 8, len, p.bits, q.data());
+    k.dequantize(q.data(), len, -s, s / static_cast<float>(qmax), buf.data());
+    if (p.hadamard && !o.hadamard_domain) TransformGroup(buf.data(), len, k);
     float* dst = out + start;
     if (o.accumulate) {
-      for (int64_t i = 0; i < len; ++i) dst[i] += buf[i];
+      for (int i = 0; i < len; ++i) dst[i] += buf[i];
     } else {
       std::memcpy(dst, buf.data(), static_cast<size_t>(len) * sizeof(float));
     }
@@ -227,7 +186,8 @@ void SymQuantDecode(absl::string_view payload, int64_t n, const SymQuantParams& 
 }
 
 void Hadamard32(float* x, int64_t n) {
-  for (int64_t b = 0; b + kHadamardBlock <= n; b += kHadamardBlock) Fwht32(x + b);
+  // The unfused reference: the scalar kernel, whatever the CPU.
+  TransformGroup(x, n, ScalarKernels());
 }
 
 }  // namespace longhaul::codec

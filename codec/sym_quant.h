@@ -5,15 +5,18 @@
 // Per group of G consecutive elements (the last group may be shorter):
 //   s = max |y| over the group, y = H x (H = orthonormal 32x32 Walsh-Hadamard applied to each full
 //   block of 32 inside the group when `hadamard`; a tail of fewer than 32 elements at the end of the
-//   tensor is left untransformed), q = round(y / s * Q), Q = 2^(k-1) - 1, q in [-Q, Q].
-// Rounding: nearest (deterministic) or stochastic, q = floor(y / s * Q + u), u ~ U[0,1) from a
-// counter-based generator keyed by (seed, element index) — unbiased, reproducible.
-// Decoding: y' = q * s / Q, then H y' (H is its own inverse) unless the caller asks to stay in the
-// Hadamard domain (TLq-HS reduces there and transforms once at the end).
+//   tensor is left untransformed); Q = 2^(k-1) - 1; the 2Q + 1 levels -s + c * s / Q, c = 0..2Q,
+//   are symmetric around zero; the code is c = round_half_even((y + s) * Q / s) (i.e. q = c - Q =
+//   round(y / s * Q) up to ties), computed with the shared quantise kernel (codec/cpu/kernels.h).
+// Rounding: nearest (deterministic) or stochastic, c = floor((y + s) * Q / s + u), u ~ U[0,1)
+// from a counter-based generator keyed by (seed, element index) — unbiased, reproducible.
+// Decoding: y' = c * (s / Q) - s, then H y' (H is its own inverse) unless the caller asks to stay in
+// the Hadamard domain (TLq-HS reduces there and transforms once at the end).
+// Kernels: the scalar reference or AVX2 (BestKernels()), byte-identical (tests/codec).
 //
-// Payload layout: ngroups little-endian float32 scales, then the codes of all elements as one
-// LSB-first bit stream of k-bit offset-binary values (q + Q, so 0..2Q; the value 2^k - 1 is
-// invalid), zero-padded to a whole byte. Bits per element = k + 32 / G (+ the frame header).
+// Payload layout: ngroups little-endian float32 scales, then the codes c of all elements as one
+// LSB-first bit stream of k-bit values (0..2Q; the value 2^k - 1 is invalid), zero-padded to a
+// whole byte. Bits per element = k + 32 / G (+ the frame header).
 //
 //   SymQuantParams p{.bits = 4, .group_size = 128, .hadamard = true};
 //   std::string payload;  SymQuantEncode(x, n, p, /*seed=*/step, &payload);
@@ -28,6 +31,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "codec/cpu/kernels.h"
 
 namespace longhaul::codec {
 
@@ -52,10 +56,11 @@ uint64_t SymQuantPayloadBytes(int64_t n, const SymQuantParams& p);
 // of a call draws from (seed, index_offset + i), so shards of one tensor can be encoded separately
 // with the same draws as the whole.
 void SymQuantEncode(const float* x, int64_t n, const SymQuantParams& p, uint64_t seed, std::string* out,
-                    int64_t index_offset = 0);
+                    int64_t index_offset = 0, const Kernels& k = BestKernels());
 
 // Checks the exact length, every scale (finite, >= 0) and every code (< 2^k - 1) and the padding.
-absl::Status SymQuantValidate(absl::string_view payload, int64_t n, const SymQuantParams& p);
+absl::Status SymQuantValidate(absl::string_view payload, int64_t n, const SymQuantParams& p,
+                              const Kernels& k = BestKernels());
 
 struct SymDecodeOptions {
   bool accumulate = false;        // out += decoded instead of out = decoded
@@ -63,7 +68,7 @@ struct SymDecodeOptions {
 };
 // Decodes a payload that passed SymQuantValidate.
 void SymQuantDecode(absl::string_view payload, int64_t n, const SymQuantParams& p,
-                    const SymDecodeOptions& o, float* out);
+                    const SymDecodeOptions& o, float* out, const Kernels& k = BestKernels());
 
 // The orthonormal Walsh-Hadamard transform of every full 32-block of x[0..n) in place (its own
 // inverse); a tail shorter than 32 is left as is. The unfused reference the fused paths are tested

@@ -78,6 +78,31 @@ TEST(SymQuantTest, FusedHadamardMatchesTheUnfusedReference) {
   for (int64_t i = 0; i < n; ++i) EXPECT_FLOAT_EQ(d1[i], d2[i]);
 }
 
+TEST(SymQuantTest, Avx2MatchesTheScalarReferenceByteForByte) {
+  const Kernels* avx2 = Avx2Kernels();
+  if (avx2 == nullptr) GTEST_SKIP() << "this CPU has no AVX2";
+  std::vector<float> x = bench::SyntheticGradients(16, 1000, 21);
+  x[5] = std::nanf("");
+  const int64_t n = static_cast<int64_t>(x.size()) - 3;  // a partial last group and a sub-32 tail
+  for (int bits : {2, 3, 4, 5, 8}) {
+    for (bool hadamard : {false, true}) {
+      for (Rounding r : {Rounding::kNearest, Rounding::kStochastic}) {
+        SymQuantParams p{bits, 128, hadamard, r};
+        std::string a, b;
+        SymQuantEncode(x.data(), n, p, 9, &a, 0, ScalarKernels());
+        SymQuantEncode(x.data(), n, p, 9, &b, 0, *avx2);
+        ASSERT_EQ(a, b) << "bits " << bits << " hadamard " << hadamard;
+        ASSERT_TRUE(SymQuantValidate(a, n, p, ScalarKernels()).ok());
+        ASSERT_TRUE(SymQuantValidate(a, n, p, *avx2).ok());
+        std::vector<float> ya(n, 1.0f), yb(n, 1.0f);
+        SymQuantDecode(a, n, p, {true, false}, ya.data(), ScalarKernels());
+        SymQuantDecode(a, n, p, {true, false}, yb.data(), *avx2);
+        ASSERT_EQ(0, std::memcmp(ya.data(), yb.data(), n * sizeof(float))) << "bits " << bits;
+      }
+    }
+  }
+}
+
 TEST(SymQuantTest, ErrorIsBoundedByHalfAStepPerGroup) {
   for (int bits : {2, 4, 8}) {
     SymQuantParams p{bits, 64, false, Rounding::kNearest};
