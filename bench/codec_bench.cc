@@ -20,9 +20,10 @@ namespace {
 
 constexpr char kHelp[] =
     "usage: longhaul-bench codec [--codec=SPEC ...] [--tokens=N] [--hidden=N] [--threads=N]\n"
-    "                            [--outliers=N] [--seed=N] [--min-seconds=S] [--json]\n"
+    "                            [--outliers=N] [--seed=N] [--min-seconds=S] [--data=activations|gradients]\n"
+    "                            [--json]\n"
     "\n"
-    "Encodes and decodes a synthetic [tokens, hidden] fp32 activation tensor (Gaussian body,\n"
+    "Encodes and decodes a synthetic [tokens, hidden] fp32 tensor (default activations: Gaussian body,\n"
     "`outliers` heavy channels, log-normal token energy, 5% spiky tokens) and reports:\n"
     "  bits_per_element   frame bytes * 8 / elements, header and all metadata included\n"
     "  rel_l2_error       ||x - decode(encode(x))|| / ||x||\n"
