@@ -172,8 +172,13 @@ absl::StatusOr<v1::JobSpec> ParseJobSpec(const std::string& yaml, int64_t steps_
             .Field<double>("val_fraction", [&](double v) { s.set_val_fraction(v); });
       })
       .Map("links", [&](MapReader& m) {
-        m.Field<double>("rate_mbit", [&](double v) { s.mutable_links()->set_rate_mbit(v); })
-            .Field<int64_t>("burst_bytes", [&](int64_t v) { s.mutable_links()->set_burst_bytes(v); });
+        v1::LinkSpec* l = s.mutable_links();
+        m.Field<double>("rate_mbit", [&](double v) { l->set_rate_mbit(v); })
+            .Field<int64_t>("burst_bytes", [&](int64_t v) { l->set_burst_bytes(v); })
+            .Field<double>("delay_ms", [&](double v) { l->set_delay_ms(v); })
+            .Field<double>("jitter_ms", [&](double v) { l->set_jitter_ms(v); })
+            .Field<double>("loss", [&](double v) { l->set_loss(v); })
+            .Field<double>("retransmit_ms", [&](double v) { l->set_retransmit_ms(v); });
       })
       .Field<int>("codec_threads", [&](int v) { s.set_codec_threads(v); });
   top.CheckUnknown();
@@ -233,6 +238,13 @@ absl::Status ValidateJobSpec(const v1::JobSpec& s) {
   if (s.data_dir().empty()) p.push_back("data.corpus: must name a directory on the workers");
   range("links.rate_mbit", s.links().rate_mbit(), 0, 1e6);
   range("links.burst_bytes", static_cast<double>(s.links().burst_bytes()), 0, 1 << 30);
+  range("links.delay_ms", s.links().delay_ms(), 0, 60000);
+  range("links.jitter_ms", s.links().jitter_ms(), 0, 60000);
+  if (s.links().jitter_ms() > s.links().delay_ms()) {
+    p.push_back(absl::StrCat("links.jitter_ms: ", s.links().jitter_ms(), " exceeds links.delay_ms (", s.links().delay_ms(), ")"));
+  }
+  range("links.loss", s.links().loss(), 0, 0.5);
+  range("links.retransmit_ms", s.links().retransmit_ms(), 0, 60000);
   range("codec_threads", s.codec_threads(), 1, 64);
   if (s.name().empty() || s.name().size() > 128) p.push_back("name: must be 1..128 characters");
   if (!p.empty()) return absl::InvalidArgumentError(absl::StrJoin(p, "\n"));

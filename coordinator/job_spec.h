@@ -16,7 +16,9 @@
 //   steps [300], seed [1]
 //   checkpoint: {interval [0 = at the end only], dir [<worker data dir>/jobs/<id>]}
 //   data: {corpus [/usr/share/games/fortunes], val_fraction [0.1]}
-//   links: {rate_mbit [0 = unshaped], burst_bytes [0 = one 1 MiB chunk]}
+//   links: {rate_mbit [0 = unshaped], burst_bytes [0 = one 1 MiB chunk], delay_ms [0], jitter_ms [0],
+//           loss [0, probability per chunk], retransmit_ms [0 = max(200, 3 x delay_ms)]}
+//           in-process emulation by every link's sender (netem/shaper.h)
 //   codec_threads [1]
 #ifndef LONGHAUL_COORDINATOR_JOB_SPEC_H_
 #define LONGHAUL_COORDINATOR_JOB_SPEC_H_

@@ -33,4 +33,35 @@ absl::Duration TokenBucket::Acquire(int64_t bytes) {
   return d;
 }
 
+LinkShaper::LinkShaper(const LinkProfile& p, Clock* clock)
+    : p_(p), clock_(clock), bucket_(p.rate_bytes_per_s, p.burst_bytes, clock) {
+  if (p_.retransmit <= absl::ZeroDuration()) p_.retransmit = std::max(absl::Milliseconds(200), 3 * p_.delay);
+}
+
+double LinkShaper::Uniform() {
+  // SplitMix64 over (seed, draw counter): reproducible for a given seed.
+  uint64_t z = p_.seed * 0x9e3779b97f4a7c15ull + (++draws_) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  return static_cast<double>(z >> 11) * 0x1p-53;
+}
+
+absl::Time LinkShaper::Admit(int64_t bytes) {
+  bucket_.Acquire(bytes);
+  absl::Time t = clock_->Now() + p_.delay;
+  if (p_.jitter > absl::ZeroDuration()) t += (2 * Uniform() - 1) * p_.jitter;
+  if (p_.loss > 0) {
+    // Each transmission is lost with probability `loss`; cap the streak so a loss of 1.0 (a dead
+    // link) still yields a finite time.
+    for (int i = 0; i < 64 && Uniform() < p_.loss; ++i) {
+      t += p_.retransmit;
+      ++losses_;
+    }
+  }
+  if (t < last_delivery_) t = last_delivery_;  // in-order delivery
+  last_delivery_ = t;
+  return t;
+}
+
 }  // namespace longhaul::netem

@@ -6,8 +6,9 @@
 //   netem::TokenBucket bucket(netem::MbitToBytesPerSecond(100), /*burst_bytes=*/64 << 10);
 //   bucket.Acquire(chunk.size());   // then write the chunk
 //
-// Delay, jitter and loss (as retransmission delay) are the netem issue's; they will sit behind the
-// same Acquire-before-send call. Not thread-safe: one sender thread owns a bucket.
+// LinkShaper adds one-way delay, jitter and loss (as retransmission delay) on top of the rate:
+// Admit(n) paces like the bucket and returns when the bytes are delivered at the far end. Not
+// thread-safe: one sender thread owns a bucket or a shaper.
 #ifndef LONGHAUL_NETEM_SHAPER_H_
 #define LONGHAUL_NETEM_SHAPER_H_
 
@@ -38,6 +39,44 @@ class TokenBucket {
   double tokens_;  // may go negative (debt) after a request larger than the burst
   Clock* clock_;
   absl::Time last_;
+};
+
+// A link's emulated properties (the job spec's `links:` section).
+struct LinkProfile {
+  double rate_bytes_per_s = 0;  // <= 0: unlimited
+  int64_t burst_bytes = 0;      // token-bucket burst (< 1: one byte)
+  absl::Duration delay = absl::ZeroDuration();   // one-way latency
+  absl::Duration jitter = absl::ZeroDuration();  // delay varies uniformly in [delay - jitter, delay + jitter]
+  double loss = 0;              // probability that a chunk is lost and must be retransmitted
+  // Time to notice a loss and retransmit (each further loss of the same chunk adds it again).
+  // Zero: max(200 ms, 3 x delay), TCP's minimum RTO or three one-way delays.
+  absl::Duration retransmit = absl::ZeroDuration();
+  uint64_t seed = 1;            // jitter and loss draws
+  bool shaped() const {
+    return rate_bytes_per_s > 0 || delay > absl::ZeroDuration() || jitter > absl::ZeroDuration() || loss > 0;
+  }
+};
+
+// Delivery schedule of a shaped link. For each chunk the sender calls Admit(bytes): the rate is
+// enforced by sleeping on the clock (as TokenBucket::Acquire), and the returned time is when the
+// chunk arrives: send time + delay + jitter + one retransmission timeout per loss event. Like TCP,
+// the link delivers in order, so a chunk never arrives before the one sent before it (a loss holds
+// back everything behind it: head-of-line blocking). The sender keeps the chunk in a delay line
+// until then (worker/link.cc), so latency does not reduce throughput.
+class LinkShaper {
+ public:
+  LinkShaper(const LinkProfile& p, Clock* clock = RealClock());
+  absl::Time Admit(int64_t bytes);
+  int64_t losses() const { return losses_; }
+
+ private:
+  LinkProfile p_;
+  Clock* clock_;
+  TokenBucket bucket_;
+  uint64_t draws_ = 0;
+  absl::Time last_delivery_ = absl::InfinitePast();
+  int64_t losses_ = 0;
+  double Uniform();  // [0, 1)
 };
 
 }  // namespace longhaul::netem

@@ -61,8 +61,17 @@ absl::StatusOr<std::unique_ptr<LinkSender>> LinkSender::Start(const SenderOption
   s->stub_ = v1::StageLink::NewStub(s->channel_);
   s->stream_ = s->stub_->Stream(&s->ctx_);
   if (!s->stream_) return absl::UnavailableError(absl::StrCat("cannot open a stream to ", o.peer));
+  if (o.profile.shaped()) {
+    netem::LinkProfile prof = o.profile;
+    if (prof.burst_bytes <= 0) prof.burst_bytes = kChunkBytes;
+    s->shaper_ = std::make_unique<netem::LinkShaper>(prof, o.clock);
+  }
   s->sender_ = std::thread([p = s.get()] { p->SenderLoop(); });
   s->acker_ = std::thread([p = s.get()] { p->AckLoop(); });
+  const netem::LinkProfile& pr = o.profile;
+  if (pr.delay > absl::ZeroDuration() || pr.jitter > absl::ZeroDuration() || pr.loss > 0) {
+    s->delayer_ = std::thread([p = s.get()] { p->DelayLoop(); });
+  }
   return s;
 }
 
@@ -123,22 +132,64 @@ absl::Status LinkSender::WriteFrame(const Item& item, const std::string& frame) 
     const int64_t len = std::min(kChunkBytes, n - off);
     chunk.set_chunk_index(static_cast<uint32_t>(i));
     chunk.mutable_data()->assign(frame.data() + off, static_cast<size_t>(len));
-    if (bucket_) shaped += bucket_->Acquire(len);
-    if (!stream_->Write(chunk)) {
-      return absl::UnavailableError(absl::StrCat("link to ", opt_.peer, " broke while sending step ",
-                                                 item.step, " (the peer closed the stream or died)"));
+    if (!shaper_) {
+      if (absl::Status s = Put(chunk); !s.ok()) return s;
+      continue;
     }
+    const absl::Time t0 = opt_.clock->Now();
+    const absl::Time deliver = shaper_->Admit(len);
+    shaped += opt_.clock->Now() - t0;
+    if (!delayer_.joinable()) {
+      if (absl::Status s = Put(chunk); !s.ok()) return s;
+      continue;
+    }
+    absl::MutexLock l(&mu_);
+    auto room = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+      return line_bytes_ < kMaxDelayLineBytes || !failed_.ok();
+    };
+    mu_.Await(absl::Condition(&room));
+    if (!failed_.ok()) return failed_;
+    line_bytes_ += len;
+    line_.push_back({chunk, deliver});
   }
   absl::MutexLock l(&mu_);
   stats_.shaper_wait_seconds += absl::ToDoubleSeconds(shaped);
   return absl::OkStatus();
 }
 
-void LinkSender::SenderLoop() {
-  if (opt_.rate_bytes_per_s > 0) {
-    bucket_ = std::make_unique<netem::TokenBucket>(
-        opt_.rate_bytes_per_s, opt_.burst_bytes > 0 ? opt_.burst_bytes : kChunkBytes, opt_.clock);
+absl::Status LinkSender::Put(const v1::TensorFrameChunk& chunk) {
+  if (!stream_->Write(chunk)) {
+    return absl::UnavailableError(absl::StrCat("link to ", opt_.peer, " broke while sending step ", chunk.step(),
+                                               " (the peer closed the stream or died)"));
   }
+  return absl::OkStatus();
+}
+
+void LinkSender::DelayLoop() {
+  for (;;) {
+    Delayed d;
+    {
+      absl::MutexLock l(&mu_);
+      auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+        return !line_.empty() || sender_done_ || !failed_.ok();
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (!failed_.ok() || line_.empty()) return;  // failed, or the sender is done and all is out
+      d = line_.front();
+    }
+    const absl::Duration wait = d.deliver - opt_.clock->Now();
+    if (wait > absl::ZeroDuration()) opt_.clock->SleepFor(wait);
+    if (absl::Status s = Put(d.chunk); !s.ok()) {
+      Fail(s);
+      return;
+    }
+    absl::MutexLock l(&mu_);
+    line_bytes_ -= static_cast<int64_t>(d.chunk.data().size());
+    line_.pop_front();
+  }
+}
+
+void LinkSender::SenderLoop() {
   for (;;) {
     Item item;
     {
@@ -223,6 +274,11 @@ absl::Status LinkSender::Finish() {
     q_.push_back(std::move(end));
   }
   if (sender_.joinable()) sender_.join();
+  {
+    absl::MutexLock l(&mu_);
+    sender_done_ = true;
+  }
+  if (delayer_.joinable()) delayer_.join();  // everything in the delay line goes out first
   absl::Status st;
   {
     absl::MutexLock l(&mu_);
@@ -242,12 +298,13 @@ absl::Status LinkSender::Finish() {
 void LinkSender::Cancel() {
   {
     absl::MutexLock l(&mu_);
-    if (finished_ && !sender_.joinable() && !acker_.joinable()) return;
+    if (finished_ && !sender_.joinable() && !acker_.joinable() && !delayer_.joinable()) return;
     finished_ = true;
     if (failed_.ok()) failed_ = absl::CancelledError("link cancelled");
   }
   ctx_.TryCancel();
   if (sender_.joinable()) sender_.join();
+  if (delayer_.joinable()) delayer_.join();
   if (acker_.joinable()) acker_.join();
 }
 

@@ -91,8 +91,9 @@ struct SenderOptions {
   std::string peer;    // for messages
   uint64_t job_id = 0;
   int from_stage = 0;
-  double rate_bytes_per_s = 0;  // 0: unshaped
-  int64_t burst_bytes = 0;      // 0: one chunk
+  // In-process link emulation (rate, delay, jitter, loss); unshaped by default. A zero burst means
+  // one chunk.
+  netem::LinkProfile profile;
   size_t queue_capacity = 8;
   int codec_threads = 1;
   absl::Duration connect_timeout = absl::Seconds(30);
@@ -138,6 +139,8 @@ class LinkSender {
   absl::Status Enqueue(Item item);
   void SenderLoop();
   void AckLoop();
+  void DelayLoop();
+  absl::Status Put(const v1::TensorFrameChunk& chunk);
   absl::Status WriteFrame(const Item& item, const std::string& frame);
   void Fail(absl::Status s);
 
@@ -148,7 +151,8 @@ class LinkSender {
   grpc::ClientContext ctx_;
   std::unique_ptr<grpc::ClientReaderWriter<v1::TensorFrameChunk, v1::FrameAck>> stream_;
   std::thread sender_, acker_;
-  std::unique_ptr<netem::TokenBucket> bucket_;  // sender thread only
+  std::thread delayer_;  // only when the profile has delay, jitter or loss
+  std::unique_ptr<netem::LinkShaper> shaper_;  // sender thread only
 
   absl::Mutex mu_;
   std::deque<Item> q_ ABSL_GUARDED_BY(mu_);
@@ -156,7 +160,18 @@ class LinkSender {
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   LinkStats stats_ ABSL_GUARDED_BY(mu_);
   absl::Duration send_wait_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
+  // The delay line: chunks admitted by the shaper, waiting for their delivery time. Bounded to
+  // kMaxDelayLineBytes (the sender waits when it is full).
+  struct Delayed {
+    v1::TensorFrameChunk chunk;
+    absl::Time deliver;
+  };
+  std::deque<Delayed> line_ ABSL_GUARDED_BY(mu_);
+  int64_t line_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  bool sender_done_ ABSL_GUARDED_BY(mu_) = false;
 };
+
+inline constexpr int64_t kMaxDelayLineBytes = int64_t{256} << 20;
 
 // Where the StageLink handler delivers a link's frames: the worker maps (job, sending stage) to the
 // inbox of the stage it hosts. Find may wait up to `wait` for the job to be set up (a neighbour

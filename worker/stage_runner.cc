@@ -134,8 +134,15 @@ absl::Status StageRunner::Setup() {
   SenderOptions so;
   so.job_id = a_.job_id();
   so.from_stage = a_.stage();
-  so.rate_bytes_per_s = netem::MbitToBytesPerSecond(spec.links().rate_mbit());
-  so.burst_bytes = spec.links().burst_bytes();
+  const v1::LinkSpec& ls = spec.links();
+  so.profile.rate_bytes_per_s = netem::MbitToBytesPerSecond(ls.rate_mbit());
+  so.profile.burst_bytes = ls.burst_bytes();
+  so.profile.delay = absl::Microseconds(static_cast<int64_t>(ls.delay_ms() * 1000));
+  so.profile.jitter = absl::Microseconds(static_cast<int64_t>(ls.jitter_ms() * 1000));
+  so.profile.loss = ls.loss();
+  so.profile.retransmit = absl::Microseconds(static_cast<int64_t>(ls.retransmit_ms() * 1000));
+  // Different draws per link direction and stage, reproducible per job.
+  so.profile.seed = spec.seed() * 1000 + static_cast<uint64_t>(a_.stage()) * 2;
   so.queue_capacity = static_cast<size_t>(opt_.micro_batches) + 1;
   so.codec_threads = opt_.codec_threads;
   for (int dir = 0; dir < 2; ++dir) {
@@ -143,6 +150,7 @@ absl::Status StageRunner::Setup() {
     if (fwd ? last_ : first_) continue;
     const v1::StagePeer& peer = fwd ? a_.next() : a_.prev();
     so.target = peer.address();
+    so.profile.seed += 1;
     so.peer = PeerName(peer, a_.stage() + (fwd ? 1 : -1));
     absl::StatusOr<std::unique_ptr<LinkSender>> s = LinkSender::Start(so, fwd ? fwd_codec_.get() : bwd_codec_.get());
     if (!s.ok()) return s.status();

@@ -119,6 +119,36 @@ TEST_F(LinkTest, TensorsAndNormsArriveInOrderAndIntact) {
   EXPECT_NE(end.status().message().find("closed"), std::string::npos) << end.status();
 }
 
+TEST_F(LinkTest, DelayedLinkDeliversEverythingInOrderNoEarlierThanTheDelay) {
+  auto codec = codec::MakeCodec("fp32");
+  SenderOptions o;
+  o.target = target_;
+  o.peer = "stage 1 (test)";
+  o.job_id = 1;
+  o.profile.delay = absl::Milliseconds(80);
+  o.profile.jitter = absl::Milliseconds(20);
+  o.profile.loss = 0.2;
+  o.profile.retransmit = absl::Milliseconds(50);
+  auto sender = LinkSender::Start(o, codec->get());
+  ASSERT_TRUE(sender.ok()) << sender.status();
+  const absl::Time t0 = absl::Now();
+  for (int mb = 0; mb < 6; ++mb) {
+    ASSERT_TRUE((*sender)->Send(1, mb, v1::DIRECTION_FORWARD, torch::full({300, 1024}, float(mb)), false).ok());
+  }
+  auto first = router_.inbox->Pop(absl::Seconds(20));
+  ASSERT_TRUE(first.ok()) << first.status();
+  // A lower bound only (a correctness property of the delay line, not a speed assertion).
+  EXPECT_GE(absl::Now() - t0, absl::Milliseconds(60));
+  EXPECT_EQ(first->micro_batch, 0);
+  for (int mb = 1; mb < 6; ++mb) {
+    auto f = router_.inbox->Pop(absl::Seconds(20));
+    ASSERT_TRUE(f.ok()) << f.status();
+    EXPECT_EQ(f->micro_batch, mb);
+    EXPECT_EQ(f->tensor[0][0].item<float>(), float(mb));
+  }
+  EXPECT_TRUE((*sender)->Finish().ok());
+}
+
 TEST_F(LinkTest, HostileFrameSizeIsRejectedBeforeAllocation) {
   auto [st, err] = SendRaw({Chunk("abc", 0, 1, uint64_t{1} << 40)});
   EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
