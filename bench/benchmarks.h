@@ -8,6 +8,7 @@ namespace longhaul::bench {
 int CodecBenchMain(int argc, char** argv);
 int ConvergenceBenchMain(int argc, char** argv);
 int TransportBenchMain(int argc, char** argv);
+int SweepBenchMain(int argc, char** argv);
 
 }  // namespace longhaul::bench
 

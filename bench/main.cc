@@ -16,6 +16,7 @@ void Usage(FILE* out) {
                "  codec        bits/element, relative L2 error, encode/decode GB/s vs memcpy\n"
                "  convergence  train a small GPT through the in-process pipeline with a link codec\n"
                "  transport    goodput of the gRPC data plane vs a plain TCP socket, two processes\n"
+               "  sweep        a local cluster trained at several link rates and codecs (throughput table)\n"
                "\n"
                "longhaul-bench <benchmark> --help shows its flags.\n");
 }
@@ -31,6 +32,7 @@ int main(int argc, char** argv) {
   if (what == "codec") return longhaul::bench::CodecBenchMain(argc - 2, argv + 2);
   if (what == "convergence") return longhaul::bench::ConvergenceBenchMain(argc - 2, argv + 2);
   if (what == "transport") return longhaul::bench::TransportBenchMain(argc - 2, argv + 2);
+  if (what == "sweep") return longhaul::bench::SweepBenchMain(argc - 2, argv + 2);
   std::fprintf(stderr, "longhaul-bench: unknown benchmark \"%s\"\n", what.c_str());
   Usage(stderr);
   return 2;

@@ -11,10 +11,10 @@
 #include "absl/strings/str_replace.h"
 #include "coordinator/job_spec.h"
 #include "stage_runtime/pipeline.h"
-#include "tests/integration/cluster.h"
+#include "tools/cluster/local_cluster.h"
 #include "worker/stage_runner.h"
 
-namespace longhaul::testing {
+namespace longhaul::cluster {
 namespace {
 
 // A small model so that CI on 2 cores runs each job in seconds.
@@ -183,4 +183,4 @@ TEST_F(ClusterTest, StatusSurvivesCoordinatorRestartAndWorkersExitCleanly) {
 }
 
 }  // namespace
-}  // namespace longhaul::testing
+}  // namespace longhaul::cluster

@@ -1,4 +1,4 @@
-#include "tests/integration/cluster.h"
+#include "tools/cluster/local_cluster.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -19,7 +19,7 @@
 
 extern char** environ;
 
-namespace longhaul::testing {
+namespace longhaul::cluster {
 
 absl::StatusOr<std::unique_ptr<Process>> Process::Spawn(const std::vector<std::string>& argv, const std::string& log) {
   posix_spawn_file_actions_t fa;
@@ -67,7 +67,7 @@ int Process::Wait(absl::Duration timeout) {
   return WIFEXITED(status_) ? WEXITSTATUS(status_) : 128 + WTERMSIG(status_);
 }
 
-Cluster::Cluster() {
+Cluster::Cluster(int threads) : threads_(threads) {
   char tmpl[] = "/tmp/longhaul-it-XXXXXX";
   dir_ = mkdtemp(tmpl);
 }
@@ -130,7 +130,7 @@ absl::Status Cluster::StartWorkers(int n) {
     const std::string name = absl::StrCat("w", before + i);
     absl::StatusOr<std::unique_ptr<Process>> p =
         Process::Spawn({Bin("longhaul-worker"), absl::StrCat("--coordinator=", address_), "--listen=127.0.0.1:0",
-                        absl::StrCat("--name=", name), "--threads=1", absl::StrCat("--data-dir=", dir_, "/", name)},
+                        absl::StrCat("--name=", name), absl::StrCat("--threads=", threads_), absl::StrCat("--data-dir=", dir_, "/", name)},
                        absl::StrCat(dir_, "/", name, ".log"));
     if (!p.ok()) return p.status();
     workers_[name] = std::move(*p);
@@ -236,4 +236,4 @@ void Cluster::DumpLogs() {
   }
 }
 
-}  // namespace longhaul::testing
+}  // namespace longhaul::cluster

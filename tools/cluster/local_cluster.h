@@ -1,14 +1,16 @@
-// Test harness: a real cluster of separate processes on loopback — one longhaul-coordinator and N
-// longhaul-worker daemons started from build/bin — plus a gRPC client to the coordinator.
+// A real cluster of separate processes on loopback — one longhaul-coordinator and N
+// longhaul-worker daemons started from build/bin — plus a gRPC client to the coordinator. Used by
+// the integration tests and by experiment runners (longhaul-bench sweep).
 //
 //   Cluster c;                       // temp dir, nothing started
 //   ASSERT_TRUE(c.StartCoordinator().ok());
 //   ASSERT_TRUE(c.StartWorkers(4).ok());
 //   auto job = c.Submit(yaml);  auto st = c.WaitForEnd(*job, absl::Minutes(3));
 //
-// Every process's stdout/stderr goes to <dir>/<name>.log; the logs of a failed test are printed.
-#ifndef LONGHAUL_TESTS_INTEGRATION_CLUSTER_H_
-#define LONGHAUL_TESTS_INTEGRATION_CLUSTER_H_
+// Every process's stdout/stderr goes to <dir>/<name>.log (a temporary directory, removed at the end
+// unless LONGHAUL_KEEP_TEST_DIRS is set); DumpLogs() prints them.
+#ifndef LONGHAUL_TOOLS_CLUSTER_LOCAL_CLUSTER_H_
+#define LONGHAUL_TOOLS_CLUSTER_LOCAL_CLUSTER_H_
 
 #include <sys/types.h>
 
@@ -21,7 +23,7 @@
 #include "absl/time/time.h"
 #include "longhaul/v1/control_plane.grpc.pb.h"
 
-namespace longhaul::testing {
+namespace longhaul::cluster {
 
 class Process {
  public:
@@ -42,7 +44,8 @@ class Process {
 
 class Cluster {
  public:
-  Cluster();
+  // `threads`: LibTorch threads per worker.
+  explicit Cluster(int threads = 1);
   ~Cluster();
 
   absl::Status StartCoordinator();
@@ -78,8 +81,9 @@ class Cluster {
   std::unique_ptr<Process> coordinator_;
   std::map<std::string, std::unique_ptr<Process>> workers_;
   std::unique_ptr<v1::Coordinator::Stub> stub_;
+  int threads_ = 1;
 };
 
-}  // namespace longhaul::testing
+}  // namespace longhaul::cluster
 
-#endif  // LONGHAUL_TESTS_INTEGRATION_CLUSTER_H_
+#endif  // LONGHAUL_TOOLS_CLUSTER_LOCAL_CLUSTER_H_

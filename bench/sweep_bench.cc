@@ -1,0 +1,242 @@
+// longhaul-bench sweep: the TAH-Quant paper's throughput-vs-bandwidth table with our system. Starts
+// a local cluster (coordinator + one worker process per stage), then trains the same small job at
+// several link rates with several forward codecs, links shaped by the in-process shaper
+// (netem/shaper.h), and reports tokens/s next to the two bounds that limit it:
+//   compute bound: the same codec with unshaped links, measured in this run;
+//   link bound:    tokens per step / (bytes per step on the busiest link direction / rate),
+//                  from the frame sizes of the codecs on tensors of the job's activation shape.
+// Writes a markdown table (--markdown) and an SVG plot (--svg).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "bench/benchmarks.h"
+#include "codec/codec.h"
+#include "tools/cli/args.h"
+#include "tools/cluster/local_cluster.h"
+
+namespace longhaul::bench {
+namespace {
+
+constexpr char kHelp[] =
+    "usage: longhaul-bench sweep [--rates=R,...] [--codecs=C,...] [--backward=auto|SPEC] [--steps=N]\n"
+    "                            [--layers=N] [--hidden=N] [--context=N] [--micro-batches=N]\n"
+    "                            [--micro-batch-size=N] [--markdown=PATH] [--svg=PATH] [--json]\n"
+    "\n"
+    "Trains the same job (GPT, one layer per worker process, 1F1B) at every link rate (Mbit/s) with\n"
+    "every forward codec over the in-process shaper, plus once unshaped per codec (the compute\n"
+    "bound), and prints tokens/s, the compute and link bounds, throughput / min(bounds) and the\n"
+    "speed-up over fp32 at the same rate. --backward=auto uses fp32/fp16 backward links with fp32/fp16\n"
+    "forward links and int4 with the quantised ones (the paper compresses gradients as well).\n"
+    "Defaults: --rates=4,10,30,100 --codecs=fp32,fp16,int4,tahquant --steps=8 --layers=4\n"
+    "--hidden=128 --context=64 --micro-batches=4 --micro-batch-size=8.\n";
+
+struct Run {
+  std::string codec, backward;
+  double rate = 0;  // Mbit/s, 0 = unshaped
+  double tokens_per_s = 0;
+  double compute_bound = 0, link_bound = 0;
+};
+
+std::string BackwardFor(const std::string& fwd, const std::string& mode) {
+  if (mode != "auto") return mode;
+  return fwd == "fp32" || fwd == "fp16" ? fwd : "int4";
+}
+
+// Bytes of one encoded micro-batch tensor [mbs, context, hidden] (sizes depend only on the shape
+// for every codec here; the content is a stand-in).
+absl::StatusOr<int64_t> FrameBytes(const std::string& spec, int64_t mbs, int64_t ctx, int64_t hidden) {
+  auto c = codec::MakeCodec(spec);
+  if (!c.ok()) return c.status();
+  torch::manual_seed(1);
+  auto f = (*c)->Encode(torch::randn({mbs, ctx, hidden}));
+  if (!f.ok()) return f.status();
+  return static_cast<int64_t>(f->size());
+}
+
+}  // namespace
+
+int SweepBenchMain(int argc, char** argv) {
+  auto args = cli::Args::Parse(argc, argv, {"rates", "codecs", "backward", "steps", "layers", "hidden", "context",
+                                            "micro-batches", "micro-batch-size", "markdown", "svg", "json", "help"});
+  if (!args.ok()) {
+    std::fprintf(stderr, "longhaul-bench sweep: %s\n\n%s", std::string(args.status().message()).c_str(), kHelp);
+    return 2;
+  }
+  if (args->Bool("help")) {
+    std::fputs(kHelp, stdout);
+    return 0;
+  }
+  std::vector<double> rates;
+  for (absl::string_view r : absl::StrSplit(args->Str("rates", "4,10,30,100"), ',')) {
+    double v;
+    if (!absl::SimpleAtod(r, &v) || v <= 0) {
+      std::fprintf(stderr, "longhaul-bench sweep: bad rate \"%s\"\n", std::string(r).c_str());
+      return 2;
+    }
+    rates.push_back(v);
+  }
+  const std::vector<std::string> codecs = absl::StrSplit(args->Str("codecs", "fp32,fp16,int4,tahquant"), ',');
+  const std::string backward = args->Str("backward", "auto");
+  auto steps = args->Int("steps", 8), layers = args->Int("layers", 4), hidden = args->Int("hidden", 128);
+  auto context = args->Int("context", 64), mb = args->Int("micro-batches", 4), mbs = args->Int("micro-batch-size", 8);
+  for (const absl::Status& s : {steps.status(), layers.status(), hidden.status(), context.status(), mb.status(),
+                                mbs.status()}) {
+    if (!s.ok()) {
+      std::fprintf(stderr, "longhaul-bench sweep: %s\n", std::string(s.message()).c_str());
+      return 2;
+    }
+  }
+  const bool json = args->Bool("json");
+  const int stages = static_cast<int>(*layers);
+  const double tokens_per_step = static_cast<double>(*mb * *mbs * *context);
+
+  std::map<std::string, std::pair<int64_t, int64_t>> frame;  // codec -> (forward, backward) bytes
+  for (const std::string& c : codecs) {
+    auto f = FrameBytes(c, *mbs, *context, *hidden);
+    auto b = FrameBytes(BackwardFor(c, backward), *mbs, *context, *hidden);
+    if (!f.ok() || !b.ok()) {
+      std::fprintf(stderr, "longhaul-bench sweep: codec %s: %s\n", c.c_str(),
+                   std::string((f.ok() ? b.status() : f.status()).message()).c_str());
+      return 2;
+    }
+    frame[c] = {*f, *b};
+  }
+
+  cluster::Cluster cl(1);
+  if (absl::Status s = cl.StartCoordinator(); !s.ok()) {
+    std::fprintf(stderr, "longhaul-bench sweep: %s\n", std::string(s.message()).c_str());
+    return 1;
+  }
+  if (absl::Status s = cl.StartWorkers(stages); !s.ok()) {
+    std::fprintf(stderr, "longhaul-bench sweep: %s\n", std::string(s.message()).c_str());
+    cl.DumpLogs();
+    return 1;
+  }
+  auto run = [&](const std::string& c, double rate) -> absl::StatusOr<double> {
+    const std::string yaml = absl::StrFormat(
+        "name: sweep-%s-%g\nmodel: {layers: %d, hidden: %d, heads: 4, context: %d}\nstages: %d\n"
+        "micro_batches: %d\nmicro_batch_size: %d\ncodecs: {forward: \"%s\", backward: \"%s\"}\nsteps: %d\n"
+        "links: {rate_mbit: %g}\n",
+        c, rate, *layers, *hidden, *context, stages, *mb, *mbs, c, BackwardFor(c, backward), *steps, rate);
+    absl::StatusOr<uint64_t> job = cl.Submit(yaml);
+    if (!job.ok()) return job.status();
+    absl::StatusOr<v1::JobStatus> st = cl.WaitForEnd(*job, absl::Minutes(10));
+    if (!st.ok()) return st.status();
+    if (st->state() != v1::JOB_STATE_SUCCEEDED) return absl::InternalError(st->error());
+    return st->tokens_per_s();
+  };
+
+  std::map<std::string, double> compute;
+  for (const std::string& c : codecs) {
+    if (!json) std::fprintf(stderr, "compute bound: %s, unshaped...\n", c.c_str());
+    absl::StatusOr<double> t = run(c, 0);
+    if (!t.ok()) {
+      std::fprintf(stderr, "longhaul-bench sweep: %s unshaped: %s\n", c.c_str(), std::string(t.status().message()).c_str());
+      return 1;
+    }
+    compute[c] = *t;
+  }
+  std::vector<Run> runs;
+  for (double rate : rates) {
+    for (const std::string& c : codecs) {
+      if (!json) std::fprintf(stderr, "%g Mbit/s, %s...\n", rate, c.c_str());
+      absl::StatusOr<double> t = run(c, rate);
+      if (!t.ok()) {
+        std::fprintf(stderr, "longhaul-bench sweep: %s at %g Mbit/s: %s\n", c.c_str(), rate,
+                     std::string(t.status().message()).c_str());
+        return 1;
+      }
+      Run r{c, BackwardFor(c, backward), rate, *t, compute[c], 0};
+      const double busiest = static_cast<double>(std::max(frame[c].first, frame[c].second)) * *mb;
+      r.link_bound = tokens_per_step / (busiest / (rate * 1e6 / 8));
+      runs.push_back(r);
+    }
+  }
+
+  auto fp32_at = [&](double rate) {
+    for (const Run& r : runs) {
+      if (r.rate == rate && r.codec == "fp32") return r.tokens_per_s;
+    }
+    return 0.0;
+  };
+  std::string md = absl::StrFormat(
+      "| link Mbit/s | forward / backward | tokens/s | compute bound | link bound | tokens/s / min(bounds) | "
+      "speed-up vs fp32 |\n|---|---|---|---|---|---|---|\n");
+  for (const Run& r : runs) {
+    const double bound = std::min(r.compute_bound, r.link_bound);
+    const double base = fp32_at(r.rate);
+    absl::StrAppendFormat(&md, "| %g | %s / %s | %.0f | %.0f | %.0f | %.2f | %s |\n", r.rate, r.codec, r.backward,
+                          r.tokens_per_s, r.compute_bound, r.link_bound, r.tokens_per_s / bound,
+                          base > 0 ? absl::StrFormat("%.2fx", r.tokens_per_s / base) : "-");
+  }
+  if (json) {
+    std::vector<std::string> rows;
+    for (const Run& r : runs) {
+      rows.push_back(absl::StrFormat(
+          "{\"rate_mbit\": %g, \"forward\": \"%s\", \"backward\": \"%s\", \"tokens_per_s\": %.1f, "
+          "\"compute_bound\": %.1f, \"link_bound\": %.1f, \"fraction_of_bound\": %.3f, \"speedup_vs_fp32\": %.3f}",
+          r.rate, r.codec, r.backward, r.tokens_per_s, r.compute_bound, r.link_bound,
+          r.tokens_per_s / std::min(r.compute_bound, r.link_bound),
+          fp32_at(r.rate) > 0 ? r.tokens_per_s / fp32_at(r.rate) : 0.0));
+    }
+    std::printf("{\"runs\": [\n  %s\n]}\n", absl::StrJoin(rows, ",\n  ").c_str());
+  } else {
+    std::printf("%s", md.c_str());
+  }
+  if (args->Has("markdown")) {
+    std::ofstream(args->Str("markdown", "")) << md;
+  }
+  if (args->Has("svg")) {
+    // tokens/s against log(rate), one polyline per codec.
+    const double W = 640, H = 400, L = 70, B = 50, T = 30, R = 140;
+    double ymax = 1;
+    for (const Run& r : runs) ymax = std::max(ymax, r.tokens_per_s);
+    const double lmin = std::log10(*std::min_element(rates.begin(), rates.end()));
+    const double lmax = std::max(lmin + 1e-9, std::log10(*std::max_element(rates.begin(), rates.end())));
+    auto X = [&](double rate) { return L + (std::log10(rate) - lmin) / (lmax - lmin) * (W - L - R); };
+    auto Y = [&](double v) { return H - B - v / (ymax * 1.1) * (H - B - T); };
+    const char* colours[] = {"#d62728", "#ff7f0e", "#2ca02c", "#1f77b4", "#9467bd", "#8c564b"};
+    std::string svg = absl::StrFormat(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%g\" height=\"%g\" font-family=\"sans-serif\" "
+        "font-size=\"12\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n"
+        "<line x1=\"%g\" y1=\"%g\" x2=\"%g\" y2=\"%g\" stroke=\"black\"/>\n"
+        "<line x1=\"%g\" y1=\"%g\" x2=\"%g\" y2=\"%g\" stroke=\"black\"/>\n"
+        "<text x=\"%g\" y=\"%g\" text-anchor=\"middle\">link rate (Mbit/s, log scale)</text>\n"
+        "<text x=\"15\" y=\"%g\" transform=\"rotate(-90 15 %g)\" text-anchor=\"middle\">tokens/s</text>\n",
+        W, H, L, H - B, W - R, H - B, L, H - B, L, T, (L + W - R) / 2, H - 10, (H - B + T) / 2, (H - B + T) / 2);
+    for (double rate : rates) {
+      absl::StrAppendFormat(&svg, "<text x=\"%.1f\" y=\"%g\" text-anchor=\"middle\">%g</text>\n", X(rate), H - B + 18, rate);
+    }
+    for (int i = 0; i <= 4; ++i) {
+      const double v = ymax * 1.1 * i / 4;
+      absl::StrAppendFormat(&svg, "<text x=\"%g\" y=\"%.1f\" text-anchor=\"end\">%.0f</text>\n", L - 6, Y(v) + 4, v);
+    }
+    for (size_t ci = 0; ci < codecs.size(); ++ci) {
+      std::string pts;
+      for (const Run& r : runs) {
+        if (r.codec == codecs[ci]) absl::StrAppendFormat(&pts, "%.1f,%.1f ", X(r.rate), Y(r.tokens_per_s));
+      }
+      const char* col = colours[ci % 6];
+      absl::StrAppendFormat(&svg, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" points=\"%s\"/>\n", col, pts);
+      absl::StrAppendFormat(&svg, "<text x=\"%g\" y=\"%g\" fill=\"%s\">%s / %s</text>\n", W - R + 10, T + 18 * ci + 10,
+                            col, codecs[ci], BackwardFor(codecs[ci], backward));
+    }
+    svg += "</svg>\n";
+    std::ofstream(args->Str("svg", "")) << svg;
+  }
+  return 0;
+}
+
+}  // namespace longhaul::bench
