@@ -66,12 +66,13 @@ absl::StatusOr<std::unique_ptr<LinkSender>> LinkSender::Start(const SenderOption
     if (prof.burst_bytes <= 0) prof.burst_bytes = kChunkBytes;
     s->shaper_ = std::make_unique<netem::LinkShaper>(prof, o.clock);
   }
-  s->sender_ = std::thread([p = s.get()] { p->SenderLoop(); });
-  s->acker_ = std::thread([p = s.get()] { p->AckLoop(); });
+  // The delay line's thread exists before the sender thread, which checks for it.
   const netem::LinkProfile& pr = o.profile;
   if (pr.delay > absl::ZeroDuration() || pr.jitter > absl::ZeroDuration() || pr.loss > 0) {
     s->delayer_ = std::thread([p = s.get()] { p->DelayLoop(); });
   }
+  s->sender_ = std::thread([p = s.get()] { p->SenderLoop(); });
+  s->acker_ = std::thread([p = s.get()] { p->AckLoop(); });
   return s;
 }
 
