@@ -96,7 +96,6 @@ void CoordinatorService::StartMonitor() {
 }
 
 void CoordinatorService::Stop() {
-  std::vector<grpc::ServerContext*> ctxs;
   {
     absl::MutexLock l(&mu_);
     stopping_ = true;
