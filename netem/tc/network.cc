@@ -1,0 +1,247 @@
+#include "netem/tc/network.h"
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstring>
+#include <filesystem>
+#include <set>
+
+#include <yaml-cpp/yaml.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+
+extern char** environ;
+
+namespace longhaul::netem {
+
+std::string Topology::Address(const std::string& host) const {
+  for (size_t i = 0; i < hosts.size(); ++i) {
+    if (hosts[i].name == host) return absl::StrCat(subnet, ".", i + 2);
+  }
+  return "";
+}
+
+absl::StatusOr<Topology> ParseTopology(const std::string& yaml) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml);
+  } catch (const YAML::ParserException& e) {
+    return absl::InvalidArgumentError(absl::StrCat("topology is not valid YAML: line ", e.mark.line + 1, ": ", e.msg));
+  }
+  if (!root.IsMap()) return absl::InvalidArgumentError("topology must be a YAML mapping");
+  Topology t;
+  std::vector<std::string> p;
+  auto is_name = [](const std::string& s, size_t max) {
+    if (s.empty() || s.size() > max) return false;
+    for (char c : s) {
+      if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_')) return false;
+    }
+    return true;
+  };
+  for (const auto& kv : root) {
+    const std::string k = kv.first.as<std::string>("");
+    if (k != "name" && k != "subnet" && k != "hosts") p.push_back(absl::StrCat(k, ": unknown key (name, subnet, hosts)"));
+  }
+  try {
+    if (root["name"]) t.name = root["name"].as<std::string>();
+    if (root["subnet"]) t.subnet = root["subnet"].as<std::string>();
+  } catch (const YAML::Exception&) {
+    p.push_back("name/subnet: must be strings");
+  }
+  if (!is_name(t.name, 6)) p.push_back(absl::StrCat("name: \"", t.name, "\" must be 1..6 letters, digits or _"));
+  std::vector<std::string> octets = absl::StrSplit(t.subnet, '.');
+  bool subnet_ok = octets.size() == 3;
+  for (const std::string& o : octets) {
+    int v;
+    subnet_ok = subnet_ok && absl::SimpleAtoi(o, &v) && v >= 0 && v <= 255;
+  }
+  if (!subnet_ok) p.push_back(absl::StrCat("subnet: \"", t.subnet, "\" must be the first three octets of a /24, e.g. 10.77.0"));
+  const YAML::Node hosts = root["hosts"];
+  if (!hosts || !hosts.IsSequence() || hosts.size() == 0) {
+    p.push_back("hosts: must be a non-empty list");
+  } else {
+    std::set<std::string> seen;
+    for (size_t i = 0; i < hosts.size(); ++i) {
+      const YAML::Node h = hosts[i];
+      HostSpec hs;
+      const std::string where = absl::StrCat("hosts[", i, "]");
+      if (!h.IsMap()) {
+        p.push_back(absl::StrCat(where, ": must be a mapping"));
+        continue;
+      }
+      try {
+        for (const auto& kv : h) {
+          const std::string k = kv.first.as<std::string>("");
+          if (k == "name") hs.name = kv.second.as<std::string>();
+          else if (k == "rate_mbit") hs.rate_mbit = kv.second.as<double>();
+          else if (k == "delay_ms") hs.delay_ms = kv.second.as<double>();
+          else if (k == "jitter_ms") hs.jitter_ms = kv.second.as<double>();
+          else if (k == "loss") hs.loss = kv.second.as<double>();
+          else p.push_back(absl::StrCat(where, ".", k, ": unknown key (name, rate_mbit, delay_ms, jitter_ms, loss)"));
+        }
+      } catch (const YAML::Exception&) {
+        p.push_back(absl::StrCat(where, ": values must be a name and numbers"));
+        continue;
+      }
+      // Interface names are <name>-<host>-h: at most 15 characters.
+      if (!is_name(hs.name, 6)) p.push_back(absl::StrCat(where, ".name: \"", hs.name, "\" must be 1..6 letters, digits or _"));
+      if (hs.name == "sw") p.push_back(absl::StrCat(where, ".name: \"sw\" is reserved for the switch"));
+      if (!seen.insert(hs.name).second) p.push_back(absl::StrCat(where, ".name: \"", hs.name, "\" is repeated"));
+      if (!(hs.rate_mbit >= 0 && hs.rate_mbit <= 100000)) p.push_back(absl::StrCat(where, ".rate_mbit: out of [0, 100000]"));
+      if (!(hs.delay_ms >= 0 && hs.delay_ms <= 60000)) p.push_back(absl::StrCat(where, ".delay_ms: out of [0, 60000]"));
+      if (!(hs.jitter_ms >= 0 && hs.jitter_ms <= hs.delay_ms)) p.push_back(absl::StrCat(where, ".jitter_ms: must be in [0, delay_ms]"));
+      if (!(hs.loss >= 0 && hs.loss <= 0.5)) p.push_back(absl::StrCat(where, ".loss: out of [0, 0.5]"));
+      t.hosts.push_back(hs);
+    }
+    if (hosts.size() > 250) p.push_back("hosts: at most 250 in a /24");
+  }
+  if (!p.empty()) return absl::InvalidArgumentError(absl::StrJoin(p, "\n"));
+  return t;
+}
+
+absl::Status RunCommand(const std::vector<std::string>& argv) {
+  int err[2];
+  if (pipe(err) != 0) return absl::InternalError("pipe failed");
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, err[1], 2);
+  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addclose(&fa, err[0]);
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid;
+  const int rc = posix_spawnp(&pid, args[0], &fa, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  close(err[1]);
+  if (rc != 0) {
+    close(err[0]);
+    return absl::NotFoundError(absl::StrCat("cannot run ", argv[0], ": ", std::strerror(rc)));
+  }
+  std::string msg;
+  char buf[512];
+  ssize_t n;
+  while ((n = read(err[0], buf, sizeof(buf))) > 0) msg.append(buf, static_cast<size_t>(n));
+  close(err[0]);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  if (WIFEXITED(st) && WEXITSTATUS(st) == 0) return absl::OkStatus();
+  while (!msg.empty() && (msg.back() == '\n' || msg.back() == ' ')) msg.pop_back();
+  return absl::InternalError(absl::StrCat("`", absl::StrJoin(argv, " "), "` failed: ", msg));
+}
+
+bool Network::NetemAvailable() {
+  const std::string ns = t_.name + "-probe";
+  (void)run_({"ip", "netns", "del", ns});
+  if (!run_({"ip", "netns", "add", ns}).ok()) return false;
+  const bool ok = run_({"ip", "-n", ns, "link", "set", "lo", "up"}).ok() &&
+                  run_({"tc", "-n", ns, "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"}).ok();
+  (void)run_({"ip", "netns", "del", ns});
+  return ok;
+}
+
+absl::Status Network::Up(const std::function<bool()>& interrupted) {
+  notes_.clear();
+  // Never adopt (and later delete) namespaces this topology did not create.
+  std::vector<std::string> all = {t_.SwitchNamespace()};
+  for (const HostSpec& h : t_.hosts) all.push_back(t_.Namespace(h.name));
+  for (const std::string& ns : all) {
+    if (std::filesystem::exists("/run/netns/" + ns)) {
+      return absl::AlreadyExistsError(absl::StrCat("network namespace ", ns, " already exists (is \"", t_.name,
+                                                   "\" up already? `longhaul-netem down` it first)"));
+    }
+  }
+  const bool want_netem = [&] {
+    for (const HostSpec& h : t_.hosts) {
+      if (h.delay_ms > 0 || h.jitter_ms > 0 || h.loss > 0) return true;
+    }
+    return false;
+  }();
+  const bool netem = want_netem && NetemAvailable();
+  if (want_netem && !netem) {
+    notes_.push_back(
+        "tc netem is not available in this kernel: delay, jitter and loss are NOT applied by tc; set them in "
+        "the job spec's links: section (in-process shaper) instead. Rates are applied with tbf.");
+  }
+  const std::string sw = t_.SwitchNamespace();
+  std::vector<std::vector<std::string>> cmds = {
+      {"ip", "netns", "add", sw},
+      {"ip", "-n", sw, "link", "add", "br0", "type", "bridge"},
+      {"ip", "-n", sw, "link", "set", "br0", "up"},
+  };
+  for (const HostSpec& h : t_.hosts) {
+    const std::string ns = t_.Namespace(h.name);
+    const std::string hv = absl::StrCat(t_.name, "-", h.name, "-h"), sv = absl::StrCat(t_.name, "-", h.name, "-s");
+    std::vector<std::vector<std::string>> c = {
+        {"ip", "netns", "add", ns},
+        {"ip", "link", "add", hv, "type", "veth", "peer", "name", sv},
+        {"ip", "link", "set", hv, "netns", ns},
+        {"ip", "link", "set", sv, "netns", sw},
+        {"ip", "-n", ns, "link", "set", hv, "name", "eth0"},
+        {"ip", "-n", ns, "addr", "add", absl::StrCat(t_.Address(h.name), "/24"), "dev", "eth0"},
+        {"ip", "-n", ns, "link", "set", "eth0", "up"},
+        {"ip", "-n", ns, "link", "set", "lo", "up"},
+        {"ip", "-n", sw, "link", "set", sv, "master", "br0"},
+        {"ip", "-n", sw, "link", "set", sv, "up"},
+    };
+    cmds.insert(cmds.end(), c.begin(), c.end());
+    for (const auto& [tns, dev] : {std::pair<std::string, std::string>{ns, "eth0"}, {sw, sv}}) {
+      std::string parent = "root";
+      if (netem && (h.delay_ms > 0 || h.jitter_ms > 0 || h.loss > 0)) {
+        std::vector<std::string> n = {"tc", "-n", tns, "qdisc", "add", "dev", dev, "root", "handle", "1:", "netem"};
+        // Each direction crosses exactly one of the two qdiscs (host egress, bridge-port egress),
+        // so each gets the full one-way delay.
+        if (h.delay_ms > 0) {
+          n.insert(n.end(), {"delay", absl::StrCat(h.delay_ms, "ms")});
+          if (h.jitter_ms > 0) n.push_back(absl::StrCat(h.jitter_ms, "ms"));
+        }
+        if (h.loss > 0) n.insert(n.end(), {"loss", absl::StrCat(h.loss * 100, "%")});
+        cmds.push_back(n);
+        parent = "parent 1:";
+      }
+      if (h.rate_mbit > 0) {
+        // burst: at least one MTU and ~1 ms of traffic; latency bounds the queue.
+        const int64_t burst = std::max<int64_t>(3200, static_cast<int64_t>(h.rate_mbit * 1e6 / 8 / 1000));
+        std::vector<std::string> r = {"tc", "-n", tns, "qdisc", "add", "dev", dev};
+        if (parent == "root") {
+          r.push_back("root");
+        } else {
+          r.insert(r.end(), {"parent", "1:", "handle", "2:"});
+        }
+        r.insert(r.end(), {"tbf", "rate", absl::StrCat(h.rate_mbit, "mbit"), "burst", absl::StrCat(burst), "latency", "400ms"});
+        cmds.push_back(r);
+      }
+    }
+  }
+  for (const auto& c : cmds) {
+    absl::Status s = interrupted() ? absl::CancelledError("interrupted") : run_(c);
+    if (!s.ok()) {
+      (void)Down();
+      return absl::Status(s.code(), absl::StrCat(s.message(), " (everything built so far was removed)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Network::Down() {
+  std::vector<std::string> errors;
+  std::vector<std::string> all = {t_.SwitchNamespace()};
+  for (const HostSpec& h : t_.hosts) all.push_back(t_.Namespace(h.name));
+  for (const std::string& ns : all) {
+    // A namespace that does not exist is already down; anything else is an error to report.
+    absl::Status s = run_({"ip", "netns", "del", ns});
+    if (!s.ok() && s.message().find("No such file") == std::string::npos) errors.push_back(std::string(s.message()));
+  }
+  if (!errors.empty()) return absl::InternalError(absl::StrJoin(errors, "\n"));
+  return absl::OkStatus();
+}
+
+}  // namespace longhaul::netem

@@ -1,0 +1,70 @@
+// Emulated networks from Linux network namespaces, veth pairs, a bridge and tc (root only).
+//
+// Topology file (YAML):
+//   name: lh              # prefix of every object: namespaces <name>-<host> and <name>-sw (<= 6 chars)
+//   subnet: 10.77.0       # a /24; host i (0-based, in file order) gets <subnet>.<i + 2>
+//   hosts:
+//     - {name: a, rate_mbit: 100, delay_ms: 20, jitter_ms: 2, loss: 0.001}
+//     - {name: b, rate_mbit: 50}
+// Every host has one access link to a bridge in the switch namespace <name>-sw; its rate limits
+// both directions (tc tbf on the host's eth0 and on the bridge port). delay/jitter/loss use tc
+// netem when the kernel has it (detected at `up`, reported); otherwise `up` says so and they must
+// come from the in-process shaper (the job spec's `links:` section).
+//
+//   auto topo = ParseTopology(yaml);   Network net(*topo, RunCommand);   net.Up();  ...  net.Down();
+#ifndef LONGHAUL_NETEM_TC_NETWORK_H_
+#define LONGHAUL_NETEM_TC_NETWORK_H_
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace longhaul::netem {
+
+struct HostSpec {
+  std::string name;
+  double rate_mbit = 0;  // 0: unlimited
+  double delay_ms = 0, jitter_ms = 0, loss = 0;
+};
+
+struct Topology {
+  std::string name = "lh";
+  std::string subnet = "10.77.0";
+  std::vector<HostSpec> hosts;
+  std::string Namespace(const std::string& host) const { return name + "-" + host; }
+  std::string SwitchNamespace() const { return name + "-sw"; }
+  // Address of a host, or "" if unknown.
+  std::string Address(const std::string& host) const;
+};
+
+// Every problem listed, one per line.
+absl::StatusOr<Topology> ParseTopology(const std::string& yaml);
+
+// Runs argv; returns its exit status and, on failure, its stderr in the message.
+using CommandRunner = std::function<absl::Status(const std::vector<std::string>& argv)>;
+absl::Status RunCommand(const std::vector<std::string>& argv);
+
+class Network {
+ public:
+  Network(Topology t, CommandRunner run) : t_(std::move(t)), run_(std::move(run)) {}
+  // Builds everything; on any failure (or when `interrupted` returns true between steps) removes
+  // what was built and returns the error.
+  absl::Status Up(const std::function<bool()>& interrupted = [] { return false; });
+  // Removes every namespace of the topology (and so their veths, bridge and qdiscs). Idempotent.
+  absl::Status Down();
+  // Whether tc netem works here (probed in a scratch namespace).
+  bool NetemAvailable();
+  const std::vector<std::string>& notes() const { return notes_; }
+
+ private:
+  Topology t_;
+  CommandRunner run_;
+  std::vector<std::string> notes_;
+};
+
+}  // namespace longhaul::netem
+
+#endif  // LONGHAUL_NETEM_TC_NETWORK_H_

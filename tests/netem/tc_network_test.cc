@@ -1,0 +1,103 @@
+// longhaul-netem: topology parsing (always), and a real network of namespaces + veth + bridge + tc
+// when running as root (skipped with the reason otherwise; CI on these machines runs as root).
+#include "netem/tc/network.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "tools/cluster/local_cluster.h"
+
+namespace longhaul::netem {
+namespace {
+
+TEST(TopologyTest, ParsesHostsAndAddresses) {
+  auto t = ParseTopology("name: x\nsubnet: 10.9.8\nhosts:\n  - {name: a, rate_mbit: 50, delay_ms: 10, jitter_ms: 1}\n"
+                         "  - {name: b}\n");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->Namespace("a"), "x-a");
+  EXPECT_EQ(t->Address("a"), "10.9.8.2");
+  EXPECT_EQ(t->Address("b"), "10.9.8.3");
+  EXPECT_EQ(t->Address("z"), "");
+  EXPECT_EQ(t->hosts[0].rate_mbit, 50);
+}
+
+TEST(TopologyTest, ListsEveryProblem) {
+  auto t = ParseTopology("name: toolongname\nsubnet: 300.1\ncolour: red\nhosts:\n  - {name: a, rate_mbit: -1}\n"
+                         "  - {name: a, jitter_ms: 5}\n  - {name: sw, loss: 0.9, mtu: 9000}\n");
+  ASSERT_FALSE(t.ok());
+  const std::string m(t.status().message());
+  for (const char* want : {"name: \"toolongname\"", "subnet", "colour: unknown key", "hosts[0].rate_mbit",
+                           "hosts[1].name: \"a\" is repeated", "hosts[1].jitter_ms", "reserved", "hosts[2].loss",
+                           "hosts[2].mtu: unknown key"}) {
+    EXPECT_NE(m.find(want), std::string::npos) << "missing \"" << want << "\" in:\n" << m;
+  }
+  EXPECT_FALSE(ParseTopology("hosts: []\n").ok());
+  EXPECT_FALSE(ParseTopology("[1, 2]").ok());
+}
+
+TEST(TopologyTest, UpRollsBackWhenAStepFails) {
+  auto t = ParseTopology("name: rb\nhosts:\n  - {name: a, rate_mbit: 10}\n  - {name: b}\n");
+  ASSERT_TRUE(t.ok());
+  std::vector<std::string> log;
+  int calls = 0;
+  Network net(*t, [&](const std::vector<std::string>& argv) {
+    log.push_back(absl::StrCat(argv[0], " ", argv[1], " ", argv[2], " ", argv.size() > 3 ? argv[3] : ""));
+    return ++calls == 8 ? absl::InternalError("boom") : absl::OkStatus();
+  });
+  absl::Status s = net.Up();
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("removed"), std::string::npos) << s;
+  // The last commands delete every namespace of the topology.
+  ASSERT_GE(log.size(), 3u);
+  EXPECT_EQ(log[log.size() - 3], "ip netns del rb-sw");
+  EXPECT_EQ(log.back(), "ip netns del rb-b");
+}
+
+std::string Tool() { return cluster::Cluster::Bin("longhaul-netem"); }
+
+TEST(TcNetworkTest, ShapedLinkDeliversNinetyToHundredPercentOfTheRateAndDownCleansUp) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root for network namespaces and tc (CI runs as root)";
+  char dir[] = "/tmp/longhaul-netem-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string topo = absl::StrCat(dir, "/t.yaml");
+  FILE* f = std::fopen(topo.c_str(), "w");
+  std::fputs("name: lhit\nsubnet: 10.78.0\nhosts:\n  - {name: a, rate_mbit: 40}\n  - {name: b, rate_mbit: 40}\n", f);
+  std::fclose(f);
+  (void)cluster::Cluster::Run(absl::StrCat(Tool(), " down ", topo));  // leftovers of an aborted run
+  auto [rc, out] = cluster::Cluster::Run(absl::StrCat(Tool(), " up ", topo));
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_TRUE(std::filesystem::exists("/run/netns/lhit-a"));
+  // A second `up` refuses instead of adopting the namespaces.
+  auto [rc_again, out_again] = cluster::Cluster::Run(absl::StrCat(Tool(), " up ", topo));
+  EXPECT_NE(rc_again, 0);
+  EXPECT_NE(out_again.find("already exists"), std::string::npos) << out_again;
+
+  auto sink = cluster::Process::Spawn({"/usr/sbin/ip", "netns", "exec", "lhit-b", Tool(), "sink", "--port=5001"},
+                                      absl::StrCat(dir, "/sink.log"));
+  ASSERT_TRUE(sink.ok());
+  // 8 MB at 40 Mbit/s: 1.6 s. Both access links are shaped, the path rate is 40 Mbit/s.
+  auto [src_rc, src_out] = cluster::Cluster::Run(
+      absl::StrCat(Tool(), " exec ", topo, " a -- ", Tool(), " source --to=10.78.0.3:5001 --bytes=8000000"));
+  (*sink)->Signal(SIGKILL);
+  ASSERT_EQ(src_rc, 0) << src_out;
+  const size_t at = src_out.find("\"mbit_per_s\": ");
+  ASSERT_NE(at, std::string::npos) << src_out;
+  double mbit = 0;
+  ASSERT_TRUE(absl::SimpleAtod(src_out.substr(at + 14, src_out.find('}', at) - at - 14), &mbit)) << src_out;
+  EXPECT_GE(mbit, 0.9 * 40) << src_out;
+  EXPECT_LE(mbit, 1.0 * 40) << src_out;
+
+  auto [down_rc, down_out] = cluster::Cluster::Run(absl::StrCat(Tool(), " down ", topo));
+  EXPECT_EQ(down_rc, 0) << down_out;
+  EXPECT_FALSE(std::filesystem::exists("/run/netns/lhit-a"));
+  EXPECT_FALSE(std::filesystem::exists("/run/netns/lhit-sw"));
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace longhaul::netem
