@@ -6,6 +6,8 @@
 //   link bound:    tokens per step / (bytes per step on the busiest link direction / rate),
 //                  from the frame sizes of the codecs on tensors of the job's activation shape.
 // Writes a markdown table (--markdown) and an SVG plot (--svg).
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -24,6 +26,7 @@
 #include "bench/benchmarks.h"
 #include "codec/codec.h"
 #include "tools/cli/args.h"
+#include "netem/tc/network.h"
 #include "tools/cluster/local_cluster.h"
 
 namespace longhaul::bench {
@@ -32,13 +35,16 @@ namespace {
 constexpr char kHelp[] =
     "usage: longhaul-bench sweep [--rates=R,...] [--codecs=C,...] [--backward=auto|SPEC] [--steps=N]\n"
     "                            [--layers=N] [--hidden=N] [--context=N] [--micro-batches=N]\n"
-    "                            [--micro-batch-size=N] [--markdown=PATH] [--svg=PATH] [--json]\n"
+    "                            [--micro-batch-size=N] [--tc] [--markdown=PATH] [--svg=PATH] [--json]\n"
     "\n"
     "Trains the same job (GPT, one layer per worker process, 1F1B) at every link rate (Mbit/s) with\n"
     "every forward codec over the in-process shaper, plus once unshaped per codec (the compute\n"
     "bound), and prints tokens/s, the compute and link bounds, throughput / min(bounds) and the\n"
     "speed-up over fp32 at the same rate. --backward=auto uses fp32/fp16 backward links with fp32/fp16\n"
     "forward links and int4 with the quantised ones (the paper compresses gradients as well).\n"
+    "--tc (root): run the coordinator and workers in network namespaces (longhaul-netem's network,\n"
+    "10.79.0.0/24) and shape every host's access link with tc tbf instead of the in-process shaper;\n"
+    "a host's link then carries both its forward and backward traffic, which the link bound counts.\n"
     "Defaults: --rates=4,10,30,100 --codecs=fp32,fp16,int4,tahquant --steps=8 --layers=4\n"
     "--hidden=128 --context=64 --micro-batches=4 --micro-batch-size=8.\n";
 
@@ -69,7 +75,7 @@ absl::StatusOr<int64_t> FrameBytes(const std::string& spec, int64_t mbs, int64_t
 
 int SweepBenchMain(int argc, char** argv) {
   auto args = cli::Args::Parse(argc, argv, {"rates", "codecs", "backward", "steps", "layers", "hidden", "context",
-                                            "micro-batches", "micro-batch-size", "markdown", "svg", "json", "help"});
+                                            "micro-batches", "micro-batch-size", "tc", "markdown", "svg", "json", "help"});
   if (!args.ok()) {
     std::fprintf(stderr, "longhaul-bench sweep: %s\n\n%s", std::string(args.status().message()).c_str(), kHelp);
     return 2;
@@ -114,7 +120,38 @@ int SweepBenchMain(int argc, char** argv) {
     frame[c] = {*f, *b};
   }
 
+  const bool tc = args->Bool("tc");
+  std::unique_ptr<netem::Network> net;
+  netem::Topology topo;
+  if (tc) {
+    if (geteuid() != 0) {
+      std::fprintf(stderr, "longhaul-bench sweep: --tc needs root (network namespaces and tc)\n");
+      return 2;
+    }
+    topo.name = "lhsw";
+    topo.subnet = "10.79.0";
+    topo.hosts.push_back({"coord"});
+    for (int i = 0; i < stages; ++i) topo.hosts.push_back({absl::StrCat("w", i)});
+    net = std::make_unique<netem::Network>(topo, netem::RunCommand);
+    (void)net->Down();  // leftovers of an interrupted run
+    if (absl::Status s = net->Up(); !s.ok()) {
+      std::fprintf(stderr, "longhaul-bench sweep: %s\n", std::string(s.message()).c_str());
+      return 1;
+    }
+  }
+  // Removes the namespaces however this function returns (after the cluster's processes exit).
+  struct NetDown {
+    netem::Network* n;
+    ~NetDown() {
+      if (n) (void)n->Down();
+    }
+  } net_down{net.get()};
   cluster::Cluster cl(1);
+  if (tc) {
+    auto host = [&topo](const std::string& role) { return role == "coordinator" ? std::string("coord") : role; };
+    cl.SetPlacement({[&topo, host](const std::string& r) { return topo.Namespace(host(r)); },
+                     [&topo, host](const std::string& r) { return topo.Address(host(r)); }});
+  }
   if (absl::Status s = cl.StartCoordinator(); !s.ok()) {
     std::fprintf(stderr, "longhaul-bench sweep: %s\n", std::string(s.message()).c_str());
     return 1;
@@ -125,11 +162,15 @@ int SweepBenchMain(int argc, char** argv) {
     return 1;
   }
   auto run = [&](const std::string& c, double rate) -> absl::StatusOr<double> {
+    if (tc) {
+      if (absl::Status s = net->SetRate(rate); !s.ok()) return s;
+    }
+    const double inproc_rate = tc ? 0.0 : rate;
     const std::string yaml = absl::StrFormat(
         "name: sweep-%s-%g\nmodel: {layers: %d, hidden: %d, heads: 4, context: %d}\nstages: %d\n"
         "micro_batches: %d\nmicro_batch_size: %d\ncodecs: {forward: \"%s\", backward: \"%s\"}\nsteps: %d\n"
         "links: {rate_mbit: %g}\n",
-        c, rate, *layers, *hidden, *context, stages, *mb, *mbs, c, BackwardFor(c, backward), *steps, rate);
+        c, rate, *layers, *hidden, *context, stages, *mb, *mbs, c, BackwardFor(c, backward), *steps, inproc_rate);
     absl::StatusOr<uint64_t> job = cl.Submit(yaml);
     if (!job.ok()) return job.status();
     absl::StatusOr<v1::JobStatus> st = cl.WaitForEnd(*job, absl::Minutes(10));
@@ -159,7 +200,10 @@ int SweepBenchMain(int argc, char** argv) {
         return 1;
       }
       Run r{c, BackwardFor(c, backward), rate, *t, compute[c], 0};
-      const double busiest = static_cast<double>(std::max(frame[c].first, frame[c].second)) * *mb;
+      // In-process: each directed link has the rate to itself. tc: a middle host's access link
+      // carries its forward output and its backward output in the same direction.
+      const double busiest = static_cast<double>(tc ? frame[c].first + frame[c].second
+                                                   : std::max(frame[c].first, frame[c].second)) * *mb;
       r.link_bound = tokens_per_step / (busiest / (rate * 1e6 / 8));
       runs.push_back(r);
     }

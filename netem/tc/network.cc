@@ -176,6 +176,13 @@ absl::Status Network::Up(const std::function<bool()>& interrupted) {
       {"ip", "netns", "add", sw},
       {"ip", "-n", sw, "link", "add", "br0", "type", "bridge"},
       {"ip", "-n", sw, "link", "set", "br0", "up"},
+      // Uplink from the root namespace (deleted with the switch namespace: veths die in pairs).
+      {"ip", "link", "add", t_.name + "-up", "type", "veth", "peer", "name", t_.name + "-ups"},
+      {"ip", "link", "set", t_.name + "-ups", "netns", sw},
+      {"ip", "-n", sw, "link", "set", t_.name + "-ups", "master", "br0"},
+      {"ip", "-n", sw, "link", "set", t_.name + "-ups", "up"},
+      {"ip", "addr", "add", absl::StrCat(t_.subnet, ".1/24"), "dev", t_.name + "-up"},
+      {"ip", "link", "set", t_.name + "-up", "up"},
   };
   for (const HostSpec& h : t_.hosts) {
     const std::string ns = t_.Namespace(h.name);
@@ -226,6 +233,22 @@ absl::Status Network::Up(const std::function<bool()>& interrupted) {
     if (!s.ok()) {
       (void)Down();
       return absl::Status(s.code(), absl::StrCat(s.message(), " (everything built so far was removed)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Network::SetRate(double mbit) {
+  for (const HostSpec& h : t_.hosts) {
+    const std::string sv = absl::StrCat(t_.name, "-", h.name, "-s");
+    for (const auto& [ns, dev] : {std::pair<std::string, std::string>{t_.Namespace(h.name), "eth0"},
+                                  {t_.SwitchNamespace(), sv}}) {
+      (void)run_({"tc", "-n", ns, "qdisc", "del", "dev", dev, "root"});  // absent: nothing to delete
+      if (mbit <= 0) continue;
+      const int64_t burst = std::max<int64_t>(3200, static_cast<int64_t>(mbit * 1e6 / 8 / 1000));
+      absl::Status s = run_({"tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate", absl::StrCat(mbit, "mbit"),
+                             "burst", absl::StrCat(burst), "latency", "400ms"});
+      if (!s.ok()) return s;
     }
   }
   return absl::OkStatus();

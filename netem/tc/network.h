@@ -7,7 +7,8 @@
 //     - {name: a, rate_mbit: 100, delay_ms: 20, jitter_ms: 2, loss: 0.001}
 //     - {name: b, rate_mbit: 50}
 // Every host has one access link to a bridge in the switch namespace <name>-sw; its rate limits
-// both directions (tc tbf on the host's eth0 and on the bridge port). delay/jitter/loss use tc
+// both directions (tc tbf on the host's eth0 and on the bridge port). The root namespace is joined
+// to the bridge too (veth <name>-up, address <subnet>.1), so tools there can reach every host. delay/jitter/loss use tc
 // netem when the kernel has it (detected at `up`, reported); otherwise `up` says so and they must
 // come from the in-process shaper (the job spec's `links:` section).
 //
@@ -57,6 +58,9 @@ class Network {
   absl::Status Down();
   // Whether tc netem works here (probed in a scratch namespace).
   bool NetemAvailable();
+  // Re-shapes every host's access link (both directions) to `mbit` (0: unshaped). For experiments
+  // that sweep rates on a network that is up; hosts with netem qdiscs are not supported.
+  absl::Status SetRate(double mbit);
   const std::vector<std::string>& notes() const { return notes_; }
 
  private:

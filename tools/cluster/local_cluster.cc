@@ -84,19 +84,28 @@ Cluster::~Cluster() {
   if (!std::getenv("LONGHAUL_KEEP_TEST_DIRS")) std::filesystem::remove_all(dir_);
 }
 
+std::vector<std::string> Cluster::Prefix(const std::string& role) const {
+  if (!placement_.ns) return {};
+  return {"/usr/sbin/ip", "netns", "exec", placement_.ns(role)};
+}
+
+std::string Cluster::Host(const std::string& role) const {
+  return placement_.host ? placement_.host(role) : "127.0.0.1";
+}
+
 std::string Cluster::Bin(const std::string& name) { return absl::StrCat(LONGHAUL_BIN_DIR, "/", name); }
 
 absl::Status Cluster::StartCoordinator() {
   const std::string port_file = absl::StrCat(dir_, "/coordinator.port");
   std::filesystem::remove(port_file);
-  absl::StatusOr<std::unique_ptr<Process>> p =
-      Process::Spawn({Bin("longhaul-coordinator"),
-                      // A restart reuses the port, so running workers find the new coordinator.
-                      address_.empty() ? "--listen=127.0.0.1:0" : absl::StrCat("--listen=", address_),
-                      absl::StrCat("--port-file=", port_file),
-                      absl::StrCat("--state=", dir_, "/coordinator.db"), "--heartbeat-timeout-ms=3000",
-                      "--heartbeat-interval-ms=300"},
-                     absl::StrCat(dir_, "/coordinator.log"));
+  std::vector<std::string> argv = Prefix("coordinator");
+  argv.insert(argv.end(), {Bin("longhaul-coordinator"),
+                           // A restart reuses the port, so running workers find the new coordinator.
+                           address_.empty() ? absl::StrCat("--listen=", Host("coordinator"), ":0")
+                                            : absl::StrCat("--listen=", address_),
+                           absl::StrCat("--port-file=", port_file), absl::StrCat("--state=", dir_, "/coordinator.db"),
+                           "--heartbeat-timeout-ms=3000", "--heartbeat-interval-ms=300"});
+  absl::StatusOr<std::unique_ptr<Process>> p = Process::Spawn(argv, absl::StrCat(dir_, "/coordinator.log"));
   if (!p.ok()) return p.status();
   coordinator_ = std::move(*p);
   const absl::Time end = absl::Now() + absl::Seconds(30);
@@ -104,7 +113,7 @@ absl::Status Cluster::StartCoordinator() {
     std::ifstream f(port_file);
     int port = 0;
     if (f >> port && port > 0) {
-      address_ = absl::StrCat("127.0.0.1:", port);
+      address_ = absl::StrCat(Host("coordinator"), ":", port);
       return Connect();
     }
     if (!coordinator_->running()) return absl::InternalError("the coordinator exited at start-up");
@@ -128,10 +137,11 @@ absl::Status Cluster::StartWorkers(int n) {
   const size_t before = workers_.size();
   for (int i = 0; i < n; ++i) {
     const std::string name = absl::StrCat("w", before + i);
-    absl::StatusOr<std::unique_ptr<Process>> p =
-        Process::Spawn({Bin("longhaul-worker"), absl::StrCat("--coordinator=", address_), "--listen=127.0.0.1:0",
-                        absl::StrCat("--name=", name), absl::StrCat("--threads=", threads_), absl::StrCat("--data-dir=", dir_, "/", name)},
-                       absl::StrCat(dir_, "/", name, ".log"));
+    std::vector<std::string> argv = Prefix(name);
+    argv.insert(argv.end(), {Bin("longhaul-worker"), absl::StrCat("--coordinator=", address_),
+                             absl::StrCat("--listen=", Host(name), ":0"), absl::StrCat("--name=", name),
+                             absl::StrCat("--threads=", threads_), absl::StrCat("--data-dir=", dir_, "/", name)});
+    absl::StatusOr<std::unique_ptr<Process>> p = Process::Spawn(argv, absl::StrCat(dir_, "/", name, ".log"));
     if (!p.ok()) return p.status();
     workers_[name] = std::move(*p);
   }

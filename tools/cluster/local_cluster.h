@@ -14,6 +14,7 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -46,6 +47,14 @@ class Cluster {
  public:
   // `threads`: LibTorch threads per worker.
   explicit Cluster(int threads = 1);
+
+  // Optional, before starting anything: run each process inside a network namespace (see
+  // netem/tc/network.h). For a role ("coordinator", "w0", "w1", ...) `ns` gives the namespace and
+  // `host` the address the process listens on. Without it everything runs on 127.0.0.1.
+  struct Placement {
+    std::function<std::string(const std::string& role)> ns, host;
+  };
+  void SetPlacement(Placement p) { placement_ = std::move(p); }
   ~Cluster();
 
   absl::Status StartCoordinator();
@@ -82,6 +91,9 @@ class Cluster {
   std::map<std::string, std::unique_ptr<Process>> workers_;
   std::unique_ptr<v1::Coordinator::Stub> stub_;
   int threads_ = 1;
+  Placement placement_;
+  std::vector<std::string> Prefix(const std::string& role) const;
+  std::string Host(const std::string& role) const;
 };
 
 }  // namespace longhaul::cluster
