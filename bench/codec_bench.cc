@@ -69,14 +69,7 @@ struct Result {
 int CodecBenchMain(int argc, char** argv) {
   auto args = cli::Args::Parse(argc, argv, {"codec", "tokens", "hidden", "threads", "outliers", "seed",
                                        "min-seconds", "data", "json", "help"});
-  if (!args.ok()) {
-    std::fprintf(stderr, "longhaul-bench codec: %s\n\n%s", std::string(args.status().message()).c_str(), kHelp);
-    return 2;
-  }
-  if (args->Bool("help")) {
-    std::fputs(kHelp, stdout);
-    return 0;
-  }
+  if (std::optional<int> rc = cli::ExitForParseErrorOrHelp(args, "longhaul-bench codec", kHelp)) return *rc;
   auto tokens = args->Int("tokens", 8192), hidden = args->Int("hidden", 2048);
   auto threads = args->Int("threads", std::max(1u, std::thread::hardware_concurrency()));
   auto outliers = args->Int("outliers", 4), seed = args->Int("seed", 1);

@@ -76,14 +76,7 @@ absl::StatusOr<int64_t> FrameBytes(const std::string& spec, int64_t mbs, int64_t
 int SweepBenchMain(int argc, char** argv) {
   auto args = cli::Args::Parse(argc, argv, {"rates", "codecs", "backward", "steps", "layers", "hidden", "context",
                                             "micro-batches", "micro-batch-size", "tc", "markdown", "svg", "json", "help"});
-  if (!args.ok()) {
-    std::fprintf(stderr, "longhaul-bench sweep: %s\n\n%s", std::string(args.status().message()).c_str(), kHelp);
-    return 2;
-  }
-  if (args->Bool("help")) {
-    std::fputs(kHelp, stdout);
-    return 0;
-  }
+  if (std::optional<int> rc = cli::ExitForParseErrorOrHelp(args, "longhaul-bench sweep", kHelp)) return *rc;
   std::vector<double> rates;
   for (absl::string_view r : absl::StrSplit(args->Str("rates", "4,10,30,100"), ',')) {
     double v;

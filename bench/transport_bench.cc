@@ -5,13 +5,9 @@
 // The receiving process is this binary re-executed with --serve (posix_spawn, not fork, so it
 // starts with a clean gRPC and LibTorch): it listens on a gRPC port and a TCP port, prints both on
 // stdout, consumes whatever arrives, and exits when its stdin closes.
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <signal.h>
 #include <spawn.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -30,6 +26,7 @@
 #include "absl/strings/str_format.h"
 #include "bench/benchmarks.h"
 #include "codec/codec.h"
+#include "netem/tcp_probe.h"
 #include "tools/cli/args.h"
 #include "worker/link.h"
 
@@ -66,29 +63,11 @@ int Serve() {
   b.RegisterService(&svc);
   auto server = b.BuildAndStart();
 
-  const int lfd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || listen(lfd, 4) != 0) return 1;
-  socklen_t len = sizeof(a);
-  getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len);
-  std::printf("%d %d\n", gport, ntohs(a.sin_port));
+  absl::StatusOr<netem::TcpSink> sink = netem::TcpSink::Listen("127.0.0.1", 0);
+  if (!sink.ok()) return 1;
+  std::printf("%d %d\n", gport, sink->port());
   std::fflush(stdout);
-
-  std::thread tcp([lfd] {
-    for (;;) {
-      const int fd = accept(lfd, nullptr, nullptr);
-      if (fd < 0) return;
-      std::vector<char> buf(1 << 20);
-      int64_t got = 0;
-      ssize_t n;
-      while ((n = read(fd, buf.data(), buf.size())) > 0) got += n;
-      (void)!write(fd, &got, sizeof(got));
-      close(fd);
-    }
-  });
-  tcp.detach();
+  std::thread([s = *sink]() mutable { s.Serve(); }).detach();
   std::thread consume([&router] {
     for (;;) {
       auto f = router.inbox_->Pop(absl::Hours(1));
@@ -104,41 +83,11 @@ int Serve() {
   _exit(0);
 }
 
-double TcpSeconds(int port, int64_t bytes) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) return -1;
-  std::vector<char> buf(1 << 20, 'x');
-  const auto t0 = Clock::now();
-  int64_t sent = 0;
-  while (sent < bytes) {
-    const ssize_t n = write(fd, buf.data(), static_cast<size_t>(std::min<int64_t>(buf.size(), bytes - sent)));
-    if (n <= 0) return -1;
-    sent += n;
-  }
-  shutdown(fd, SHUT_WR);
-  int64_t got = 0;
-  if (read(fd, &got, sizeof(got)) != sizeof(got) || got != bytes) return -1;
-  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-  close(fd);
-  return s;
-}
-
 }  // namespace
 
 int TransportBenchMain(int argc, char** argv) {
   auto args = cli::Args::Parse(argc, argv, {"bytes", "frame-bytes", "codec", "json", "serve", "help"});
-  if (!args.ok()) {
-    std::fprintf(stderr, "longhaul-bench transport: %s\n\n%s", std::string(args.status().message()).c_str(), kHelp);
-    return 2;
-  }
-  if (args->Bool("help")) {
-    std::fputs(kHelp, stdout);
-    return 0;
-  }
+  if (std::optional<int> rc = cli::ExitForParseErrorOrHelp(args, "longhaul-bench transport", kHelp)) return *rc;
   if (args->Bool("serve")) return Serve();
   auto bytes = args->Int("bytes", int64_t{1} << 30), frame = args->Int("frame-bytes", 4 << 20);
   if (!bytes.ok() || !frame.ok() || *bytes < 4 || *frame < 4 || *frame > (256 << 20)) {
@@ -202,14 +151,15 @@ int TransportBenchMain(int argc, char** argv) {
     std::fprintf(stderr, "longhaul-bench transport: gRPC run failed: %s\n", std::string(st.message()).c_str());
     return 1;
   }
-  const double tcp_s = TcpSeconds(tport, grpc_bytes);
+  const absl::StatusOr<double> tcp = netem::TimedTcpSend("127.0.0.1", tport, grpc_bytes);
   close(in[1]);
   int ws;
   waitpid(child, &ws, 0);
-  if (tcp_s <= 0) {
-    std::fprintf(stderr, "longhaul-bench transport: TCP run failed\n");
+  if (!tcp.ok()) {
+    std::fprintf(stderr, "longhaul-bench transport: TCP run failed: %s\n", std::string(tcp.status().message()).c_str());
     return 1;
   }
+  const double tcp_s = *tcp;
   const double grpc_gbps = grpc_bytes * 8 / grpc_s / 1e9, tcp_gbps = grpc_bytes * 8 / tcp_s / 1e9;
   if (json) {
     std::printf("{\"bytes\": %lld, \"frame_bytes\": %lld, \"codec\": \"%s\", \"wire_bytes\": %lld, "

@@ -99,19 +99,11 @@ absl::Status BitDpValidate(absl::string_view payload, int64_t rows, int64_t cols
   return absl::OkStatus();
 }
 
-void BitDpDecode(absl::string_view payload, int64_t rows, int64_t cols, int bits, float* out) {
-  std::vector<absl::string_view> one = {payload};
-  // One payload: the exact reduction is the decode. (Validation inside is cheap next to decoding.)
-  (void)BitDpReduce(one, rows, cols, bits, BitDpReduction::kExact, out);
-}
+namespace {
 
-absl::Status BitDpReduce(const std::vector<absl::string_view>& payloads, int64_t rows, int64_t cols, int bits,
-                         BitDpReduction reduction, float* out) {
-  for (size_t p = 0; p < payloads.size(); ++p) {
-    if (absl::Status s = BitDpValidate(payloads[p], rows, cols, bits); !s.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("replica ", p, ": ", s.message()));
-    }
-  }
+// The reduction over payloads that have been validated.
+void ReduceValidated(const std::vector<absl::string_view>& payloads, int64_t rows, int64_t cols, int bits,
+                     BitDpReduction reduction, float* out) {
   const int64_t pb = PlaneBytes(cols);
   const double P = static_cast<double>(payloads.size());
   for (int64_t i = 0; i < rows; ++i) {
@@ -140,6 +132,23 @@ absl::Status BitDpReduce(const std::vector<absl::string_view>& payloads, int64_t
       for (int64_t j = 0; j < cols; ++j) dst[j] *= f;
     }
   }
+}
+
+}  // namespace
+
+void BitDpDecode(absl::string_view payload, int64_t rows, int64_t cols, int bits, float* out) {
+  // One payload: the exact reduction is the decode.
+  ReduceValidated({payload}, rows, cols, bits, BitDpReduction::kExact, out);
+}
+
+absl::Status BitDpReduce(const std::vector<absl::string_view>& payloads, int64_t rows, int64_t cols, int bits,
+                         BitDpReduction reduction, float* out) {
+  for (size_t p = 0; p < payloads.size(); ++p) {
+    if (absl::Status s = BitDpValidate(payloads[p], rows, cols, bits); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("replica ", p, ": ", s.message()));
+    }
+  }
+  ReduceValidated(payloads, rows, cols, bits, reduction, out);
   return absl::OkStatus();
 }
 

@@ -54,6 +54,24 @@ void RowsOf(const std::vector<int64_t>& shape, int64_t numel, int64_t* tokens, i
   *tokens = *dim == 0 ? 0 : numel / *dim;
 }
 
+// The encode path every quantising codec shares: a float32 CPU view of x, the frame header with
+// the codec's parameters, the payload appended in place by `append(data, header, frame)`, the CRC.
+template <typename Append>
+absl::StatusOr<std::string> EncodeFloatFrame(const torch::Tensor& x, CodecId id, uint8_t version,
+                                             const std::array<uint8_t, kCodecParamBytes>& params, Append&& append) {
+  return CatchTorch("encode", [&]() -> absl::StatusOr<std::string> {
+    absl::StatusOr<FrameDtype> dtype = DtypeOf(x);
+    if (!dtype.ok()) return dtype.status();
+    const torch::Tensor f = x.to(torch::kCPU, torch::kFloat32).contiguous();
+    FrameHeader h = HeaderFor(x, id, version, *dtype);
+    h.params = params;
+    std::string frame = BeginFrame(h);
+    if (absl::Status s = append(f.data_ptr<float>(), h, &frame); !s.ok()) return s;
+    FinishFrame(&frame);
+    return frame;
+  });
+}
+
 class RawCodec : public Codec {
  public:
   explicit RawCodec(CodecId id) : id_(id) {}
@@ -95,23 +113,16 @@ class GroupQuantCodec : public Codec {
 
   absl::StatusOr<std::string> Encode(const torch::Tensor& x, const EncodeOptions& o,
                                      EncodeStats* stats) const override {
-    return CatchTorch("encode", [&]() -> absl::StatusOr<std::string> {
-      absl::StatusOr<FrameDtype> dtype = DtypeOf(x);
-      if (!dtype.ok()) return dtype.status();
-      const torch::Tensor f = x.to(torch::kCPU, torch::kFloat32).contiguous();
-      FrameHeader h = HeaderFor(x, id_, kGroupQuantVersion, *dtype);
-      h.params = p_.Serialize();
-      int64_t tokens, dim;
-      RowsOf(h.shape, f.numel(), &tokens, &dim);
-      std::string frame = BeginFrame(h);
-      GroupQuantStats gs;
-      absl::Status s = GroupQuantEncode(f.data_ptr<float>(), tokens, dim, p_, o.threads,
-                                        o.kernels ? *o.kernels : BestKernels(), &frame, &gs);
-      if (!s.ok()) return s;
-      if (stats != nullptr) *stats = {gs.groups, gs.transformed_groups, gs.tokens_hi};
-      FinishFrame(&frame);
-      return frame;
-    });
+    return EncodeFloatFrame(x, id_, kGroupQuantVersion, p_.Serialize(),
+                            [&](const float* data, const FrameHeader& h, std::string* frame) {
+                              int64_t tokens, dim;
+                              RowsOf(h.shape, x.numel(), &tokens, &dim);
+                              GroupQuantStats gs;
+                              absl::Status s = GroupQuantEncode(data, tokens, dim, p_, o.threads,
+                                                                o.kernels ? *o.kernels : BestKernels(), frame, &gs);
+                              if (s.ok() && stats != nullptr) *stats = {gs.groups, gs.transformed_groups, gs.tokens_hi};
+                              return s;
+                            });
   }
 
  private:
@@ -139,17 +150,12 @@ class SymQuantCodec : public Codec {
     return s;
   }
   absl::StatusOr<std::string> Encode(const torch::Tensor& x, const EncodeOptions& o, EncodeStats*) const override {
-    return CatchTorch("encode", [&]() -> absl::StatusOr<std::string> {
-      absl::StatusOr<FrameDtype> dtype = DtypeOf(x);
-      if (!dtype.ok()) return dtype.status();
-      const torch::Tensor f = x.to(torch::kCPU, torch::kFloat32).contiguous();
-      FrameHeader h = HeaderFor(x, CodecId::kSymQuant, kSymQuantVersion, *dtype);
-      h.params = p_.Serialize();
-      std::string frame = BeginFrame(h);
-      SymQuantEncode(f.data_ptr<float>(), f.numel(), p_, o.seed, &frame);
-      FinishFrame(&frame);
-      return frame;
-    });
+    return EncodeFloatFrame(x, CodecId::kSymQuant, kSymQuantVersion, p_.Serialize(),
+                            [&](const float* data, const FrameHeader&, std::string* frame) {
+                              SymQuantEncode(data, x.numel(), p_, o.seed, frame, 0,
+                                             o.kernels ? *o.kernels : BestKernels());
+                              return absl::OkStatus();
+                            });
   }
 
  private:
@@ -163,19 +169,15 @@ class BitDpCodec : public Codec {
   CodecId id() const override { return CodecId::kBitDp; }
   std::string spec() const override { return absl::StrCat("bitdp", bits_); }
   absl::StatusOr<std::string> Encode(const torch::Tensor& x, const EncodeOptions&, EncodeStats*) const override {
-    return CatchTorch("encode", [&]() -> absl::StatusOr<std::string> {
-      absl::StatusOr<FrameDtype> dtype = DtypeOf(x);
-      if (!dtype.ok()) return dtype.status();
-      const torch::Tensor f = x.to(torch::kCPU, torch::kFloat32).contiguous();
-      FrameHeader h = HeaderFor(x, CodecId::kBitDp, kBitDpVersion, *dtype);
-      h.params[0] = static_cast<uint8_t>(bits_);
-      int64_t rows, cols;
-      MatrixOf(h.shape, f.numel(), &rows, &cols);
-      std::string frame = BeginFrame(h);
-      BitDpEncode(f.data_ptr<float>(), rows, cols, bits_, &frame);
-      FinishFrame(&frame);
-      return frame;
-    });
+    std::array<uint8_t, kCodecParamBytes> params{};
+    params[0] = static_cast<uint8_t>(bits_);
+    return EncodeFloatFrame(x, CodecId::kBitDp, kBitDpVersion, params,
+                            [&](const float* data, const FrameHeader& h, std::string* frame) {
+                              int64_t rows, cols;
+                              MatrixOf(h.shape, x.numel(), &rows, &cols);
+                              BitDpEncode(data, rows, cols, bits_, frame);
+                              return absl::OkStatus();
+                            });
   }
 
  private:

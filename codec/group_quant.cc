@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "codec/int_util.h"
 #include "codec/byte_io.h"
 #include "codec/minifloat.h"
 #include "codec/parallel.h"
@@ -18,15 +19,6 @@ constexpr float kEntropyLogEps = 1e-12f; // eps2 inside the log
 constexpr float kRhoEps = 1e-12f;        // eps of rho = a1 / (a2 + eps)
 constexpr int kMaxGroup = 256;
 constexpr uint8_t kFlagAdaptive = 1, kFlagHadamard = 2;
-
-bool IsPow2(int v) { return v > 0 && (v & (v - 1)) == 0; }
-
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
 
 struct TokenStats {
   float entropy;

@@ -6,11 +6,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "codec/int_util.h"
 
 namespace longhaul::codec {
 namespace {
-
-bool IsPow2(int v) { return v > 0 && (v & (v - 1)) == 0; }
 
 int64_t NumGroups(int64_t n, int g) { return (n + g - 1) / g; }
 
@@ -18,13 +17,6 @@ int64_t NumGroups(int64_t n, int g) { return (n + g - 1) / g; }
 // tensor's own blocks; only the tensor's tail can be shorter than a block).
 void TransformGroup(float* v, int64_t len, const Kernels& k) {
   for (int64_t b = 0; b + kHadamardBlock <= len; b += kHadamardBlock) k.fwht(v + b, kHadamardBlock);
-}
-
-uint64_t SplitMix64(uint64_t z) {
-  z += 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
 }
 
 }  // namespace

@@ -391,11 +391,10 @@ void CoordinatorService::OnFinished(Worker& w, const v1::JobFinished& f, Outbox*
                            job.status.loss()));
         }
         Persist(job);
-        Changed();
       }
     }
   }
-  Changed();
+  Changed();  // the worker's state changed in any case
   Schedule(out);
 }
 

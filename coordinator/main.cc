@@ -38,14 +38,7 @@ int main(int argc, char** argv) {
   absl::StatusOr<Args> args = Args::Parse(argc - 1, argv + 1,
                                           {"listen", "state", "port-file", "heartbeat-timeout-ms",
                                            "heartbeat-interval-ms", "help"});
-  if (!args.ok()) {
-    std::fprintf(stderr, "longhaul-coordinator: %s\n\n%s", std::string(args.status().message()).c_str(), kUsage);
-    return 2;
-  }
-  if (args->Bool("help")) {
-    std::fputs(kUsage, stdout);
-    return 0;
-  }
+  if (std::optional<int> rc = longhaul::cli::ExitForParseErrorOrHelp(args, "longhaul-coordinator", kUsage)) return *rc;
   absl::StatusOr<int64_t> timeout = args->Int("heartbeat-timeout-ms", 10000);
   absl::StatusOr<int64_t> interval = args->Int("heartbeat-interval-ms", 1000);
   if (!timeout.ok() || !interval.ok() || *interval < 10 || *timeout <= *interval) {

@@ -28,6 +28,10 @@ struct OptimizerConfig {
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
   double clip_norm = 1.0;  // <= 0 disables clipping
   double LearningRate(int64_t step) const;
+  // The factor Step() takes, given the global (all stages) gradient norm before clipping.
+  double ClipFactor(double global_norm) const {
+    return clip_norm > 0 && global_norm > clip_norm ? clip_norm / (global_norm + 1e-6) : 1.0;
+  }
 };
 
 struct StageSpec {

@@ -131,8 +131,7 @@ absl::StatusOr<StepResult> InProcessPipeline::TrainStep(const std::vector<Batch>
   double sq = 0;
   for (auto& st : stages_) sq += st->SquaredGradNorm();
   const double norm = std::sqrt(sq);
-  const double clip = opt_.optimizer.clip_norm > 0 && norm > opt_.optimizer.clip_norm
-                          ? opt_.optimizer.clip_norm / (norm + 1e-6) : 1.0;
+  const double clip = opt_.optimizer.ClipFactor(norm);
   StepResult r;
   r.step = stages_[0]->step();
   for (auto& st : stages_) {

@@ -119,18 +119,19 @@ absl::Status LinkSender::SendValue(uint64_t step, v1::Direction dir, double valu
 absl::Status LinkSender::WriteFrame(const Item& item, const std::string& frame) {
   const int64_t n = static_cast<int64_t>(frame.size());
   const int64_t count = std::max<int64_t>(1, (n + kChunkBytes - 1) / kChunkBytes);
-  v1::TensorFrameChunk chunk;
-  chunk.set_job_id(opt_.job_id);
-  chunk.set_step(item.step);
-  chunk.set_micro_batch(static_cast<uint32_t>(item.micro_batch));
-  chunk.set_direction(item.direction);
-  chunk.set_chunk_count(static_cast<uint32_t>(count));
-  chunk.set_frame_bytes(static_cast<uint64_t>(n));
-  chunk.set_from_stage(opt_.from_stage);
+  v1::TensorFrameChunk header;
+  header.set_job_id(opt_.job_id);
+  header.set_step(item.step);
+  header.set_micro_batch(static_cast<uint32_t>(item.micro_batch));
+  header.set_direction(item.direction);
+  header.set_chunk_count(static_cast<uint32_t>(count));
+  header.set_frame_bytes(static_cast<uint64_t>(n));
+  header.set_from_stage(opt_.from_stage);
   absl::Duration shaped = absl::ZeroDuration();
   for (int64_t i = 0; i < count; ++i) {
     const int64_t off = i * kChunkBytes;
     const int64_t len = std::min(kChunkBytes, n - off);
+    v1::TensorFrameChunk chunk = header;  // header fields only; the data is copied once, below
     chunk.set_chunk_index(static_cast<uint32_t>(i));
     chunk.mutable_data()->assign(frame.data() + off, static_cast<size_t>(len));
     if (!shaper_) {
@@ -151,7 +152,7 @@ absl::Status LinkSender::WriteFrame(const Item& item, const std::string& frame) 
     mu_.Await(absl::Condition(&room));
     if (!failed_.ok()) return failed_;
     line_bytes_ += len;
-    line_.push_back({chunk, deliver});
+    line_.push_back({std::move(chunk), deliver});
   }
   absl::MutexLock l(&mu_);
   stats_.shaper_wait_seconds += absl::ToDoubleSeconds(shaped);
@@ -176,7 +177,8 @@ void LinkSender::DelayLoop() {
       };
       mu_.Await(absl::Condition(&ready));
       if (!failed_.ok() || line_.empty()) return;  // failed, or the sender is done and all is out
-      d = line_.front();
+      d = std::move(line_.front());
+      line_.pop_front();
     }
     const absl::Duration wait = d.deliver - opt_.clock->Now();
     if (wait > absl::ZeroDuration()) opt_.clock->SleepFor(wait);
@@ -184,9 +186,9 @@ void LinkSender::DelayLoop() {
       Fail(s);
       return;
     }
+    // The bytes count against the line's bound until they are on the wire.
     absl::MutexLock l(&mu_);
     line_bytes_ -= static_cast<int64_t>(d.chunk.data().size());
-    line_.pop_front();
   }
 }
 

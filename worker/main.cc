@@ -38,14 +38,7 @@ int main(int argc, char** argv) {
   absl::StatusOr<Args> args = Args::Parse(argc - 1, argv + 1,
                                           {"coordinator", "listen", "advertise-host", "name", "region",
                                            "device", "data-dir", "threads", "help"});
-  if (!args.ok()) {
-    std::fprintf(stderr, "longhaul-worker: %s\n\n%s", std::string(args.status().message()).c_str(), kUsage);
-    return 2;
-  }
-  if (args->Bool("help")) {
-    std::fputs(kUsage, stdout);
-    return 0;
-  }
+  if (std::optional<int> rc = longhaul::cli::ExitForParseErrorOrHelp(args, "longhaul-worker", kUsage)) return *rc;
   longhaul::worker::WorkerOptions o;
   o.coordinator = args->Str("coordinator", o.coordinator);
   o.listen = args->Str("listen", o.listen);

@@ -123,10 +123,9 @@ absl::Status StageRunner::Setup() {
   if (ec) return absl::InternalError(absl::StrCat("cannot create checkpoint dir ", ckdir, ": ", ec.message()));
   checkpoint_path_ = absl::StrCat(ckdir, "/stage-", a_.stage(), ".safetensors");
 
-  auto codec_or = [](const std::string& s) { return codec::MakeCodec(s); };
-  absl::StatusOr<std::unique_ptr<codec::Codec>> fc = codec_or(opt_.forward_codec);
+  absl::StatusOr<std::unique_ptr<codec::Codec>> fc = codec::MakeCodec(opt_.forward_codec);
   if (!fc.ok()) return fc.status();
-  absl::StatusOr<std::unique_ptr<codec::Codec>> bc = codec_or(opt_.backward_codec);
+  absl::StatusOr<std::unique_ptr<codec::Codec>> bc = codec::MakeCodec(opt_.backward_codec);
   if (!bc.ok()) return bc.status();
   fwd_codec_ = std::move(*fc);
   bwd_codec_ = std::move(*bc);
@@ -191,12 +190,13 @@ absl::Status StageRunner::RunSteps() {
     double loss_sum = 0;
     for (const stage_runtime::PipelineOp& op : ops) {
       if (absl::Status c = CheckCancelled(); !c.ok()) return c;
-      stage_runtime::Batch batch;
-      if (first_ || last_) {
-        batch = data_->Sample(stage_runtime::Split::kTrain, opt_.seed, step, op.micro_batch,
-                              opt_.micro_batch_size, opt_.model.context);
-      }
       if (op.forward) {
+        // Stage 0 needs the tokens, the last stage the labels; backward needs neither.
+        stage_runtime::Batch batch;
+        if (first_ || last_) {
+          batch = data_->Sample(stage_runtime::Split::kTrain, opt_.seed, step, op.micro_batch,
+                                opt_.micro_batch_size, opt_.model.context);
+        }
         torch::Tensor in = batch.tokens;
         if (!first_) {
           absl::StatusOr<InFrame> f = Expect(*from_prev_, step, op.micro_batch, v1::DIRECTION_FORWARD);
@@ -248,9 +248,7 @@ absl::Status StageRunner::RunSteps() {
       if (absl::Status st = to_next_->SendValue(step, v1::DIRECTION_NORM_TOTAL, total); !st.ok()) return st;
     }
     const double norm = std::sqrt(total);
-    const double clip_norm = opt_.optimizer.clip_norm;
-    const double clip = clip_norm > 0 && norm > clip_norm ? clip_norm / (norm + 1e-6) : 1.0;
-    if (absl::Status st = exec_->Step(clip); !st.ok()) return st;
+    if (absl::Status st = exec_->Step(opt_.optimizer.ClipFactor(norm)); !st.ok()) return st;
 
     const bool checkpoint = (spec.checkpoint_interval() > 0 && exec_->step() % spec.checkpoint_interval() == 0) ||
                             exec_->step() == spec.steps();

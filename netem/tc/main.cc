@@ -1,13 +1,9 @@
 // longhaul-netem: builds emulated slow networks from network namespaces + veth + a bridge + tc, runs
 // commands inside them, and measures a link. See netem/tc/network.h for the topology file.
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
-#include <chrono>
 #include <cstring>
 #include <csignal>
 #include <cstdio>
@@ -20,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "netem/tc/network.h"
+#include "netem/tcp_probe.h"
 #include "tools/cli/signals.h"
 
 namespace {
@@ -65,57 +62,22 @@ bool FlagValue(const std::string& arg, const std::string& name, std::string* v) 
 }
 
 int Sink(int port) {
-  const int lfd = socket(AF_INET, SOCK_STREAM, 0);
-  const int one = 1;
-  setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  if (bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || listen(lfd, 8) != 0) {
-    return Fail("sink: cannot listen on port " + std::to_string(port));
-  }
-  std::fprintf(stderr, "sink listening on port %d\n", port);
-  for (;;) {
-    const int fd = accept(lfd, nullptr, nullptr);
-    if (fd < 0) continue;
-    std::vector<char> buf(1 << 16);
-    int64_t got = 0;
-    ssize_t n;
-    while ((n = read(fd, buf.data(), buf.size())) > 0) got += n;
-    (void)!write(fd, &got, sizeof(got));
-    close(fd);
-  }
+  absl::StatusOr<longhaul::netem::TcpSink> sink = longhaul::netem::TcpSink::Listen("0.0.0.0", port);
+  if (!sink.ok()) return Fail("sink: " + std::string(sink.status().message()));
+  std::fprintf(stderr, "sink listening on port %d\n", sink->port());
+  sink->Serve();
+  return 1;
 }
 
 int Source(const std::string& to, int64_t bytes) {
   std::vector<std::string> hp = absl::StrSplit(to, ':');
   int port;
   if (hp.size() != 2 || !absl::SimpleAtoi(hp[1], &port)) return Fail("source: --to needs HOST:PORT", 2);
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  if (inet_pton(AF_INET, hp[0].c_str(), &a.sin_addr) != 1) return Fail("source: bad IPv4 address " + hp[0], 2);
-  bool connected = false;
-  for (int i = 0; i < 100 && !connected; ++i) {  // the sink may still be starting
-    connected = connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
-    if (!connected) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  if (!connected) return Fail("source: cannot connect to " + to);
-  std::vector<char> buf(1 << 16, 'x');
-  const auto t0 = std::chrono::steady_clock::now();
-  int64_t sent = 0;
-  while (sent < bytes) {
-    const ssize_t n = write(fd, buf.data(), static_cast<size_t>(std::min<int64_t>(buf.size(), bytes - sent)));
-    if (n <= 0) return Fail("source: write failed");
-    sent += n;
-  }
-  shutdown(fd, SHUT_WR);
-  int64_t got = 0;
-  if (read(fd, &got, sizeof(got)) != sizeof(got) || got != bytes) return Fail("source: the sink did not confirm");
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("{\"bytes\": %lld, \"seconds\": %.4f, \"mbit_per_s\": %.3f}\n", static_cast<long long>(bytes), s,
-              bytes * 8 / s / 1e6);
+  // The sink may still be starting: retry the connection for up to 5 s.
+  absl::StatusOr<double> s = longhaul::netem::TimedTcpSend(hp[0], port, bytes, absl::Seconds(5));
+  if (!s.ok()) return Fail("source: " + std::string(s.status().message()));
+  std::printf("{\"bytes\": %lld, \"seconds\": %.4f, \"mbit_per_s\": %.3f}\n", static_cast<long long>(bytes), *s,
+              bytes * 8 / *s / 1e6);
   return 0;
 }
 

@@ -22,6 +22,17 @@ extern char** environ;
 
 namespace longhaul::netem {
 
+namespace {
+
+// The tbf arguments for `mbit`: burst at least one MTU (plus slack) and ~1 ms of traffic; the
+// latency bounds the queue.
+std::vector<std::string> TbfArgs(double mbit) {
+  const int64_t burst = std::max<int64_t>(3200, static_cast<int64_t>(mbit * 1e6 / 8 / 1000));
+  return {"tbf", "rate", absl::StrCat(mbit, "mbit"), "burst", absl::StrCat(burst), "latency", "400ms"};
+}
+
+}  // namespace
+
 std::string Topology::Address(const std::string& host) const {
   for (size_t i = 0; i < hosts.size(); ++i) {
     if (hosts[i].name == host) return absl::StrCat(subnet, ".", i + 2);
@@ -215,15 +226,14 @@ absl::Status Network::Up(const std::function<bool()>& interrupted) {
         parent = "parent 1:";
       }
       if (h.rate_mbit > 0) {
-        // burst: at least one MTU and ~1 ms of traffic; latency bounds the queue.
-        const int64_t burst = std::max<int64_t>(3200, static_cast<int64_t>(h.rate_mbit * 1e6 / 8 / 1000));
         std::vector<std::string> r = {"tc", "-n", tns, "qdisc", "add", "dev", dev};
         if (parent == "root") {
           r.push_back("root");
         } else {
           r.insert(r.end(), {"parent", "1:", "handle", "2:"});
         }
-        r.insert(r.end(), {"tbf", "rate", absl::StrCat(h.rate_mbit, "mbit"), "burst", absl::StrCat(burst), "latency", "400ms"});
+        const std::vector<std::string> tbf = TbfArgs(h.rate_mbit);
+        r.insert(r.end(), tbf.begin(), tbf.end());
         cmds.push_back(r);
       }
     }
@@ -245,9 +255,10 @@ absl::Status Network::SetRate(double mbit) {
                                   {t_.SwitchNamespace(), sv}}) {
       (void)run_({"tc", "-n", ns, "qdisc", "del", "dev", dev, "root"});  // absent: nothing to delete
       if (mbit <= 0) continue;
-      const int64_t burst = std::max<int64_t>(3200, static_cast<int64_t>(mbit * 1e6 / 8 / 1000));
-      absl::Status s = run_({"tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate", absl::StrCat(mbit, "mbit"),
-                             "burst", absl::StrCat(burst), "latency", "400ms"});
+      std::vector<std::string> argv = {"tc", "-n", ns, "qdisc", "add", "dev", dev, "root"};
+      const std::vector<std::string> tbf = TbfArgs(mbit);
+      argv.insert(argv.end(), tbf.begin(), tbf.end());
+      absl::Status s = run_(argv);
       if (!s.ok()) return s;
     }
   }

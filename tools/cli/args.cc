@@ -1,5 +1,7 @@
 #include "tools/cli/args.h"
 
+#include <cstdio>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
@@ -57,6 +59,18 @@ absl::StatusOr<double> Args::Double(const std::string& k, double def) const {
 bool Args::Bool(const std::string& k) const {
   const std::string v = Str(k, "false");
   return v == "true" || v == "1" || v == "yes";
+}
+
+std::optional<int> ExitForParseErrorOrHelp(const absl::StatusOr<Args>& args, const char* program, const char* usage) {
+  if (!args.ok()) {
+    std::fprintf(stderr, "%s: %s\n\n%s", program, std::string(args.status().message()).c_str(), usage);
+    return 2;
+  }
+  if (args->Bool("help")) {
+    std::fputs(usage, stdout);
+    return 0;
+  }
+  return std::nullopt;
 }
 
 }  // namespace longhaul::cli

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -32,6 +33,11 @@ class Args {
   std::map<std::string, std::vector<std::string>> values_;
   std::vector<std::string> positional_;
 };
+
+// Every executable's start: on a parse error prints "program: error" and the usage to stderr
+// (exit status 2); on --help prints the usage to stdout (exit status 0). Returns the status main
+// should exit with, or nullopt to go on.
+std::optional<int> ExitForParseErrorOrHelp(const absl::StatusOr<Args>& args, const char* program, const char* usage);
 
 }  // namespace longhaul::cli
 

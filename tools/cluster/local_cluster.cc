@@ -212,7 +212,8 @@ absl::StatusOr<v1::JobStatus> Cluster::WaitForStep(uint64_t job, int64_t step, a
   while (absl::Now() < end) {
     absl::StatusOr<v1::JobStatus> st = Get(job);
     if (!st.ok()) return st.status();
-    if (st->step() >= step || st->state() != v1::JOB_STATE_RUNNING && st->state() != v1::JOB_STATE_PENDING) return st;
+    const bool active = st->state() == v1::JOB_STATE_RUNNING || st->state() == v1::JOB_STATE_PENDING;
+    if (st->step() >= step || !active) return st;
     absl::SleepFor(absl::Milliseconds(50));
   }
   return absl::DeadlineExceededError(absl::StrCat("job ", job, " did not reach step ", step));
