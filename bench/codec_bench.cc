@@ -133,9 +133,12 @@ int CodecBenchMain(int argc, char** argv) {
     }
     Result r;
     r.spec = (*codec)->spec();
-    // The SIMD kernels serve the int<k>/tahquant engine; the replica codecs are scalar so far.
+    // The kernel table serves the int<k>, tahquant and symmetric-quant engines; raw copies and
+    // BitDP (scalar so far) do not use it.
     const codec::CodecId cid = (*codec)->id();
-    r.kernels = cid == codec::CodecId::kIntK || cid == codec::CodecId::kTahQuant ? codec::BestKernels().name : "scalar";
+    const bool uses_kernels = cid == codec::CodecId::kIntK || cid == codec::CodecId::kTahQuant ||
+                              cid == codec::CodecId::kSymQuant;
+    r.kernels = uses_kernels ? codec::BestKernels().name : "scalar";
     r.bits = frame->size() * 8.0 / static_cast<double>(data.size());
     r.rel_l2 = ((x.to(torch::kFloat64) - y->to(torch::kFloat64)).norm() / x.to(torch::kFloat64).norm()).item<double>();
     r.transformed_fraction = st.groups ? static_cast<double>(st.transformed_groups) / st.groups : 0.0;
