@@ -72,6 +72,25 @@ absl::StatusOr<std::string> EncodeFloatFrame(const torch::Tensor& x, CodecId id,
   });
 }
 
+}  // namespace
+
+std::string FrameParts::Join() const {
+  std::string out = head;
+  if (body.defined()) out.append(static_cast<const char*>(body.data_ptr()), body.nbytes());
+  return out;
+}
+
+absl::StatusOr<FrameParts> Codec::EncodeParts(const torch::Tensor& x, const EncodeOptions& options,
+                                              EncodeStats* stats) const {
+  absl::StatusOr<std::string> frame = Encode(x, options, stats);
+  if (!frame.ok()) return frame.status();
+  FrameParts f;
+  f.head = std::move(*frame);
+  return f;
+}
+
+namespace {
+
 class RawCodec : public Codec {
  public:
   explicit RawCodec(CodecId id) : id_(id) {}
@@ -86,6 +105,19 @@ class RawCodec : public Codec {
       const torch::Tensor w = x.to(torch::kCPU, WireType()).contiguous();
       return BuildFrame(HeaderFor(x, id_, kRawVersion, *dtype),
                         absl::string_view(static_cast<const char*>(w.data_ptr()), w.nbytes()));
+    });
+  }
+
+  absl::StatusOr<FrameParts> EncodeParts(const torch::Tensor& x, const EncodeOptions&,
+                                         EncodeStats*) const override {
+    return CatchTorch("encode", [&]() -> absl::StatusOr<FrameParts> {
+      absl::StatusOr<FrameDtype> dtype = DtypeOf(x);
+      if (!dtype.ok()) return dtype.status();
+      FrameParts f;
+      f.body = x.detach().to(torch::kCPU, WireType()).contiguous();  // no copy when x already is
+      f.head = BeginFrame(HeaderFor(x, id_, kRawVersion, *dtype));
+      FinishFrameHead(&f.head, f.body.data_ptr(), f.body.nbytes());
+      return f;
     });
   }
 
@@ -282,13 +314,12 @@ absl::StatusOr<std::unique_ptr<Codec>> MakeCodec(absl::string_view spec) {
   return std::make_unique<GroupQuantCodec>(id, p);
 }
 
-absl::StatusOr<torch::Tensor> DecodeFrame(absl::string_view frame, const DecodeOptions& o) {
-  torch::Tensor out;
-  if (absl::Status s = DecodeFrameInto(frame, &out, o); !s.ok()) return s;
-  return out;
-}
+namespace {
 
-absl::Status DecodeFrameInto(absl::string_view frame, torch::Tensor* out, const DecodeOptions& o) {
+// `owner`, when given, holds `frame`'s memory: a raw frame whose payload is already the output
+// dtype and suitably aligned is then returned as a tensor over that memory instead of a copy.
+absl::Status DecodeImpl(absl::string_view frame, torch::Tensor* out, const DecodeOptions& o,
+                        const std::shared_ptr<std::string>* owner) {
   absl::StatusOr<FrameView> v = ParseFrame(frame, o.limits);
   if (!v.ok()) return v.status();
   const FrameHeader& h = v->header;
@@ -321,6 +352,13 @@ absl::Status DecodeFrameInto(absl::string_view frame, torch::Tensor* out, const 
           return absl::InvalidArgumentError(
               absl::StrCat(CodecIdName(h.codec), " payload is ", h.payload_len, " bytes, shape needs ",
                            static_cast<uint64_t>(v->numel) * elem));
+        }
+        const auto* payload = v->payload.data();
+        if (wire == out_type && owner != nullptr && v->numel > 0 &&
+            reinterpret_cast<uintptr_t>(payload) % elem == 0) {
+          return torch::from_blob(const_cast<char*>(payload), h.shape,
+                                  [keep = *owner](void*) mutable { keep.reset(); },
+                                  torch::TensorOptions().dtype(wire));
         }
         if (wire == out_type) {
           torch::Tensor t = target(wire);
@@ -382,6 +420,24 @@ absl::Status DecodeFrameInto(absl::string_view frame, torch::Tensor* out, const 
   if (!result.ok()) return result.status();
   *out = *std::move(result);
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<torch::Tensor> DecodeFrame(absl::string_view frame, const DecodeOptions& o) {
+  torch::Tensor out;
+  if (absl::Status s = DecodeImpl(frame, &out, o, nullptr); !s.ok()) return s;
+  return out;
+}
+
+absl::Status DecodeFrameInto(absl::string_view frame, torch::Tensor* out, const DecodeOptions& o) {
+  return DecodeImpl(frame, out, o, nullptr);
+}
+
+absl::StatusOr<torch::Tensor> DecodeSharedFrame(std::shared_ptr<std::string> frame, const DecodeOptions& o) {
+  torch::Tensor out;
+  if (absl::Status s = DecodeImpl(*frame, &out, o, &frame); !s.ok()) return s;
+  return out;
 }
 
 }  // namespace longhaul::codec

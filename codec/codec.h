@@ -58,6 +58,15 @@ struct EncodeStats {
   int64_t tokens_hi = 0;           // tokens given the higher bit width
 };
 
+// A frame in two pieces: `head`, then the bytes of `body` (a contiguous CPU tensor, or undefined).
+// Concatenated they are exactly the frame Encode() returns.
+struct FrameParts {
+  std::string head;
+  torch::Tensor body;
+  size_t size() const { return head.size() + (body.defined() ? body.nbytes() : 0); }
+  std::string Join() const;  // the frame as one string (a copy)
+};
+
 class Codec {
  public:
   virtual ~Codec() = default;
@@ -67,6 +76,12 @@ class Codec {
   virtual absl::StatusOr<std::string> Encode(const torch::Tensor& x,
                                              const EncodeOptions& options = {},
                                              EncodeStats* stats = nullptr) const = 0;
+  // The same frame without copying the payload where the codec's payload is the tensor's own
+  // bytes (fp32/fp16/bf16 of a matching dtype): `body` then shares the tensor's memory, which
+  // must not change until the frame is sent (its CRC is already computed). Other codecs return
+  // the whole frame in `head`.
+  virtual absl::StatusOr<FrameParts> EncodeParts(const torch::Tensor& x, const EncodeOptions& options = {},
+                                                 EncodeStats* stats = nullptr) const;
 };
 
 absl::StatusOr<std::unique_ptr<Codec>> MakeCodec(absl::string_view spec);
@@ -80,6 +95,13 @@ absl::StatusOr<torch::Tensor> DecodeFrame(absl::string_view frame,
 // replaced by a new tensor. On error `out` is left as it was.
 absl::Status DecodeFrameInto(absl::string_view frame, torch::Tensor* out,
                              const DecodeOptions& options = {});
+
+// Like DecodeFrame, but fp32/fp16/bf16 frames whose payload is already the output dtype are not
+// copied: the tensor aliases the frame's memory and keeps `frame` alive (the receive path hands its
+// reassembly buffer over this way; the caller must not touch `frame` afterwards, the tensor may be
+// written). Other codecs decode into new memory as usual.
+absl::StatusOr<torch::Tensor> DecodeSharedFrame(std::shared_ptr<std::string> frame,
+                                                const DecodeOptions& options = {});
 
 }  // namespace longhaul::codec
 

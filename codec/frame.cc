@@ -41,14 +41,26 @@ std::string BeginFrame(const FrameHeader& h) {
   return out;
 }
 
+namespace {
+
+void SealHeader(uint8_t* p, const void* payload, uint64_t payload_len) {
+  const size_t header_bytes = FrameHeaderBytes(p[8]);
+  std::memcpy(p + header_bytes - 12, &payload_len, 8);
+  uint32_t crc = Crc32c(p, header_bytes - 4);
+  crc = Crc32cExtend(crc, payload, payload_len);
+  std::memcpy(p + header_bytes - 4, &crc, 4);
+}
+
+}  // namespace
+
 void FinishFrame(std::string* frame) {
   auto* p = reinterpret_cast<uint8_t*>(frame->data());
   const size_t header_bytes = FrameHeaderBytes(p[8]);
-  const uint64_t payload_len = frame->size() - header_bytes;
-  std::memcpy(p + header_bytes - 12, &payload_len, 8);
-  uint32_t crc = Crc32c(p, header_bytes - 4);
-  crc = Crc32cExtend(crc, p + header_bytes, payload_len);
-  std::memcpy(p + header_bytes - 4, &crc, 4);
+  SealHeader(p, p + header_bytes, frame->size() - header_bytes);
+}
+
+void FinishFrameHead(std::string* head, const void* payload, size_t payload_len) {
+  SealHeader(reinterpret_cast<uint8_t*>(head->data()), payload, payload_len);
 }
 
 std::string BuildFrame(FrameHeader h, absl::string_view payload) {

@@ -83,6 +83,9 @@ std::string BuildFrame(FrameHeader header, absl::string_view payload);
 //   std::string f = BeginFrame(h);  <append payload to f>;  FinishFrame(&f);
 std::string BeginFrame(const FrameHeader& header);
 void FinishFrame(std::string* frame);
+// For a frame sent as two pieces: `head` holds BeginFrame's bytes and the payload stays in
+// caller memory; sets the payload length and the CRC over both.
+void FinishFrameHead(std::string* head, const void* payload, size_t payload_len);
 
 // Validates magic, versions, reserved bytes, ndim, dims (no negative, no overflow, at most
 // limits.max_elements), the exact frame length and the CRC. Does not interpret the payload.

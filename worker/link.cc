@@ -58,8 +58,10 @@ absl::StatusOr<std::unique_ptr<LinkSender>> LinkSender::Start(const SenderOption
     return absl::UnavailableError(absl::StrCat("cannot connect to ", o.peer, " within ",
                                                absl::FormatDuration(o.connect_timeout)));
   }
-  s->stub_ = v1::StageLink::NewStub(s->channel_);
-  s->stream_ = s->stub_->Stream(&s->ctx_);
+  s->method_ = std::make_unique<grpc::internal::RpcMethod>(
+      StageLinkStreamMethod(), grpc::internal::RpcMethod::BIDI_STREAMING, s->channel_);
+  s->stream_.reset(grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, v1::FrameAck>::Create(
+      s->channel_.get(), *s->method_, &s->ctx_));
   if (!s->stream_) return absl::UnavailableError(absl::StrCat("cannot open a stream to ", o.peer));
   if (o.profile.shaped()) {
     netem::LinkProfile prof = o.profile;
@@ -116,8 +118,8 @@ absl::Status LinkSender::SendValue(uint64_t step, v1::Direction dir, double valu
   return Enqueue(std::move(it));
 }
 
-absl::Status LinkSender::WriteFrame(const Item& item, const std::string& frame) {
-  const int64_t n = static_cast<int64_t>(frame.size());
+absl::Status LinkSender::WriteFrame(const Item& item, const std::shared_ptr<const codec::FrameParts>& frame) {
+  const int64_t n = static_cast<int64_t>(frame->size());
   const int64_t count = std::max<int64_t>(1, (n + kChunkBytes - 1) / kChunkBytes);
   v1::TensorFrameChunk header;
   header.set_job_id(opt_.job_id);
@@ -131,18 +133,17 @@ absl::Status LinkSender::WriteFrame(const Item& item, const std::string& frame) 
   for (int64_t i = 0; i < count; ++i) {
     const int64_t off = i * kChunkBytes;
     const int64_t len = std::min(kChunkBytes, n - off);
-    v1::TensorFrameChunk chunk = header;  // header fields only; the data is copied once, below
-    chunk.set_chunk_index(static_cast<uint32_t>(i));
-    chunk.mutable_data()->assign(frame.data() + off, static_cast<size_t>(len));
+    header.set_chunk_index(static_cast<uint32_t>(i));
+    grpc::ByteBuffer chunk = SerializeChunk(header, frame, static_cast<size_t>(off), static_cast<size_t>(len));
     if (!shaper_) {
-      if (absl::Status s = Put(chunk); !s.ok()) return s;
+      if (absl::Status s = Put(chunk, item.step); !s.ok()) return s;
       continue;
     }
     const absl::Time t0 = opt_.clock->Now();
     const absl::Time deliver = shaper_->Admit(len);
     shaped += opt_.clock->Now() - t0;
     if (!delayer_.joinable()) {
-      if (absl::Status s = Put(chunk); !s.ok()) return s;
+      if (absl::Status s = Put(chunk, item.step); !s.ok()) return s;
       continue;
     }
     absl::MutexLock l(&mu_);
@@ -152,16 +153,16 @@ absl::Status LinkSender::WriteFrame(const Item& item, const std::string& frame) 
     mu_.Await(absl::Condition(&room));
     if (!failed_.ok()) return failed_;
     line_bytes_ += len;
-    line_.push_back({std::move(chunk), deliver});
+    line_.push_back({std::move(chunk), item.step, len, deliver});
   }
   absl::MutexLock l(&mu_);
   stats_.shaper_wait_seconds += absl::ToDoubleSeconds(shaped);
   return absl::OkStatus();
 }
 
-absl::Status LinkSender::Put(const v1::TensorFrameChunk& chunk) {
+absl::Status LinkSender::Put(const grpc::ByteBuffer& chunk, uint64_t step) {
   if (!stream_->Write(chunk)) {
-    return absl::UnavailableError(absl::StrCat("link to ", opt_.peer, " broke while sending step ", chunk.step(),
+    return absl::UnavailableError(absl::StrCat("link to ", opt_.peer, " broke while sending step ", step,
                                                " (the peer closed the stream or died)"));
   }
   return absl::OkStatus();
@@ -182,13 +183,13 @@ void LinkSender::DelayLoop() {
     }
     const absl::Duration wait = d.deliver - opt_.clock->Now();
     if (wait > absl::ZeroDuration()) opt_.clock->SleepFor(wait);
-    if (absl::Status s = Put(d.chunk); !s.ok()) {
+    if (absl::Status s = Put(d.chunk, d.step); !s.ok()) {
       Fail(s);
       return;
     }
     // The bytes count against the line's bound until they are on the wire.
     absl::MutexLock l(&mu_);
-    line_bytes_ -= static_cast<int64_t>(d.chunk.data().size());
+    line_bytes_ -= d.bytes;
   }
 }
 
@@ -208,23 +209,23 @@ void LinkSender::SenderLoop() {
       q_.pop_front();
       return;
     }
-    std::string frame;
+    codec::FrameParts parts;
     double rel_error = -1;
     if (item.tensor.defined()) {
       codec::EncodeOptions eo;
       eo.threads = opt_.codec_threads;
       eo.seed = item.step;  // stochastic rounding differs per step, reproducibly
-      absl::StatusOr<std::string> f = codec_->Encode(item.tensor, eo);
+      absl::StatusOr<codec::FrameParts> f = codec_->EncodeParts(item.tensor, eo);
       if (!f.ok()) {
         Fail(absl::Status(f.status().code(), absl::StrCat("encoding for ", opt_.peer, ": ", f.status().message())));
         return;
       }
-      frame = std::move(*f);
+      parts = std::move(*f);
       if (item.measure_error) {
         absl::StatusOr<double> e = CatchTorch("rel error", [&]() -> absl::StatusOr<double> {
           codec::DecodeOptions d;
           d.threads = opt_.codec_threads;
-          auto y = codec::DecodeFrame(frame, d);
+          auto y = codec::DecodeFrame(parts.Join(), d);
           if (!y.ok()) return y.status();
           const double n = item.tensor.norm().item<double>();
           return n > 0 ? (item.tensor.to(torch::kFloat32) - *y).norm().item<double>() / n : 0.0;
@@ -232,9 +233,11 @@ void LinkSender::SenderLoop() {
         if (e.ok()) rel_error = *e;
       }
     } else {
-      frame.resize(sizeof(double));
-      std::memcpy(frame.data(), &item.value, sizeof(double));
+      parts.head.resize(sizeof(double));
+      std::memcpy(parts.head.data(), &item.value, sizeof(double));
     }
+    // Shared with the chunks in flight, which reference it instead of copying it.
+    const auto frame = std::make_shared<const codec::FrameParts>(std::move(parts));
     if (absl::Status s = WriteFrame(item, frame); !s.ok()) {
       Fail(s);
       return;
@@ -244,7 +247,7 @@ void LinkSender::SenderLoop() {
     if (item.tensor.defined()) {
       stats_.frames++;
       stats_.raw_bytes += item.tensor.numel() * 4;
-      stats_.wire_bytes += static_cast<int64_t>(frame.size());
+      stats_.wire_bytes += static_cast<int64_t>(frame->size());
       if (rel_error >= 0) {
         stats_.error_samples++;
         stats_.sum_rel_error += rel_error;
@@ -330,7 +333,8 @@ absl::Duration LinkSender::TakeSendWait() {
 
 // ------------------------------------------------------------------------------- receiving side
 
-absl::StatusOr<InFrame> DecodeInFrame(const v1::TensorFrameChunk& first, const std::string& bytes) {
+absl::StatusOr<InFrame> DecodeInFrame(const v1::TensorFrameChunk& first, std::shared_ptr<std::string> frame) {
+  const std::string& bytes = *frame;
   InFrame f;
   f.step = first.step();
   f.micro_batch = static_cast<int>(first.micro_batch());
@@ -338,7 +342,7 @@ absl::StatusOr<InFrame> DecodeInFrame(const v1::TensorFrameChunk& first, const s
   switch (first.direction()) {
     case v1::DIRECTION_FORWARD:
     case v1::DIRECTION_BACKWARD: {
-      absl::StatusOr<torch::Tensor> t = codec::DecodeFrame(bytes);
+      absl::StatusOr<torch::Tensor> t = codec::DecodeSharedFrame(std::move(frame));
       if (!t.ok()) return t.status();
       f.tensor = std::move(*t);
       return f;
@@ -366,7 +370,8 @@ class Reassembler {
   explicit Reassembler(int64_t max_frame_bytes) : max_(max_frame_bytes) {}
 
   // Returns true when `c` completed a frame (then first() and bytes() hold it).
-  absl::StatusOr<bool> Add(const v1::TensorFrameChunk& c) {
+  absl::StatusOr<bool> Add(const ParsedChunk& pc) {
+    const v1::TensorFrameChunk& c = pc.header;
     if (next_ == 0) {
       if (c.chunk_index() != 0) return absl::InvalidArgumentError(absl::StrCat("frame starts at chunk ", c.chunk_index()));
       if (c.chunk_count() < 1) return absl::InvalidArgumentError("chunk_count 0");
@@ -377,9 +382,8 @@ class Reassembler {
         return absl::InvalidArgumentError("frame_bytes larger than its chunks can carry");
       }
       first_ = c;
-      first_.clear_data();
-      bytes_.clear();
-      bytes_.reserve(c.frame_bytes());
+      bytes_ = std::make_shared<std::string>();  // the previous one went to the decoder
+      bytes_->reserve(c.frame_bytes());
     } else if (c.chunk_index() != next_ || c.chunk_count() != first_.chunk_count() ||
                c.frame_bytes() != first_.frame_bytes() || c.step() != first_.step() ||
                c.micro_batch() != first_.micro_batch() || c.direction() != first_.direction() ||
@@ -388,62 +392,82 @@ class Reassembler {
                                                      first_.step(), ", micro-batch ", first_.micro_batch(),
                                                      ", expected chunk ", next_, ")"));
     }
-    if (bytes_.size() + c.data().size() > first_.frame_bytes()) {
+    if (bytes_->size() + pc.data_length > first_.frame_bytes()) {
       return absl::InvalidArgumentError("chunks carry more bytes than frame_bytes");
     }
-    bytes_.append(c.data());
+    AppendChunkData(pc, bytes_.get());
     ++next_;
     if (next_ < first_.chunk_count()) return false;
     next_ = 0;
-    if (bytes_.size() != first_.frame_bytes()) {
-      return absl::InvalidArgumentError(absl::StrCat("frame has ", bytes_.size(), " bytes, header said ", first_.frame_bytes()));
+    if (bytes_->size() != first_.frame_bytes()) {
+      return absl::InvalidArgumentError(absl::StrCat("frame has ", bytes_->size(), " bytes, header said ", first_.frame_bytes()));
     }
     return true;
   }
   const v1::TensorFrameChunk& first() const { return first_; }
-  const std::string& bytes() const { return bytes_; }
+  // The completed frame; the caller takes it (the next frame gets a new buffer).
+  std::shared_ptr<std::string> TakeBytes() { return std::move(bytes_); }
 
  private:
   const int64_t max_;
   uint32_t next_ = 0;
   v1::TensorFrameChunk first_;
-  std::string bytes_;
+  std::shared_ptr<std::string> bytes_;
 };
 
 }  // namespace
 
+StageLinkService::StageLinkService(InboxRouter* router, int64_t max_frame_bytes)
+    : router_(router), max_frame_bytes_(max_frame_bytes) {
+  AddMethod(new grpc::internal::RpcServiceMethod(
+      StageLinkStreamMethod(), grpc::internal::RpcMethod::BIDI_STREAMING,
+      new grpc::internal::BidiStreamingHandler<StageLinkService, grpc::ByteBuffer, v1::FrameAck>(
+          [](StageLinkService* svc, grpc::ServerContext* ctx,
+             grpc::ServerReaderWriter<v1::FrameAck, grpc::ByteBuffer>* stream) { return svc->Stream(ctx, stream); },
+          this)));
+}
+
 grpc::Status StageLinkService::Stream(grpc::ServerContext* ctx,
-                                      grpc::ServerReaderWriter<v1::FrameAck, v1::TensorFrameChunk>* stream) {
-  v1::TensorFrameChunk c;
-  if (!stream->Read(&c)) return grpc::Status::OK;
-  absl::StatusOr<std::shared_ptr<Inbox>> inbox = router_->Find(c.job_id(), c.from_stage(), absl::Seconds(30));
+                                      grpc::ServerReaderWriter<v1::FrameAck, grpc::ByteBuffer>* stream) {
+  grpc::ByteBuffer msg;
+  if (!stream->Read(&msg)) return grpc::Status::OK;
+  absl::StatusOr<ParsedChunk> first = ParseChunk(msg);
+  if (!first.ok()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, std::string(first.status().message()));
+  ParsedChunk chunk = std::move(*first);
+  absl::StatusOr<std::shared_ptr<Inbox>> inbox =
+      router_->Find(chunk.header.job_id(), chunk.header.from_stage(), absl::Seconds(30));
   if (!inbox.ok()) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, std::string(inbox.status().message()));
   }
   Reassembler r(max_frame_bytes_);
-  auto reject = [&](const absl::Status& s) {
+  auto reject = [&](const absl::Status& s) {  // names the last chunk that parsed
     v1::FrameAck ack;
-    ack.set_step(c.step());
-    ack.set_micro_batch(c.micro_batch());
-    ack.set_direction(c.direction());
+    ack.set_step(chunk.header.step());
+    ack.set_micro_batch(chunk.header.micro_batch());
+    ack.set_direction(chunk.header.direction());
     ack.set_error(std::string(s.message()));
     stream->Write(ack);
     (*inbox)->Close(absl::DataLossError(absl::StrCat("bad frame from ", (*inbox)->peer(), ": ", s.message())));
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, std::string(s.message()));
   };
-  do {
-    absl::StatusOr<bool> done = r.Add(c);
+  for (;;) {
+    absl::StatusOr<bool> done = r.Add(chunk);
     if (!done.ok()) return reject(done.status());
-    if (!*done) continue;
-    absl::StatusOr<InFrame> f = DecodeInFrame(r.first(), r.bytes());
-    if (!f.ok()) return reject(f.status());
-    v1::FrameAck ack;
-    ack.set_step(f->step);
-    ack.set_micro_batch(static_cast<uint32_t>(f->micro_batch));
-    ack.set_direction(f->direction);
-    if (!(*inbox)->Push(std::move(*f))) return grpc::Status(grpc::StatusCode::CANCELLED, "job cancelled");
-    if (!stream->Write(ack)) break;
-  } while (stream->Read(&c));
+    if (*done) {
+      absl::StatusOr<InFrame> f = DecodeInFrame(r.first(), r.TakeBytes());
+      if (!f.ok()) return reject(f.status());
+      v1::FrameAck ack;
+      ack.set_step(f->step);
+      ack.set_micro_batch(static_cast<uint32_t>(f->micro_batch));
+      ack.set_direction(f->direction);
+      if (!(*inbox)->Push(std::move(*f))) return grpc::Status(grpc::StatusCode::CANCELLED, "job cancelled");
+      if (!stream->Write(ack)) break;
+    }
+    if (!stream->Read(&msg)) break;
+    absl::StatusOr<ParsedChunk> next = ParseChunk(msg);
+    if (!next.ok()) return reject(next.status());
+    chunk = std::move(*next);
+  }
   // A sender that finished cleanly half-closed the stream; one that died cancelled it. Either way
   // nothing more comes; a Pop that still needs a frame learns why.
   (*inbox)->Close(ctx->IsCancelled()

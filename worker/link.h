@@ -29,6 +29,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "codec/codec.h"
+#include "worker/chunk_wire.h"
 #include "longhaul/v1/data_plane.grpc.pb.h"
 #include "netem/clock.h"
 #include "proto/channel_config.h"
@@ -140,16 +141,17 @@ class LinkSender {
   void SenderLoop();
   void AckLoop();
   void DelayLoop();
-  absl::Status Put(const v1::TensorFrameChunk& chunk);
-  absl::Status WriteFrame(const Item& item, const std::string& frame);
+  absl::Status Put(const grpc::ByteBuffer& chunk, uint64_t step);
+  absl::Status WriteFrame(const Item& item, const std::shared_ptr<const codec::FrameParts>& frame);
   void Fail(absl::Status s);
 
   const SenderOptions opt_;
   const codec::Codec* codec_;
   std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<v1::StageLink::Stub> stub_;
+  std::unique_ptr<grpc::internal::RpcMethod> method_;
   grpc::ClientContext ctx_;
-  std::unique_ptr<grpc::ClientReaderWriter<v1::TensorFrameChunk, v1::FrameAck>> stream_;
+  // Chunks go out as ByteBuffers over the frame memory (chunk_wire.h); acks are plain protobuf.
+  std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, v1::FrameAck>> stream_;
   std::thread sender_, acker_;
   std::thread delayer_;  // only when the profile has delay, jitter or loss
   std::unique_ptr<netem::LinkShaper> shaper_;  // sender thread only
@@ -163,7 +165,9 @@ class LinkSender {
   // The delay line: chunks admitted by the shaper, waiting for their delivery time. Bounded to
   // kMaxDelayLineBytes (the sender waits when it is full).
   struct Delayed {
-    v1::TensorFrameChunk chunk;
+    grpc::ByteBuffer chunk;
+    uint64_t step = 0;
+    int64_t bytes = 0;
     absl::Time deliver;
   };
   std::deque<Delayed> line_ ABSL_GUARDED_BY(mu_);
@@ -183,12 +187,14 @@ class InboxRouter {
                                                       absl::Duration wait) = 0;
 };
 
-class StageLinkService final : public v1::StageLink::Service {
+// The StageLink service (data_plane.proto). It is registered by hand rather than through the
+// generated v1::StageLink::Service so that chunks arrive as raw ByteBuffers and their payload is
+// copied once, straight into the reassembly buffer (chunk_wire.h); on the wire it is the same
+// service, and clients of the generated stub work unchanged.
+class StageLinkService final : public grpc::Service {
  public:
-  explicit StageLinkService(InboxRouter* router, int64_t max_frame_bytes = kDefaultMaxFrameBytes)
-      : router_(router), max_frame_bytes_(max_frame_bytes) {}
-  grpc::Status Stream(grpc::ServerContext* ctx,
-                      grpc::ServerReaderWriter<v1::FrameAck, v1::TensorFrameChunk>* stream) override;
+  explicit StageLinkService(InboxRouter* router, int64_t max_frame_bytes = kDefaultMaxFrameBytes);
+  grpc::Status Stream(grpc::ServerContext* ctx, grpc::ServerReaderWriter<v1::FrameAck, grpc::ByteBuffer>* stream);
 
  private:
   InboxRouter* router_;
@@ -196,8 +202,9 @@ class StageLinkService final : public v1::StageLink::Service {
 };
 
 // Validates a reassembled frame and turns it into an InFrame (decodes tensors, checks that the
-// direction may travel on a link from `from_stage`). Exposed for tests.
-absl::StatusOr<InFrame> DecodeInFrame(const v1::TensorFrameChunk& first, const std::string& bytes);
+// direction may travel on a link from `from_stage`). Takes the frame: fp32 tensors alias its memory
+// (codec::DecodeSharedFrame). Exposed for tests.
+absl::StatusOr<InFrame> DecodeInFrame(const v1::TensorFrameChunk& first, std::shared_ptr<std::string> frame);
 
 }  // namespace longhaul::worker
 

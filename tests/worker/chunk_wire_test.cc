@@ -1,0 +1,190 @@
+// The copy-free chunk wire form against protobuf's own encoder and parser: what we send must be a
+// valid TensorFrameChunk, and what we parse must agree with protobuf on any valid encoding.
+#include "worker/chunk_wire.h"
+
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "codec/codec.h"
+
+namespace longhaul::worker {
+namespace {
+
+v1::TensorFrameChunk Header() {
+  v1::TensorFrameChunk h;
+  h.set_job_id(7);
+  h.set_step(123456789012ULL);
+  h.set_micro_batch(3);
+  h.set_direction(v1::DIRECTION_BACKWARD);
+  h.set_chunk_index(2);
+  h.set_chunk_count(5);
+  h.set_frame_bytes(1 << 20);
+  h.set_from_stage(-1);  // negative int32: a 10-byte varint
+  return h;
+}
+
+std::string Flatten(const grpc::ByteBuffer& bb) {
+  std::vector<grpc::Slice> s;
+  EXPECT_TRUE(bb.Dump(&s).ok());
+  std::string out;
+  for (const grpc::Slice& x : s) out.append(reinterpret_cast<const char*>(x.begin()), x.size());
+  return out;
+}
+
+// The same bytes, one slice per byte: every field straddles a slice boundary somewhere.
+grpc::ByteBuffer Bytewise(const std::string& bytes) {
+  std::vector<grpc::Slice> s;
+  for (char c : bytes) s.emplace_back(&c, 1);
+  return grpc::ByteBuffer(s.data(), s.size());
+}
+
+grpc::ByteBuffer Whole(const std::string& bytes) {
+  grpc::Slice s(bytes);
+  return grpc::ByteBuffer(&s, 1);
+}
+
+std::string DataOf(const ParsedChunk& c) {
+  std::string d;
+  AppendChunkData(c, &d);
+  return d;
+}
+
+TEST(ChunkWire, MethodNameMatchesTheGeneratedService) {
+  EXPECT_STREQ(StageLinkStreamMethod(), "/longhaul.v1.StageLink/Stream");
+}
+
+TEST(ChunkWire, SerializedChunkIsAValidProtobufMessage) {
+  // A frame in two pieces (head string + tensor memory); chunks that cover the head only, the
+  // boundary, and the body only.
+  auto codec = codec::MakeCodec("fp32");
+  ASSERT_TRUE(codec.ok());
+  torch::Tensor t = torch::arange(1000, torch::kFloat32);
+  absl::StatusOr<codec::FrameParts> parts = (*codec)->EncodeParts(t);
+  ASSERT_TRUE(parts.ok());
+  ASSERT_TRUE(parts->body.defined());
+  ASSERT_EQ(parts->body.data_ptr(), t.data_ptr()) << "fp32 payload must not be copied";
+  const std::string whole = parts->Join();
+  ASSERT_EQ(whole, *(*codec)->Encode(t));
+  auto frame = std::make_shared<const codec::FrameParts>(std::move(*parts));
+  const size_t head = frame->head.size();
+  for (auto [off, len] : {std::pair<size_t, size_t>{0, 10}, {head - 5, 40}, {head + 100, 900}, {0, whole.size()}, {3, 0}}) {
+    grpc::ByteBuffer bb = SerializeChunk(Header(), frame, off, len);
+    v1::TensorFrameChunk pb;
+    ASSERT_TRUE(pb.ParseFromString(Flatten(bb))) << off;
+    v1::TensorFrameChunk want = Header();
+    want.set_data(whole.substr(off, len));
+    EXPECT_EQ(pb.SerializeAsString(), want.SerializeAsString()) << off << "+" << len;
+
+    absl::StatusOr<ParsedChunk> c = ParseChunk(bb);
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->header.SerializeAsString(), Header().SerializeAsString());
+    EXPECT_EQ(DataOf(*c), whole.substr(off, len));
+  }
+}
+
+TEST(ChunkWire, ParsesProtobufEncodingsAcrossSliceBoundaries) {
+  v1::TensorFrameChunk m = Header();
+  m.set_data(std::string(3000, 'x') + "tail");
+  const std::string bytes = m.SerializeAsString();
+  for (const grpc::ByteBuffer& bb : {Whole(bytes), Bytewise(bytes)}) {
+    absl::StatusOr<ParsedChunk> c = ParseChunk(bb);
+    ASSERT_TRUE(c.ok()) << c.status();
+    v1::TensorFrameChunk h = m;
+    h.clear_data();
+    EXPECT_EQ(c->header.SerializeAsString(), h.SerializeAsString());
+    EXPECT_EQ(DataOf(*c), m.data());
+  }
+}
+
+TEST(ChunkWire, FieldOrderRepeatsAndUnknownFieldsAsProtobufDoes) {
+  // data first, then header fields, then an unknown field of every wire type, then data again and
+  // step again: protobuf keeps the last value of a singular field and skips unknown ones.
+  v1::TensorFrameChunk first_data;
+  first_data.set_data("first");
+  v1::TensorFrameChunk rest = Header();
+  std::string unknown;
+  unknown += '\xa0';  unknown += '\x06';  unknown += '\x01';          // field 100 varint (2-byte tag)
+  unknown += '\x59';  unknown += std::string(8, '\x01');               // field 11 fixed64
+  unknown += '\x65';  unknown += std::string(4, '\x02');               // field 12 fixed32
+  unknown += '\x6a';  unknown += '\x03';  unknown += "abc";            // field 13 bytes
+  unknown += '\x08';  unknown += '\x00';  unknown[unknown.size() - 2] = '\x40';  // field 8 as varint: unknown
+  v1::TensorFrameChunk last;
+  last.set_data("second");
+  last.set_step(99);
+  const std::string bytes = first_data.SerializeAsString() + rest.SerializeAsString() + unknown +
+                            last.SerializeAsString();
+  v1::TensorFrameChunk pb;
+  ASSERT_TRUE(pb.ParseFromString(bytes));
+  for (const grpc::ByteBuffer& bb : {Whole(bytes), Bytewise(bytes)}) {
+    absl::StatusOr<ParsedChunk> c = ParseChunk(bb);
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(DataOf(*c), pb.data());
+    EXPECT_EQ(c->header.step(), pb.step());
+    EXPECT_EQ(c->header.from_stage(), pb.from_stage());
+    EXPECT_EQ(c->header.chunk_count(), pb.chunk_count());
+  }
+}
+
+TEST(ChunkWire, MalformedMessagesAreRejectedWithAReason) {
+  v1::TensorFrameChunk m = Header();
+  m.set_data("payload");
+  const std::string good = m.SerializeAsString();
+  struct Case {
+    std::string bytes;
+    std::string reason;
+  };
+  const std::vector<Case> cases = {
+      {good.substr(0, good.size() - 3), "truncated"},                    // data shorter than its length
+      {std::string("\x10\xff\xff", 3), "truncated inside a varint"},     // step varint cut off
+      {std::string("\x10") + std::string(11, '\xff'), "longer than 10 bytes"},
+      {std::string("\x42\xff\xff\xff\xff\x0f", 6), "truncated"},         // 4 GiB data field, no bytes
+      {std::string("\x0b", 1), "wire type 3"},                           // start group
+      {std::string("\x00\x01", 2), "field number 0"},
+  };
+  for (const Case& k : cases) {
+    for (const grpc::ByteBuffer& bb : {Whole(k.bytes), Bytewise(k.bytes)}) {
+      absl::StatusOr<ParsedChunk> c = ParseChunk(bb);
+      ASSERT_FALSE(c.ok()) << k.reason;
+      EXPECT_NE(c.status().message().find(k.reason), std::string::npos) << c.status();
+    }
+  }
+}
+
+TEST(SharedFrameDecode, Fp32AliasesTheFrameOthersCopy) {
+  torch::Tensor x = torch::randn({4, 33});
+  for (const char* spec : {"fp32", "fp16", "int8"}) {
+    auto codec = codec::MakeCodec(spec);
+    ASSERT_TRUE(codec.ok());
+    absl::StatusOr<codec::FrameParts> parts = (*codec)->EncodeParts(x);
+    ASSERT_TRUE(parts.ok());
+    ASSERT_EQ(parts->Join(), *(*codec)->Encode(x)) << spec;
+    auto frame = std::make_shared<std::string>(parts->Join());
+    const char* begin = frame->data();
+    const char* end = begin + frame->size();
+    absl::StatusOr<torch::Tensor> want = codec::DecodeFrame(*frame);
+    absl::StatusOr<torch::Tensor> got = codec::DecodeSharedFrame(frame);
+    ASSERT_TRUE(want.ok() && got.ok()) << spec;
+    EXPECT_TRUE(torch::equal(*want, *got)) << spec;
+    const char* p = static_cast<const char*>(got->data_ptr());
+    EXPECT_EQ(p >= begin && p < end, std::string(spec) == "fp32") << spec;
+  }
+  // The tensor keeps the frame alive after the caller lets go of it.
+  auto codec = codec::MakeCodec("fp32");
+  auto frame = std::make_shared<std::string>(*(*codec)->Encode(x));
+  torch::Tensor y = *codec::DecodeSharedFrame(std::move(frame));
+  EXPECT_TRUE(torch::equal(x, y));
+}
+
+TEST(SharedFrameDecode, CorruptFrameStillFailsTheChecksum) {
+  auto codec = codec::MakeCodec("fp32");
+  auto frame = std::make_shared<std::string>(*(*codec)->Encode(torch::ones({64})));
+  (*frame)[frame->size() - 1] ^= 1;
+  absl::StatusOr<torch::Tensor> t = codec::DecodeSharedFrame(frame);
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("CRC32C"), std::string::npos) << t.status();
+}
+
+}  // namespace
+}  // namespace longhaul::worker
