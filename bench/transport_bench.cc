@@ -88,6 +88,7 @@ int Serve() {
 int TransportBenchMain(int argc, char** argv) {
   auto args = cli::Args::Parse(argc, argv, {"bytes", "frame-bytes", "codec", "json", "serve", "help"});
   if (std::optional<int> rc = cli::ExitForParseErrorOrHelp(args, "longhaul-bench transport", kHelp)) return *rc;
+  worker::TuneAllocatorForLargeFrames();  // as longhaul-worker does
   if (args->Bool("serve")) return Serve();
   auto bytes = args->Int("bytes", int64_t{1} << 30), frame = args->Int("frame-bytes", 4 << 20);
   if (!bytes.ok() || !frame.ok() || *bytes < 4 || *frame < 4 || *frame > (256 << 20)) {

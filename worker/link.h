@@ -177,6 +177,11 @@ class LinkSender {
 
 inline constexpr int64_t kMaxDelayLineBytes = int64_t{256} << 20;
 
+// Process-wide malloc settings for a process that moves frames: keeps multi-MiB blocks (gRPC's
+// socket read buffers, frames, tensors) in the heap for reuse instead of mmap/munmap per block,
+// whose page faults and zeroing cost ~10% of a loopback transfer's CPU. Call once, early in main().
+void TuneAllocatorForLargeFrames();
+
 // Where the StageLink handler delivers a link's frames: the worker maps (job, sending stage) to the
 // inbox of the stage it hosts. Find may wait up to `wait` for the job to be set up (a neighbour
 // can start sending before this worker has processed its own assignment).
@@ -199,6 +204,7 @@ class StageLinkService final : public grpc::Service {
  private:
   InboxRouter* router_;
   const int64_t max_frame_bytes_;
+  const std::shared_ptr<class FrameBufferPool> buffers_;  // reassembly buffers, shared by streams
 };
 
 // Validates a reassembled frame and turns it into an InFrame (decodes tensors, checks that the

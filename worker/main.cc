@@ -39,6 +39,7 @@ int main(int argc, char** argv) {
                                           {"coordinator", "listen", "advertise-host", "name", "region",
                                            "device", "data-dir", "threads", "help"});
   if (std::optional<int> rc = longhaul::cli::ExitForParseErrorOrHelp(args, "longhaul-worker", kUsage)) return *rc;
+  longhaul::worker::TuneAllocatorForLargeFrames();
   longhaul::worker::WorkerOptions o;
   o.coordinator = args->Str("coordinator", o.coordinator);
   o.listen = args->Str("listen", o.listen);
