@@ -35,18 +35,22 @@ namespace {
 constexpr char kHelp[] =
     "usage: longhaul-bench sweep [--rates=R,...] [--codecs=C,...] [--backward=auto|SPEC] [--steps=N]\n"
     "                            [--layers=N] [--hidden=N] [--context=N] [--micro-batches=N]\n"
-    "                            [--micro-batch-size=N] [--tc] [--markdown=PATH] [--svg=PATH] [--json]\n"
+    "                            [--micro-batch-size=N] [--schedule=gpipe|1f1b] [--repeats=N]\n"
+    "                            [--shaper=auto|tc|inprocess] [--markdown=PATH] [--svg=PATH] [--json]\n"
     "\n"
-    "Trains the same job (GPT, one layer per worker process, 1F1B) at every link rate (Mbit/s) with\n"
-    "every forward codec over the in-process shaper, plus once unshaped per codec (the compute\n"
-    "bound), and prints tokens/s, the compute and link bounds, throughput / min(bounds) and the\n"
-    "speed-up over fp32 at the same rate. --backward=auto uses fp32/fp16 backward links with fp32/fp16\n"
-    "forward links and int4 with the quantised ones (the paper compresses gradients as well).\n"
-    "--tc (root): run the coordinator and workers in network namespaces (longhaul-netem's network,\n"
-    "10.79.0.0/24) and shape every host's access link with tc tbf instead of the in-process shaper;\n"
-    "a host's link then carries both its forward and backward traffic, which the link bound counts.\n"
+    "Trains the same job (GPT, one layer per worker process) at every link rate (Mbit/s) with every\n"
+    "forward codec, plus unshaped per codec (the compute bound), each cell --repeats times in\n"
+    "interleaved rounds, and prints the median tokens/s, the compute and link bounds, throughput /\n"
+    "min(bounds) and the speed-up over fp32 at the same rate. --backward=auto uses fp32/fp16 backward\n"
+    "links with fp32/fp16 forward links and int4 with the quantised ones (the paper compresses\n"
+    "gradients as well).\n"
+    "--shaper=tc (root; the default when running as root): the coordinator and workers run in network\n"
+    "namespaces (longhaul-netem's network, 10.79.0.0/24) and every host's access link is shaped with\n"
+    "tc tbf in both directions. --shaper=inprocess (the default otherwise): every data-plane link is\n"
+    "shaped by the in-process token bucket. The link bound counts forward + backward bytes per step\n"
+    "on the busiest link, except for 1f1b in-process (each direction has its own bucket): the larger.\n"
     "Defaults: --rates=4,10,30,100 --codecs=fp32,fp16,int4,tahquant --steps=8 --layers=4\n"
-    "--hidden=128 --context=64 --micro-batches=4 --micro-batch-size=8.\n";
+    "--hidden=128 --context=64 --micro-batches=64 --micro-batch-size=1 --schedule=gpipe --repeats=3.\n";
 
 struct Run {
   std::string codec, backward;
@@ -75,7 +79,8 @@ absl::StatusOr<int64_t> FrameBytes(const std::string& spec, int64_t mbs, int64_t
 
 int SweepBenchMain(int argc, char** argv) {
   auto args = cli::Args::Parse(argc, argv, {"rates", "codecs", "backward", "steps", "layers", "hidden", "context",
-                                            "micro-batches", "micro-batch-size", "tc", "markdown", "svg", "json", "help"});
+                                            "micro-batches", "micro-batch-size", "schedule", "repeats", "shaper", "tc", "markdown", "svg", "json",
+                                            "help"});
   if (std::optional<int> rc = cli::ExitForParseErrorOrHelp(args, "longhaul-bench sweep", kHelp)) return *rc;
   std::vector<double> rates;
   for (absl::string_view r : absl::StrSplit(args->Str("rates", "4,10,30,100"), ',')) {
@@ -88,10 +93,16 @@ int SweepBenchMain(int argc, char** argv) {
   }
   const std::vector<std::string> codecs = absl::StrSplit(args->Str("codecs", "fp32,fp16,int4,tahquant"), ',');
   const std::string backward = args->Str("backward", "auto");
+  const std::string schedule = args->Str("schedule", "gpipe");
+  if (schedule != "gpipe" && schedule != "1f1b") {
+    std::fprintf(stderr, "longhaul-bench sweep: --schedule must be gpipe or 1f1b\n");
+    return 2;
+  }
   auto steps = args->Int("steps", 8), layers = args->Int("layers", 4), hidden = args->Int("hidden", 128);
-  auto context = args->Int("context", 64), mb = args->Int("micro-batches", 4), mbs = args->Int("micro-batch-size", 8);
+  auto context = args->Int("context", 64), mb = args->Int("micro-batches", 64), mbs = args->Int("micro-batch-size", 1);
+  auto repeats = args->Int("repeats", 3);
   for (const absl::Status& s : {steps.status(), layers.status(), hidden.status(), context.status(), mb.status(),
-                                mbs.status()}) {
+                                mbs.status(), repeats.status()}) {
     if (!s.ok()) {
       std::fprintf(stderr, "longhaul-bench sweep: %s\n", std::string(s.message()).c_str());
       return 2;
@@ -113,12 +124,18 @@ int SweepBenchMain(int argc, char** argv) {
     frame[c] = {*f, *b};
   }
 
-  const bool tc = args->Bool("tc");
+  const std::string shaper = args->Bool("tc") ? "tc" : args->Str("shaper", "auto");
+  if (shaper != "auto" && shaper != "tc" && shaper != "inprocess") {
+    std::fprintf(stderr, "longhaul-bench sweep: --shaper must be auto, tc or inprocess\n");
+    return 2;
+  }
+  const bool tc = shaper == "tc" || (shaper == "auto" && geteuid() == 0);
+  if (!json) std::fprintf(stderr, "shaping links with %s\n", tc ? "tc tbf in network namespaces" : "the in-process shaper");
   std::unique_ptr<netem::Network> net;
   netem::Topology topo;
   if (tc) {
     if (geteuid() != 0) {
-      std::fprintf(stderr, "longhaul-bench sweep: --tc needs root (network namespaces and tc)\n");
+      std::fprintf(stderr, "longhaul-bench sweep: --shaper=tc needs root (network namespaces and tc)\n");
       return 2;
     }
     topo.name = "lhsw";
@@ -161,9 +178,10 @@ int SweepBenchMain(int argc, char** argv) {
     const double inproc_rate = tc ? 0.0 : rate;
     const std::string yaml = absl::StrFormat(
         "name: sweep-%s-%g\nmodel: {layers: %d, hidden: %d, heads: 4, context: %d}\nstages: %d\n"
-        "micro_batches: %d\nmicro_batch_size: %d\ncodecs: {forward: \"%s\", backward: \"%s\"}\nsteps: %d\n"
-        "links: {rate_mbit: %g}\n",
-        c, rate, *layers, *hidden, *context, stages, *mb, *mbs, c, BackwardFor(c, backward), *steps, inproc_rate);
+        "micro_batches: %d\nmicro_batch_size: %d\nschedule: %s\ncodecs: {forward: \"%s\", backward: \"%s\"}\n"
+        "steps: %d\nlinks: {rate_mbit: %g}\n",
+        c, rate, *layers, *hidden, *context, stages, *mb, *mbs, schedule, c, BackwardFor(c, backward), *steps,
+        inproc_rate);
     absl::StatusOr<uint64_t> job = cl.Submit(yaml);
     if (!job.ok()) return job.status();
     absl::StatusOr<v1::JobStatus> st = cl.WaitForEnd(*job, absl::Minutes(10));
@@ -172,31 +190,47 @@ int SweepBenchMain(int argc, char** argv) {
     return st->tokens_per_s();
   };
 
-  std::map<std::string, double> compute;
-  for (const std::string& c : codecs) {
-    if (!json) std::fprintf(stderr, "compute bound: %s, unshaped...\n", c.c_str());
-    absl::StatusOr<double> t = run(c, 0);
-    if (!t.ok()) {
-      std::fprintf(stderr, "longhaul-bench sweep: %s unshaped: %s\n", c.c_str(), std::string(t.status().message()).c_str());
-      return 1;
+  // Every cell, the unshaped ones (rate 0) included, is measured --repeats times, the rounds
+  // interleaved so that slow drift of this shared machine spreads over all cells; medians reported.
+  std::vector<double> all_rates = {0};
+  all_rates.insert(all_rates.end(), rates.begin(), rates.end());
+  std::map<std::pair<double, std::string>, std::vector<double>> samples;
+  for (int64_t rep = 0; rep < std::max<int64_t>(1, *repeats); ++rep) {
+    for (double rate : all_rates) {
+      for (const std::string& c : codecs) {
+        if (!json) {
+          std::fprintf(stderr, "round %lld/%lld: %s, %s...\n", static_cast<long long>(rep + 1),
+                       static_cast<long long>(*repeats), rate > 0 ? absl::StrCat(rate, " Mbit/s").c_str() : "unshaped",
+                       c.c_str());
+        }
+        absl::StatusOr<double> t = run(c, rate);
+        if (!t.ok()) {
+          std::fprintf(stderr, "longhaul-bench sweep: %s at %s: %s\n", c.c_str(),
+                       rate > 0 ? absl::StrCat(rate, " Mbit/s").c_str() : "unshaped",
+                       std::string(t.status().message()).c_str());
+          return 1;
+        }
+        samples[{rate, c}].push_back(*t);
+      }
     }
-    compute[c] = *t;
   }
+  auto median = [&](double rate, const std::string& c) {
+    std::vector<double> v = samples[{rate, c}];
+    std::sort(v.begin(), v.end());
+    return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+  };
+  // The bytes per step that must cross the busiest link. GPipe runs all forwards, then all
+  // backwards, so a link's two directions never overlap and a step needs forward + backward
+  // time; so does 1F1B over tc, where a middle host's access link carries its forward output and
+  // its backward output in the same direction. Only 1F1B over the in-process shaper (each directed
+  // link has the rate to itself) is bounded by the larger of the two.
+  const bool sum_directions = tc || schedule == "gpipe";
   std::vector<Run> runs;
   for (double rate : rates) {
     for (const std::string& c : codecs) {
-      if (!json) std::fprintf(stderr, "%g Mbit/s, %s...\n", rate, c.c_str());
-      absl::StatusOr<double> t = run(c, rate);
-      if (!t.ok()) {
-        std::fprintf(stderr, "longhaul-bench sweep: %s at %g Mbit/s: %s\n", c.c_str(), rate,
-                     std::string(t.status().message()).c_str());
-        return 1;
-      }
-      Run r{c, BackwardFor(c, backward), rate, *t, compute[c], 0};
-      // In-process: each directed link has the rate to itself. tc: a middle host's access link
-      // carries its forward output and its backward output in the same direction.
-      const double busiest = static_cast<double>(tc ? frame[c].first + frame[c].second
-                                                   : std::max(frame[c].first, frame[c].second)) * *mb;
+      Run r{c, BackwardFor(c, backward), rate, median(rate, c), median(0, c), 0};
+      const double busiest = static_cast<double>(sum_directions ? frame[c].first + frame[c].second
+                                                                : std::max(frame[c].first, frame[c].second)) * *mb;
       r.link_bound = tokens_per_step / (busiest / (rate * 1e6 / 8));
       runs.push_back(r);
     }

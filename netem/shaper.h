@@ -41,10 +41,19 @@ class TokenBucket {
   absl::Time last_;
 };
 
+// The burst both shapers use unless told otherwise (the in-process token bucket and tc tbf): about
+// 1 ms of traffic, at least two 1500-byte packets. Small on purpose: a bucket that refills while a
+// pipeline link is idle (fill and drain of every step) would otherwise let the next frames through
+// for free and overstate what the link delivers.
+inline int64_t DefaultBurstBytes(double rate_bytes_per_s) {
+  const double ms = rate_bytes_per_s / 1000;
+  return ms > 3200 ? static_cast<int64_t>(ms) : 3200;
+}
+
 // A link's emulated properties (the job spec's `links:` section).
 struct LinkProfile {
   double rate_bytes_per_s = 0;  // <= 0: unlimited
-  int64_t burst_bytes = 0;      // token-bucket burst (< 1: one byte)
+  int64_t burst_bytes = 0;      // token-bucket burst (< 1: one byte; LinkSender: DefaultBurstBytes)
   absl::Duration delay = absl::ZeroDuration();   // one-way latency
   absl::Duration jitter = absl::ZeroDuration();  // delay varies uniformly in [delay - jitter, delay + jitter]
   double loss = 0;              // probability that a chunk is lost and must be retransmitted

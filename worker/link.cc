@@ -72,7 +72,7 @@ absl::StatusOr<std::unique_ptr<LinkSender>> LinkSender::Start(const SenderOption
   if (!s->stream_) return absl::UnavailableError(absl::StrCat("cannot open a stream to ", o.peer));
   if (o.profile.shaped()) {
     netem::LinkProfile prof = o.profile;
-    if (prof.burst_bytes <= 0) prof.burst_bytes = kChunkBytes;
+    if (prof.burst_bytes <= 0) prof.burst_bytes = netem::DefaultBurstBytes(prof.rate_bytes_per_s);
     s->shaper_ = std::make_unique<netem::LinkShaper>(prof, o.clock);
   }
   // The delay line's thread exists before the sender thread, which checks for it.

@@ -93,7 +93,7 @@ struct SenderOptions {
   uint64_t job_id = 0;
   int from_stage = 0;
   // In-process link emulation (rate, delay, jitter, loss); unshaped by default. A zero burst means
-  // one chunk.
+  // netem::DefaultBurstBytes (about 1 ms of traffic, as tc tbf gets).
   netem::LinkProfile profile;
   size_t queue_capacity = 8;
   int codec_threads = 1;

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "netem/shaper.h"
 
 extern char** environ;
 
@@ -27,7 +28,7 @@ namespace {
 // The tbf arguments for `mbit`: burst at least one MTU (plus slack) and ~1 ms of traffic; the
 // latency bounds the queue.
 std::vector<std::string> TbfArgs(double mbit) {
-  const int64_t burst = std::max<int64_t>(3200, static_cast<int64_t>(mbit * 1e6 / 8 / 1000));
+  const int64_t burst = DefaultBurstBytes(MbitToBytesPerSecond(mbit));
   return {"tbf", "rate", absl::StrCat(mbit, "mbit"), "burst", absl::StrCat(burst), "latency", "400ms"};
 }
 
