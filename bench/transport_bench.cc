@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -42,7 +43,11 @@ constexpr char kHelp[] =
     "--codec, default fp32) from this process to a second process over the real gRPC data plane,\n"
     "then the same number of bytes over one plain TCP socket, and prints both goodputs (payload\n"
     "bits per second) and their ratio. Defaults: --bytes=1073741824.\n"
-    "JSON fields: bytes, frame_bytes, grpc_gbps, tcp_gbps, ratio, grpc_seconds, tcp_seconds.\n";
+    "Also reports the CPU time both processes used in each phase (user + system, all threads), as\n"
+    "CPU seconds per GiB: on a machine with few cores both paths are CPU-bound and this is what\n"
+    "decides the ratio.\n"
+    "JSON fields: bytes, frame_bytes, codec, wire_bytes, grpc_gbps, tcp_gbps, ratio, grpc_seconds,\n"
+    "tcp_seconds, grpc_cpu_s_per_gib, tcp_cpu_s_per_gib.\n";
 
 using Clock = std::chrono::steady_clock;
 
@@ -52,6 +57,27 @@ class Router : public worker::InboxRouter {
   absl::StatusOr<std::shared_ptr<worker::Inbox>> Find(uint64_t, int, absl::Duration) override { return inbox_; }
   std::shared_ptr<worker::Inbox> inbox_;
 };
+
+// CPU seconds (user + system, all threads) used so far by this process and by `child`.
+double CpuSeconds(pid_t child) {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  double s = ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 + ru.ru_stime.tv_sec + ru.ru_stime.tv_usec * 1e-6;
+  std::FILE* f = std::fopen(absl::StrCat("/proc/", child, "/stat").c_str(), "r");
+  if (f == nullptr) return s;
+  char buf[1024];
+  const size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  buf[n] = '\0';
+  // Fields 14 and 15 (utime, stime, in clock ticks) follow the command name, which ends at the
+  // last ')'.
+  const char* p = std::strrchr(buf, ')');
+  unsigned long long ut = 0, st = 0;
+  if (p != nullptr && std::sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) == 2) {
+    s += static_cast<double>(ut + st) / static_cast<double>(sysconf(_SC_CLK_TCK));
+  }
+  return s;
+}
 
 int Serve() {
   Router router;
@@ -141,11 +167,13 @@ int TransportBenchMain(int argc, char** argv) {
     std::fprintf(stderr, "longhaul-bench transport: %s\n", std::string(sender.status().message()).c_str());
     return 1;
   }
+  const double c0 = CpuSeconds(child);
   const auto g0 = Clock::now();
   absl::Status st;
   for (int64_t i = 0; i < frames && st.ok(); ++i) st = (*sender)->Send(1, static_cast<int>(i), v1::DIRECTION_FORWARD, t, false);
   if (st.ok()) st = (*sender)->Finish();
   const double grpc_s = std::chrono::duration<double>(Clock::now() - g0).count();
+  const double c1 = CpuSeconds(child);
   const int64_t grpc_bytes = frames * elems * 4;
   const int64_t wire = (*sender)->stats().wire_bytes;
   if (!st.ok()) {
@@ -153,6 +181,7 @@ int TransportBenchMain(int argc, char** argv) {
     return 1;
   }
   const absl::StatusOr<double> tcp = netem::TimedTcpSend("127.0.0.1", tport, grpc_bytes);
+  const double c2 = CpuSeconds(child);
   close(in[1]);
   int ws;
   waitpid(child, &ws, 0);
@@ -162,17 +191,20 @@ int TransportBenchMain(int argc, char** argv) {
   }
   const double tcp_s = *tcp;
   const double grpc_gbps = grpc_bytes * 8 / grpc_s / 1e9, tcp_gbps = grpc_bytes * 8 / tcp_s / 1e9;
+  const double gib = grpc_bytes / 1073741824.0;
+  const double grpc_cpu = (c1 - c0) / gib, tcp_cpu = (c2 - c1) / gib;
   if (json) {
     std::printf("{\"bytes\": %lld, \"frame_bytes\": %lld, \"codec\": \"%s\", \"wire_bytes\": %lld, "
                 "\"grpc_gbps\": %.4f, \"tcp_gbps\": %.4f, \"ratio\": %.4f, \"grpc_seconds\": %.4f, "
-                "\"tcp_seconds\": %.4f}\n",
+                "\"tcp_seconds\": %.4f, \"grpc_cpu_s_per_gib\": %.3f, \"tcp_cpu_s_per_gib\": %.3f}\n",
                 static_cast<long long>(grpc_bytes), static_cast<long long>(elems * 4), (*codec)->spec().c_str(),
-                static_cast<long long>(wire), grpc_gbps, tcp_gbps, grpc_gbps / tcp_gbps, grpc_s, tcp_s);
+                static_cast<long long>(wire), grpc_gbps, tcp_gbps, grpc_gbps / tcp_gbps, grpc_s, tcp_s, grpc_cpu,
+                tcp_cpu);
   } else {
     std::printf("payload %.2f GiB in frames of %.1f MiB (%s)\n", grpc_bytes / 1073741824.0, elems * 4 / 1048576.0,
                 (*codec)->spec().c_str());
-    std::printf("  gRPC data plane: %8.3f Gbit/s  (%.2f s)\n", grpc_gbps, grpc_s);
-    std::printf("  plain TCP:       %8.3f Gbit/s  (%.2f s)\n", tcp_gbps, tcp_s);
+    std::printf("  gRPC data plane: %8.3f Gbit/s  (%.2f s, %.2f CPU s per GiB)\n", grpc_gbps, grpc_s, grpc_cpu);
+    std::printf("  plain TCP:       %8.3f Gbit/s  (%.2f s, %.2f CPU s per GiB)\n", tcp_gbps, tcp_s, tcp_cpu);
     std::printf("  ratio gRPC/TCP:  %8.3f\n", grpc_gbps / tcp_gbps);
   }
   return 0;

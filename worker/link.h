@@ -7,7 +7,9 @@
 //   --Pop()--> compute thread
 //
 // Threading: Send/SendValue/Finish/Cancel are called by the stage's compute thread only. Each
-// LinkSender owns two threads (the sender and the ack reader). Inbox is a thread-safe bounded
+// LinkSender owns three threads: the encoder (encode + CRC, up to kEncodedAhead frames ahead),
+// the sender (shape, chunk, Write) and the ack reader; a fourth, the delay line, when the link
+// has delay, jitter or loss. Inbox is a thread-safe bounded
 // FIFO between one gRPC handler thread (Push) and the compute thread (Pop). Compute blocks on Send
 // only when the send queue is full; queues are sized to a step's frames, so in practice never.
 // Any link failure is sticky: the link is torn down and the error, naming the peer, reaches the
@@ -137,7 +139,15 @@ class LinkSender {
     bool end = false;
   };
   LinkSender(const SenderOptions& o, const codec::Codec* codec);
+  struct Encoded {
+    Item item;
+    std::shared_ptr<const codec::FrameParts> frame;  // null for the end marker
+    double rel_error = -1;
+  };
+  static constexpr size_t kEncodedAhead = 2;
   absl::Status Enqueue(Item item);
+  absl::StatusOr<Encoded> Encode(Item item) const;
+  void EncoderLoop();
   void SenderLoop();
   void AckLoop();
   void DelayLoop();
@@ -152,12 +162,16 @@ class LinkSender {
   grpc::ClientContext ctx_;
   // Chunks go out as ByteBuffers over the frame memory (chunk_wire.h); acks are plain protobuf.
   std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, v1::FrameAck>> stream_;
-  std::thread sender_, acker_;
+  std::thread encoder_, sender_, acker_;
   std::thread delayer_;  // only when the profile has delay, jitter or loss
   std::unique_ptr<netem::LinkShaper> shaper_;  // sender thread only
 
   absl::Mutex mu_;
-  std::deque<Item> q_ ABSL_GUARDED_BY(mu_);
+  std::deque<Item> q_ ABSL_GUARDED_BY(mu_);          // queued by Send, not yet encoded
+  std::deque<Encoded> encoded_ ABSL_GUARDED_BY(mu_);  // encoded, not yet written
+  // Items taken from q_ and not yet written: they still count against queue_capacity, so a Finish
+  // drains exactly and compute feels backpressure from the wire, not from the encoder.
+  size_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status failed_ ABSL_GUARDED_BY(mu_);
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   LinkStats stats_ ABSL_GUARDED_BY(mu_);
