@@ -48,9 +48,9 @@ absl::StatusOr<TcpSink> TcpSink::Listen(const std::string& ipv4, int port) {
   return s;
 }
 
-void TcpSink::Serve() {
+void TcpSink::Serve(int connections) {
   std::vector<char> buf(kBufferBytes);
-  for (;;) {
+  for (int served = 0; connections <= 0 || served < connections;) {
     const int fd = accept(fd_, nullptr, nullptr);
     if (fd < 0) {
       if (errno == EINTR) continue;
@@ -61,7 +61,10 @@ void TcpSink::Serve() {
     while ((n = read(fd, buf.data(), buf.size())) > 0) got += n;
     (void)!write(fd, &got, sizeof(got));
     close(fd);
+    ++served;
   }
+  close(fd_);
+  fd_ = -1;
 }
 
 absl::StatusOr<double> TimedTcpSend(const std::string& ipv4, int port, int64_t bytes, absl::Duration patience) {

@@ -20,8 +20,9 @@ class TcpSink {
   // port 0: any free port (see port()).
   static absl::StatusOr<TcpSink> Listen(const std::string& ipv4, int port);
   int port() const { return port_; }
-  // Serves connections one after another, forever (run it on its own thread or process).
-  void Serve();
+  // Serves connections one after another (run it on its own thread or process): forever, or
+  // `connections` of them and then closes the listening socket.
+  void Serve(int connections = 0);
 
  private:
   int fd_ = -1;

@@ -9,7 +9,10 @@
 #include <cctype>
 #include <cstring>
 #include <filesystem>
+#include <sched.h>
+
 #include <set>
+#include <thread>
 
 #include <yaml-cpp/yaml.h>
 
@@ -18,6 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "netem/shaper.h"
+#include "netem/tcp_probe.h"
 
 extern char** environ;
 
@@ -264,6 +268,36 @@ absl::Status Network::SetRate(double mbit) {
     }
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<double> Network::TcpGoodputTo(const std::string& host, int64_t bytes) {
+  const std::string ip = t_.Address(host);
+  if (ip.empty()) return absl::NotFoundError(absl::StrCat("no host \"", host, "\" in ", t_.name));
+  // A socket belongs to the namespace its creating thread was in: create the sink's listening
+  // socket on a thread that joined the host's namespace (setns affects that thread only).
+  absl::StatusOr<TcpSink> sink = absl::InternalError("not started");
+  std::thread([&] {
+    const std::string path = "/run/netns/" + t_.Namespace(host);
+    const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || setns(fd, CLONE_NEWNET) != 0) {
+      sink = absl::UnavailableError(absl::StrCat("cannot enter ", path, ": ", std::strerror(errno)));
+    } else {
+      sink = TcpSink::Listen(ip, 0);
+    }
+    if (fd >= 0) close(fd);
+  }).join();
+  if (!sink.ok()) return sink.status();
+  // One connection, then the sink closes: no socket may outlive the call and keep the host's
+  // namespace (and its veth) alive after Down().
+  std::thread server([s = *sink]() mutable { s.Serve(1); });
+  absl::StatusOr<double> seconds = TimedTcpSend(ip, sink->port(), bytes, absl::Seconds(5));
+  if (!seconds.ok() && !TimedTcpSend(ip, sink->port(), 0).ok()) {
+    server.detach();  // the sink is unreachable and stays blocked in accept; nothing else to do
+    return seconds.status();
+  }
+  server.join();  // after the sink's one connection (the measurement, or the empty one above)
+  if (!seconds.ok()) return seconds.status();
+  return static_cast<double>(bytes) * 8 / *seconds / 1e6;
 }
 
 absl::Status Network::Down() {

@@ -61,6 +61,10 @@ class Network {
   // Re-shapes every host's access link (both directions) to `mbit` (0: unshaped). For experiments
   // that sweep rates on a network that is up; hosts with netem qdiscs are not supported.
   absl::Status SetRate(double mbit);
+  // Goodput in Mbit/s of one TCP connection carrying `bytes` from this (the root) namespace to a
+  // sink in `host`'s namespace: through the uplink (unshaped) and `host`'s shaped download. What
+  // an application can get from a link of the configured rate after TCP/IP/Ethernet headers.
+  absl::StatusOr<double> TcpGoodputTo(const std::string& host, int64_t bytes);
   const std::vector<std::string>& notes() const { return notes_; }
 
  private:
