@@ -96,17 +96,22 @@ TEST_F(LinkTest, TensorsAndNormsArriveInOrderAndIntact) {
   }
   ASSERT_TRUE((*sender)->SendValue(5, v1::DIRECTION_NORM_TOTAL, 42.5).ok());
   ASSERT_TRUE((*sender)->Finish().ok());
+  std::vector<torch::Tensor> got;
   for (int mb = 0; mb < 3; ++mb) {
     auto f = router_.inbox->Pop(absl::Seconds(10));
     ASSERT_TRUE(f.ok()) << f.status();
     EXPECT_EQ(f->step, 5u);
     EXPECT_EQ(f->micro_batch, mb);
     EXPECT_TRUE(torch::equal(f->tensor, sent[mb]));
+    got.push_back(f->tensor);
   }
   auto n = router_.inbox->Pop(absl::Seconds(10));
   ASSERT_TRUE(n.ok());
   EXPECT_EQ(n->direction, v1::DIRECTION_NORM_TOTAL);
   EXPECT_EQ(n->value, 42.5);
+  // fp32 tensors alias their reassembly buffers, which are recycled only once the tensor is gone:
+  // the ones still held must be intact after the later frames arrived.
+  for (int mb = 0; mb < 3; ++mb) EXPECT_TRUE(torch::equal(got[mb], sent[mb])) << mb;
   const LinkStats st = (*sender)->stats();
   EXPECT_EQ(st.frames, 3);
   EXPECT_EQ(st.raw_bytes, 3 * 768 * 1024 * 4);
