@@ -430,7 +430,9 @@ class FrameBufferPool : public std::enable_shared_from_this<FrameBufferPool> {
     }
     if (!b) b = std::make_unique<std::string>();
     b->clear();
-    b->reserve(capacity);
+    // Grow only: before C++20 reserve() may shrink, and an 8-byte norm frame would give back the
+    // multi-MiB block the next tensor frame needs.
+    if (b->capacity() < capacity) b->reserve(capacity);
     return std::shared_ptr<std::string>(b.release(), [pool = shared_from_this()](std::string* s) { pool->Put(s); });
   }
 
@@ -455,7 +457,7 @@ class Reassembler {
   Reassembler(int64_t max_frame_bytes, std::shared_ptr<FrameBufferPool> pool)
       : max_(max_frame_bytes), pool_(std::move(pool)) {}
 
-  // Returns true when `c` completed a frame (then first() and bytes() hold it).
+  // Returns true when the chunk completed a frame (then first() and TakeBytes() give it).
   absl::StatusOr<bool> Add(const ParsedChunk& pc) {
     const v1::TensorFrameChunk& c = pc.header;
     if (next_ == 0) {
