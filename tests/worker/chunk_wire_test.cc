@@ -2,6 +2,7 @@
 // valid TensorFrameChunk, and what we parse must agree with protobuf on any valid encoding.
 #include "worker/chunk_wire.h"
 
+#include <random>
 #include <string>
 #include <vector>
 
@@ -150,6 +151,38 @@ TEST(ChunkWire, MalformedMessagesAreRejectedWithAReason) {
       EXPECT_NE(c.status().message().find(k.reason), std::string::npos) << c.status();
     }
   }
+}
+
+// Differential check against protobuf on mutated messages: whatever ParseChunk accepts, protobuf
+// must accept too, with the same fields and data (and nothing may crash or read out of bounds).
+TEST(ChunkWire, AgreesWithProtobufOnMutatedMessages) {
+  std::mt19937 rng(7);
+  v1::TensorFrameChunk m = Header();
+  m.set_data(std::string(300, 'd'));
+  const std::string base = m.SerializeAsString();
+  int accepted = 0;
+  for (int trial = 0; trial < 20000; ++trial) {
+    std::string b = base;
+    const int edits = 1 + static_cast<int>(rng() % 4);
+    for (int e = 0; e < edits; ++e) {
+      const size_t at = rng() % (b.size() + 1);
+      switch (rng() % 3) {
+        case 0: if (at < b.size()) b[at] = static_cast<char>(rng()); break;   // overwrite a byte
+        case 1: b.resize(at); break;                                           // truncate
+        default: b.insert(at, 1, static_cast<char>(rng())); break;           // insert a byte
+      }
+    }
+    absl::StatusOr<ParsedChunk> c = ParseChunk(trial % 2 ? Bytewise(b) : Whole(b));
+    if (!c.ok()) continue;
+    ++accepted;
+    v1::TensorFrameChunk pb;
+    ASSERT_TRUE(pb.ParseFromString(b)) << "accepted what protobuf rejects, trial " << trial;
+    EXPECT_EQ(DataOf(*c), pb.data()) << trial;
+    pb.clear_data();
+    pb.DiscardUnknownFields();  // protobuf keeps unknown fields; the chunk parser skips them
+    EXPECT_EQ(c->header.SerializeAsString(), pb.SerializeAsString()) << trial;
+  }
+  EXPECT_GT(accepted, 1000);  // the mutations must also produce valid messages to compare
 }
 
 TEST(SharedFrameDecode, Fp32AliasesTheFrameOthersCopy) {
