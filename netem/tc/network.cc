@@ -1,6 +1,7 @@
 #include "netem/tc/network.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -9,8 +10,6 @@
 #include <cctype>
 #include <cstring>
 #include <filesystem>
-#include <sched.h>
-
 #include <set>
 #include <thread>
 
@@ -20,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "netem/shaper.h"
 #include "netem/tcp_probe.h"
 
@@ -310,6 +310,15 @@ absl::Status Network::Down() {
     if (!s.ok() && s.message().find("No such file") == std::string::npos) errors.push_back(std::string(s.message()));
   }
   if (!errors.empty()) return absl::InternalError(absl::StrJoin(errors, "\n"));
+  // The kernel frees a deleted namespace, and the veths in it, asynchronously (a second or so
+  // after the last socket in it closed): wait until the root namespace's end of the uplink is
+  // gone, so that whatever runs next (an Up of the same network, a check) finds nothing left.
+  const std::string uplink = "/sys/class/net/" + t_.name + "-up";
+  for (int i = 0; i < 200 && std::filesystem::exists(uplink); ++i) absl::SleepFor(absl::Milliseconds(50));
+  if (std::filesystem::exists(uplink)) {
+    return absl::DeadlineExceededError(absl::StrCat("namespaces of ", t_.name, " deleted, but ", t_.name,
+                                                    "-up still exists after 10 s"));
+  }
   return absl::OkStatus();
 }
 

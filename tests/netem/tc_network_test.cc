@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 
 #include <gtest/gtest.h>
@@ -97,6 +98,26 @@ TEST(TcNetworkTest, ShapedLinkDeliversNinetyToHundredPercentOfTheRateAndDownClea
   EXPECT_FALSE(std::filesystem::exists("/run/netns/lhit-a"));
   EXPECT_FALSE(std::filesystem::exists("/run/netns/lhit-sw"));
   std::filesystem::remove_all(dir);
+}
+
+// The sweep's probe: one TCP connection from the root namespace through a host's shaped download
+// gets 0.9-1.0 of the rate, and its sockets do not keep the namespace (or the uplink veth) alive.
+TEST(TcNetworkTest, GoodputProbeMeasuresTheShapedLinkAndLeavesNothingBehind) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root for network namespaces and tc (CI runs as root)";
+  absl::StatusOr<Topology> t = ParseTopology("name: lhgp\nsubnet: 10.77.0\nhosts:\n  - {name: a}\n  - {name: b}\n");
+  ASSERT_TRUE(t.ok()) << t.status();
+  Network net(*t, RunCommand);
+  (void)net.Down();
+  ASSERT_TRUE(net.Up().ok());
+  ASSERT_TRUE(net.SetRate(40).ok());
+  absl::StatusOr<double> mbit = net.TcpGoodputTo("b", 6'000'000);  // 1.2 s at 40 Mbit/s
+  ASSERT_TRUE(mbit.ok()) << mbit.status();
+  EXPECT_GE(*mbit, 0.9 * 40);
+  EXPECT_LE(*mbit, 1.0 * 40);
+  EXPECT_FALSE(net.TcpGoodputTo("nosuchhost", 1000).ok());
+  ASSERT_TRUE(net.Down().ok());
+  EXPECT_FALSE(std::filesystem::exists("/run/netns/lhgp-b"));
+  EXPECT_NE(std::system("ip link show lhgp-up >/dev/null 2>&1"), 0) << "the uplink veth outlived Down()";
 }
 
 }  // namespace
