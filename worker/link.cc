@@ -566,7 +566,7 @@ class ChunkQueue {
 
 // Two threads per stream. The handler thread reads messages and parses their headers (no payload
 // copy); the assembler thread copies payloads into the reassembly buffer, verifies and decodes
-// complete frames, pushes them to the inbox and writes every ack (so there is one writer). The
+// complete frames, pushes them to the inbox and writes the error ack if any (the one writer). The
 // socket is drained while the previous chunk is copied and checked: with a spare core the stream
 // runs at the speed of the kernel's receive copy instead of that plus a copy and a CRC pass.
 grpc::Status StageLinkService::Stream(grpc::ServerContext* ctx,
@@ -610,12 +610,11 @@ grpc::Status StageLinkService::Stream(grpc::ServerContext* ctx,
       if (!*done) continue;
       absl::StatusOr<InFrame> f = DecodeInFrame(r.first(), r.TakeBytes());
       if (!f.ok()) return reject(f.status());
-      v1::FrameAck ack;
-      ack.set_step(f->step);
-      ack.set_micro_batch(static_cast<uint32_t>(f->micro_batch));
-      ack.set_direction(f->direction);
+      // Accepted frames are not acknowledged: an ack would queue behind this host's own uploads
+      // on a slow access link, and the sync Write would hold up the next frame's delivery (in the
+      // tc sweep, fp32 went from 0.90 to 0.95 of the goodput bound without them). A clean end of
+      // the stream is the sender's confirmation that everything arrived.
       if (!inbox->Push(std::move(*f))) return stop(grpc::Status(grpc::StatusCode::CANCELLED, "job cancelled"));
-      if (!stream->Write(ack)) return stop(grpc::Status::OK);  // the sender is gone
     }
   });
   bool more = chunks.Push({std::move(*first), absl::OkStatus()});

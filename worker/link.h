@@ -8,7 +8,7 @@
 //
 // Threading: Send/SendValue/Finish/Cancel are called by the stage's compute thread only. Each
 // LinkSender owns three threads: the encoder (encode + CRC, up to kEncodedAhead frames ahead),
-// the sender (shape, chunk, Write) and the ack reader; a fourth, the delay line, when the link
+// the sender (shape, chunk, Write) and the reader of error acks; a fourth, the delay line, when the link
 // has delay, jitter or loss. Inbox is a thread-safe bounded
 // FIFO between one gRPC handler thread (Push) and the compute thread (Pop). Compute blocks on Send
 // only when the send queue is full; queues are sized to a step's frames, so in practice never.
@@ -116,7 +116,8 @@ class LinkSender {
   absl::Status Send(uint64_t step, int micro_batch, v1::Direction dir, torch::Tensor t,
                     bool measure_error);
   absl::Status SendValue(uint64_t step, v1::Direction dir, double value);
-  // Sends everything queued, closes the stream and waits for the receiver's last ack.
+  // Sends everything queued, closes the stream and waits for the receiver to end it (OK: every
+  // frame was accepted).
   absl::Status Finish();
   // Tears the link down now (queued items are dropped) and joins the threads. Owner thread only.
   void Cancel();
