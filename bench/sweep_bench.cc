@@ -114,6 +114,10 @@ int SweepBenchMain(int argc, char** argv) {
       return 2;
     }
   }
+  if (*repeats < 1) {
+    std::fprintf(stderr, "longhaul-bench sweep: --repeats must be at least 1\n");
+    return 2;
+  }
   const bool json = args->Bool("json");
   const int stages = static_cast<int>(*layers);
   const double tokens_per_step = static_cast<double>(*mb * *mbs * *context);
@@ -200,8 +204,10 @@ int SweepBenchMain(int argc, char** argv) {
   // interleaved so that slow drift of this shared machine spreads over all cells; medians reported.
   std::vector<double> all_rates = {0};
   all_rates.insert(all_rates.end(), rates.begin(), rates.end());
-  std::map<std::pair<double, std::string>, std::vector<double>> samples;
-  for (int64_t rep = 0; rep < std::max<int64_t>(1, *repeats); ++rep) {
+  std::map<std::pair<double, std::string>, std::vector<double>> samples;  // (rate, codec) -> tokens/s
+  std::map<double, std::vector<double>> goodput;                           // rate -> TCP Mbit/s (tc)
+  auto where = [](double rate) { return rate > 0 ? absl::StrCat(rate, " Mbit/s") : std::string("unshaped"); };
+  for (int64_t rep = 0; rep < *repeats; ++rep) {
     for (double rate : all_rates) {
       if (tc && rate > 0) {
         // What TCP itself gets through one shaped link at this rate (about 2 s of traffic).
@@ -216,18 +222,16 @@ int SweepBenchMain(int argc, char** argv) {
                        std::string(g.status().message()).c_str());
           return 1;
         }
-        samples[{rate, "tcp-goodput"}].push_back(*g);
+        goodput[rate].push_back(*g);
       }
       for (const std::string& c : codecs) {
         if (!json) {
           std::fprintf(stderr, "round %lld/%lld: %s, %s...\n", static_cast<long long>(rep + 1),
-                       static_cast<long long>(*repeats), rate > 0 ? absl::StrCat(rate, " Mbit/s").c_str() : "unshaped",
-                       c.c_str());
+                       static_cast<long long>(*repeats), where(rate).c_str(), c.c_str());
         }
         absl::StatusOr<double> t = run(c, rate);
         if (!t.ok()) {
-          std::fprintf(stderr, "longhaul-bench sweep: %s at %s: %s\n", c.c_str(),
-                       rate > 0 ? absl::StrCat(rate, " Mbit/s").c_str() : "unshaped",
+          std::fprintf(stderr, "longhaul-bench sweep: %s at %s: %s\n", c.c_str(), where(rate).c_str(),
                        std::string(t.status().message()).c_str());
           return 1;
         }
@@ -235,8 +239,7 @@ int SweepBenchMain(int argc, char** argv) {
       }
     }
   }
-  auto median = [&](double rate, const std::string& c) {
-    std::vector<double> v = samples[{rate, c}];
+  auto median = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
     return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
   };
@@ -249,11 +252,11 @@ int SweepBenchMain(int argc, char** argv) {
   std::vector<Run> runs;
   for (double rate : rates) {
     for (const std::string& c : codecs) {
-      Run r{c, BackwardFor(c, backward), rate, median(rate, c), median(0, c)};
+      Run r{c, BackwardFor(c, backward), rate, median(samples[{rate, c}]), median(samples[{0, c}])};
       const double busiest = static_cast<double>(sum_directions ? frame[c].first + frame[c].second
                                                                 : std::max(frame[c].first, frame[c].second)) * *mb;
       r.link_bound = tokens_per_step / (busiest / (rate * 1e6 / 8));
-      r.goodput_mbit = tc ? median(rate, "tcp-goodput") : rate;
+      r.goodput_mbit = tc ? median(goodput[rate]) : rate;
       r.goodput_link_bound = tokens_per_step / (busiest / (r.goodput_mbit * 1e6 / 8));
       runs.push_back(r);
     }

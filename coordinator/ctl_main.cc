@@ -17,6 +17,7 @@
 #include "longhaul/v1/control_plane.grpc.pb.h"
 #include "proto/channel_config.h"
 #include "tools/cli/args.h"
+#include "tools/cli/read_file.h"
 
 namespace {
 
@@ -161,12 +162,10 @@ class Ctl {
   }
 
   int Submit(const std::string& path, int64_t steps, bool watch, const std::string& summary) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) return Fail(absl::StrCat("cannot read ", path));
-    std::stringstream ss;
-    ss << in.rdbuf();
+    absl::StatusOr<std::string> yaml = longhaul::cli::ReadFile(path);
+    if (!yaml.ok()) return Fail(std::string(yaml.status().message()));
     v1::SubmitJobRequest req;
-    req.set_spec_yaml(ss.str());
+    req.set_spec_yaml(*yaml);
     req.set_steps_override(steps);
     v1::SubmitJobResponse resp;
     grpc::Status s = stub_->SubmitJob(Ctx(30).get(), req, &resp);

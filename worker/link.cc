@@ -202,6 +202,16 @@ void LinkSender::DelayLoop() {
   }
 }
 
+template <typename T>
+bool LinkSender::TakeFront(std::deque<T>* q, T* out) {
+  auto ready = [this, q]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return !q->empty() || !failed_.ok(); };
+  mu_.Await(absl::Condition(&ready));
+  if (!failed_.ok()) return false;
+  *out = std::move(q->front());
+  q->pop_front();
+  return true;
+}
+
 absl::StatusOr<LinkSender::Encoded> LinkSender::Encode(Item item) const {
   Encoded e;
   codec::FrameParts parts;
@@ -242,11 +252,7 @@ void LinkSender::EncoderLoop() {
     Item item;
     {
       absl::MutexLock l(&mu_);
-      auto has = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return !q_.empty() || !failed_.ok(); };
-      mu_.Await(absl::Condition(&has));
-      if (!failed_.ok()) return;
-      item = std::move(q_.front());
-      q_.pop_front();
+      if (!TakeFront(&q_, &item)) return;
       ++in_flight_;
     }
     const bool end = item.end;
@@ -275,11 +281,7 @@ void LinkSender::SenderLoop() {
     Encoded e;
     {
       absl::MutexLock l(&mu_);
-      auto has = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return !encoded_.empty() || !failed_.ok(); };
-      mu_.Await(absl::Condition(&has));
-      if (!failed_.ok()) return;
-      e = std::move(encoded_.front());
-      encoded_.pop_front();
+      if (!TakeFront(&encoded_, &e)) return;
     }
     if (e.item.end) {
       absl::MutexLock l(&mu_);

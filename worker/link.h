@@ -148,6 +148,10 @@ class LinkSender {
   static constexpr size_t kEncodedAhead = 2;
   absl::Status Enqueue(Item item);
   absl::StatusOr<Encoded> Encode(Item item) const;
+  // Waits until `q` has an item or the link failed; moves the front item to `out`. False when the
+  // link failed.
+  template <typename T>
+  bool TakeFront(std::deque<T>* q, T* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EncoderLoop();
   void SenderLoop();
   void AckLoop();

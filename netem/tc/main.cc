@@ -7,8 +7,6 @@
 #include <cstring>
 #include <csignal>
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -17,6 +15,7 @@
 #include "absl/strings/str_split.h"
 #include "netem/tc/network.h"
 #include "netem/tcp_probe.h"
+#include "tools/cli/read_file.h"
 #include "tools/cli/signals.h"
 
 namespace {
@@ -45,11 +44,9 @@ int Fail(const std::string& m, int code = 1) {
 }
 
 absl::StatusOr<longhaul::netem::Topology> Load(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError("cannot read " + path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  auto t = longhaul::netem::ParseTopology(ss.str());
+  absl::StatusOr<std::string> yaml = longhaul::cli::ReadFile(path);
+  if (!yaml.ok()) return yaml.status();
+  auto t = longhaul::netem::ParseTopology(*yaml);
   if (!t.ok()) return absl::InvalidArgumentError(path + ":\n" + std::string(t.status().message()));
   return t;
 }
