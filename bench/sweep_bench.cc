@@ -36,7 +36,8 @@ constexpr char kHelp[] =
     "usage: longhaul-bench sweep [--rates=R,...] [--codecs=C,...] [--backward=auto|SPEC] [--steps=N]\n"
     "                            [--layers=N] [--hidden=N] [--context=N] [--micro-batches=N]\n"
     "                            [--micro-batch-size=N] [--schedule=gpipe|1f1b] [--repeats=N]\n"
-    "                            [--shaper=auto|tc|inprocess] [--markdown=PATH] [--svg=PATH] [--json]\n"
+    "                            [--shaper=auto|tc|inprocess] [--queue-ms=N] [--markdown=PATH]\n"
+    "                            [--svg=PATH] [--json]\n"
     "\n"
     "Trains the same job (GPT, one layer per worker process) at every link rate (Mbit/s) with every\n"
     "forward codec, plus unshaped per codec (the compute bound), each cell --repeats times in\n"
@@ -46,9 +47,12 @@ constexpr char kHelp[] =
     "gradients as well).\n"
     "--shaper=tc (root; the default when running as root): the coordinator and workers run in network\n"
     "namespaces (longhaul-netem's network, 10.79.0.0/24) and every host's access link is shaped with\n"
-    "tc tbf in both directions. --shaper=inprocess (the default otherwise): every data-plane link is\n"
-    "shaped by the in-process token bucket. The link bound counts forward + backward bytes per step\n"
-    "on the busiest link, except for 1f1b in-process (each direction has its own bucket): the larger.\n"
+    "tc tbf in both directions, each queueing up to --queue-ms of traffic (default 3000; with\n"
+    "longhaul-netem's default of 400, TCP's probes above the rate overflowed the queue: at 2 Mbit/s\n"
+    "18% of an int4 run's bytes were retransmissions). --shaper=inprocess (the default otherwise):\n"
+    "every data-plane link is shaped by the in-process token bucket. The link bound counts forward\n"
+    "+ backward bytes per step on the busiest link, except for 1f1b in-process (each direction has\n"
+    "its own bucket): the larger.\n"
     "In tc mode each rate also gets a TCP probe through one shaped link (the goodput TCP itself\n"
     "reaches after its headers), and the table shows the link bound at that goodput as well.\n"
     "Defaults: --rates=2,10,100 --codecs=fp32,fp16,int4,tahquant --steps=4 --layers=4 --hidden=128\n"
@@ -85,7 +89,8 @@ absl::StatusOr<int64_t> FrameBytes(const std::string& spec, int64_t mbs, int64_t
 
 int SweepBenchMain(int argc, char** argv) {
   auto args = cli::Args::Parse(argc, argv, {"rates", "codecs", "backward", "steps", "layers", "hidden", "context",
-                                            "micro-batches", "micro-batch-size", "schedule", "repeats", "shaper", "tc", "markdown", "svg", "json",
+                                            "micro-batches", "micro-batch-size", "schedule", "repeats", "shaper", "tc", "queue-ms", "markdown",
+                                            "svg", "json",
                                             "help"});
   if (std::optional<int> rc = cli::ExitForParseErrorOrHelp(args, "longhaul-bench sweep", kHelp)) return *rc;
   std::vector<double> rates;
@@ -106,9 +111,9 @@ int SweepBenchMain(int argc, char** argv) {
   }
   auto steps = args->Int("steps", 4), layers = args->Int("layers", 4), hidden = args->Int("hidden", 128);
   auto context = args->Int("context", 32), mb = args->Int("micro-batches", 128), mbs = args->Int("micro-batch-size", 1);
-  auto repeats = args->Int("repeats", 3);
+  auto repeats = args->Int("repeats", 3), queue_ms = args->Int("queue-ms", 3000);
   for (const absl::Status& s : {steps.status(), layers.status(), hidden.status(), context.status(), mb.status(),
-                                mbs.status(), repeats.status()}) {
+                                mbs.status(), repeats.status(), queue_ms.status()}) {
     if (!s.ok()) {
       std::fprintf(stderr, "longhaul-bench sweep: %s\n", std::string(s.message()).c_str());
       return 2;
@@ -116,6 +121,10 @@ int SweepBenchMain(int argc, char** argv) {
   }
   if (*repeats < 1) {
     std::fprintf(stderr, "longhaul-bench sweep: --repeats must be at least 1\n");
+    return 2;
+  }
+  if (*queue_ms < 1 || *queue_ms > 60000) {
+    std::fprintf(stderr, "longhaul-bench sweep: --queue-ms must be in [1, 60000]\n");
     return 2;
   }
   const bool json = args->Bool("json");
@@ -152,6 +161,7 @@ int SweepBenchMain(int argc, char** argv) {
     topo.subnet = "10.79.0";
     topo.hosts.push_back({"coord"});
     for (int i = 0; i < stages; ++i) topo.hosts.push_back({absl::StrCat("w", i)});
+    for (netem::HostSpec& h : topo.hosts) h.queue_ms = static_cast<double>(*queue_ms);
     net = std::make_unique<netem::Network>(topo, netem::RunCommand);
     (void)net->Down();  // leftovers of an interrupted run
     if (absl::Status s = net->Up(); !s.ok()) {

@@ -30,10 +30,10 @@ namespace longhaul::netem {
 namespace {
 
 // The tbf arguments for `mbit`: burst at least one MTU (plus slack) and ~1 ms of traffic; the
-// latency bounds the queue.
-std::vector<std::string> TbfArgs(double mbit) {
+// latency bounds the queue (`queue_ms` of traffic at the rate).
+std::vector<std::string> TbfArgs(double mbit, double queue_ms) {
   const int64_t burst = DefaultBurstBytes(MbitToBytesPerSecond(mbit));
-  return {"tbf", "rate", absl::StrCat(mbit, "mbit"), "burst", absl::StrCat(burst), "latency", "400ms"};
+  return {"tbf", "rate", absl::StrCat(mbit, "mbit"), "burst", absl::StrCat(burst), "latency", absl::StrCat(queue_ms, "ms")};
 }
 
 }  // namespace
@@ -101,7 +101,8 @@ absl::StatusOr<Topology> ParseTopology(const std::string& yaml) {
           else if (k == "delay_ms") hs.delay_ms = kv.second.as<double>();
           else if (k == "jitter_ms") hs.jitter_ms = kv.second.as<double>();
           else if (k == "loss") hs.loss = kv.second.as<double>();
-          else p.push_back(absl::StrCat(where, ".", k, ": unknown key (name, rate_mbit, delay_ms, jitter_ms, loss)"));
+          else if (k == "queue_ms") hs.queue_ms = kv.second.as<double>();
+          else p.push_back(absl::StrCat(where, ".", k, ": unknown key (name, rate_mbit, delay_ms, jitter_ms, loss, queue_ms)"));
         }
       } catch (const YAML::Exception&) {
         p.push_back(absl::StrCat(where, ": values must be a name and numbers"));
@@ -115,6 +116,7 @@ absl::StatusOr<Topology> ParseTopology(const std::string& yaml) {
       if (!(hs.delay_ms >= 0 && hs.delay_ms <= 60000)) p.push_back(absl::StrCat(where, ".delay_ms: out of [0, 60000]"));
       if (!(hs.jitter_ms >= 0 && hs.jitter_ms <= hs.delay_ms)) p.push_back(absl::StrCat(where, ".jitter_ms: must be in [0, delay_ms]"));
       if (!(hs.loss >= 0 && hs.loss <= 0.5)) p.push_back(absl::StrCat(where, ".loss: out of [0, 0.5]"));
+      if (!(hs.queue_ms >= 1 && hs.queue_ms <= 60000)) p.push_back(absl::StrCat(where, ".queue_ms: out of [1, 60000]"));
       t.hosts.push_back(hs);
     }
     if (hosts.size() > 250) p.push_back("hosts: at most 250 in a /24");
@@ -237,7 +239,7 @@ absl::Status Network::Up(const std::function<bool()>& interrupted) {
         } else {
           r.insert(r.end(), {"parent", "1:", "handle", "2:"});
         }
-        const std::vector<std::string> tbf = TbfArgs(h.rate_mbit);
+        const std::vector<std::string> tbf = TbfArgs(h.rate_mbit, h.queue_ms);
         r.insert(r.end(), tbf.begin(), tbf.end());
         cmds.push_back(r);
       }
@@ -261,7 +263,7 @@ absl::Status Network::SetRate(double mbit) {
       (void)run_({"tc", "-n", ns, "qdisc", "del", "dev", dev, "root"});  // absent: nothing to delete
       if (mbit <= 0) continue;
       std::vector<std::string> argv = {"tc", "-n", ns, "qdisc", "add", "dev", dev, "root"};
-      const std::vector<std::string> tbf = TbfArgs(mbit);
+      const std::vector<std::string> tbf = TbfArgs(mbit, h.queue_ms);
       argv.insert(argv.end(), tbf.begin(), tbf.end());
       absl::Status s = run_(argv);
       if (!s.ok()) return s;

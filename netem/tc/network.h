@@ -5,12 +5,14 @@
 //   subnet: 10.77.0       # a /24; host i (0-based, in file order) gets <subnet>.<i + 2>
 //   hosts:
 //     - {name: a, rate_mbit: 100, delay_ms: 20, jitter_ms: 2, loss: 0.001}
-//     - {name: b, rate_mbit: 50}
+//     - {name: b, rate_mbit: 50, queue_ms: 400}
 // Every host has one access link to a bridge in the switch namespace <name>-sw; its rate limits
-// both directions (tc tbf on the host's eth0 and on the bridge port). The root namespace is joined
-// to the bridge too (veth <name>-up, address <subnet>.1), so tools there can reach every host. delay/jitter/loss use tc
-// netem when the kernel has it (detected at `up`, reported); otherwise `up` says so and they must
-// come from the in-process shaper (the job spec's `links:` section).
+// both directions (tc tbf on the host's eth0 and on the bridge port), each direction queueing at
+// most queue_ms of traffic at the rate (default 400; beyond it packets are dropped). The root
+// namespace is joined to the bridge too (veth <name>-up, address <subnet>.1), so tools there can
+// reach every host. delay/jitter/loss use tc netem when the kernel has it (detected at `up`,
+// reported); otherwise `up` says so and they must come from the in-process shaper (the job spec's
+// `links:` section).
 //
 //   auto topo = ParseTopology(yaml);   Network net(*topo, RunCommand);   net.Up();  ...  net.Down();
 #ifndef LONGHAUL_NETEM_TC_NETWORK_H_
@@ -29,6 +31,9 @@ struct HostSpec {
   std::string name;
   double rate_mbit = 0;  // 0: unlimited
   double delay_ms = 0, jitter_ms = 0, loss = 0;
+  // The tbf queue: this much traffic at rate_mbit waits, more is dropped. Shallow queues make
+  // TCP lose packets whenever its sending rate overshoots the link (BBR's bandwidth probes do).
+  double queue_ms = 400;
 };
 
 struct Topology {
@@ -58,8 +63,9 @@ class Network {
   absl::Status Down();
   // Whether tc netem works here (probed in a scratch namespace).
   bool NetemAvailable();
-  // Re-shapes every host's access link (both directions) to `mbit` (0: unshaped). For experiments
-  // that sweep rates on a network that is up; hosts with netem qdiscs are not supported.
+  // Re-shapes every host's access link (both directions) to `mbit` (0: unshaped), keeping each
+  // host's queue_ms. For experiments that sweep rates on a network that is up; hosts with netem
+  // qdiscs are not supported.
   absl::Status SetRate(double mbit);
   // Goodput in Mbit/s of one TCP connection carrying `bytes` from this (the root) namespace to a
   // sink in `host`'s namespace: through the uplink (unshaped) and `host`'s shaped download. What

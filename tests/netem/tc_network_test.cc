@@ -18,9 +18,11 @@ namespace {
 
 TEST(TopologyTest, ParsesHostsAndAddresses) {
   auto t = ParseTopology("name: x\nsubnet: 10.9.8\nhosts:\n  - {name: a, rate_mbit: 50, delay_ms: 10, jitter_ms: 1}\n"
-                         "  - {name: b}\n");
+                         "  - {name: b, queue_ms: 2000}\n");
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_EQ(t->Namespace("a"), "x-a");
+  EXPECT_EQ(t->hosts[0].queue_ms, 400);
+  EXPECT_EQ(t->hosts[1].queue_ms, 2000);
   EXPECT_EQ(t->Address("a"), "10.9.8.2");
   EXPECT_EQ(t->Address("b"), "10.9.8.3");
   EXPECT_EQ(t->Address("z"), "");
@@ -29,11 +31,11 @@ TEST(TopologyTest, ParsesHostsAndAddresses) {
 
 TEST(TopologyTest, ListsEveryProblem) {
   auto t = ParseTopology("name: toolongname\nsubnet: 300.1\ncolour: red\nhosts:\n  - {name: a, rate_mbit: -1}\n"
-                         "  - {name: a, jitter_ms: 5}\n  - {name: sw, loss: 0.9, mtu: 9000}\n");
+                         "  - {name: a, jitter_ms: 5, queue_ms: 0}\n  - {name: sw, loss: 0.9, mtu: 9000}\n");
   ASSERT_FALSE(t.ok());
   const std::string m(t.status().message());
   for (const char* want : {"name: \"toolongname\"", "subnet", "colour: unknown key", "hosts[0].rate_mbit",
-                           "hosts[1].name: \"a\" is repeated", "hosts[1].jitter_ms", "reserved", "hosts[2].loss",
+                           "hosts[1].name: \"a\" is repeated", "hosts[1].jitter_ms", "hosts[1].queue_ms", "reserved", "hosts[2].loss",
                            "hosts[2].mtu: unknown key"}) {
     EXPECT_NE(m.find(want), std::string::npos) << "missing \"" << want << "\" in:\n" << m;
   }
@@ -57,6 +59,23 @@ TEST(TopologyTest, UpRollsBackWhenAStepFails) {
   ASSERT_GE(log.size(), 3u);
   EXPECT_EQ(log[log.size() - 3], "ip netns del rb-sw");
   EXPECT_EQ(log.back(), "ip netns del rb-b");
+}
+
+TEST(TopologyTest, TbfQueuesEachHostsQueueMsAtUpAndSetRate) {
+  auto t = ParseTopology("name: q\nhosts:\n  - {name: a, rate_mbit: 10, queue_ms: 1500}\n  - {name: b, rate_mbit: 10}\n");
+  ASSERT_TRUE(t.ok());
+  std::vector<std::string> tbf;  // "<namespace> <dev> <latency>" of every tbf added
+  Network net(*t, [&](const std::vector<std::string>& argv) {
+    for (size_t i = 0; i + 1 < argv.size(); ++i) {
+      if (argv[i] == "latency") tbf.push_back(absl::StrCat(argv[2], " ", argv[6], " ", argv[i + 1]));
+    }
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(net.Up().ok());
+  EXPECT_EQ(tbf, (std::vector<std::string>{"q-a eth0 1500ms", "q-sw q-a-s 1500ms", "q-b eth0 400ms", "q-sw q-b-s 400ms"}));
+  tbf.clear();
+  ASSERT_TRUE(net.SetRate(2).ok());
+  EXPECT_EQ(tbf, (std::vector<std::string>{"q-a eth0 1500ms", "q-sw q-a-s 1500ms", "q-b eth0 400ms", "q-sw q-b-s 400ms"}));
 }
 
 std::string Tool() { return cluster::Cluster::Bin("longhaul-netem"); }
