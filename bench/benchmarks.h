@@ -6,6 +6,7 @@
 namespace longhaul::bench {
 
 int CodecBenchMain(int argc, char** argv);
+int CrcBenchMain(int argc, char** argv);
 int ConvergenceBenchMain(int argc, char** argv);
 int TransportBenchMain(int argc, char** argv);
 int SweepBenchMain(int argc, char** argv);

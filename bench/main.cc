@@ -14,6 +14,7 @@ void Usage(FILE* out) {
                "\n"
                "benchmarks:\n"
                "  codec        bits/element, relative L2 error, encode/decode GB/s vs memcpy\n"
+               "  crc          CRC32C GB/s per implementation (plain and fused with a copy) vs memcpy\n"
                "  convergence  train a small GPT through the in-process pipeline with a link codec\n"
                "  transport    goodput of the gRPC data plane vs a plain TCP socket, two processes\n"
                "  sweep        a local cluster trained at several link rates and codecs (throughput table)\n"
@@ -30,6 +31,7 @@ int main(int argc, char** argv) {
   }
   const std::string what = argv[1];
   if (what == "codec") return longhaul::bench::CodecBenchMain(argc - 2, argv + 2);
+  if (what == "crc") return longhaul::bench::CrcBenchMain(argc - 2, argv + 2);
   if (what == "convergence") return longhaul::bench::ConvergenceBenchMain(argc - 2, argv + 2);
   if (what == "transport") return longhaul::bench::TransportBenchMain(argc - 2, argv + 2);
   if (what == "sweep") return longhaul::bench::SweepBenchMain(argc - 2, argv + 2);

@@ -320,7 +320,7 @@ namespace {
 // dtype and suitably aligned is then returned as a tensor over that memory instead of a copy.
 absl::Status DecodeImpl(absl::string_view frame, torch::Tensor* out, const DecodeOptions& o,
                         const std::shared_ptr<std::string>* owner) {
-  absl::StatusOr<FrameView> v = ParseFrame(frame, o.limits);
+  absl::StatusOr<FrameView> v = ParseFrame(frame, o.limits, o.frame_crc);
   if (!v.ok()) return v.status();
   const FrameHeader& h = v->header;
   const torch::ScalarType out_type = TorchType(h.dtype);

@@ -29,6 +29,7 @@
 #define LONGHAUL_CODEC_CODEC_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <torch/torch.h>
@@ -50,6 +51,9 @@ struct DecodeOptions {
   int threads = 1;
   const Kernels* kernels = nullptr;
   DecodeLimits limits;
+  // The frame's checksum as computed while it arrived (FrameCrc, frame.h), so that decoding does
+  // not read the payload once more to check it. Unset: the decoder computes it.
+  std::optional<uint32_t> frame_crc;
 };
 
 struct EncodeStats {

@@ -1,5 +1,6 @@
 #include "codec/frame.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -70,7 +71,38 @@ std::string BuildFrame(FrameHeader h, absl::string_view payload) {
   return out;
 }
 
-absl::StatusOr<FrameView> ParseFrame(absl::string_view f, const DecodeLimits& limits) {
+void FrameCrc::Update(const void* data, size_t n) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  if (bad_ || n == 0) return;
+  if (header_bytes_ == 0 || seen_ < header_bytes_) {
+    // Still in the header: keep its bytes until the CRC field's position is known and reached.
+    const size_t want = header_bytes_ ? header_bytes_ : 9;  // ndim is byte 8
+    const size_t take = std::min(n, want - seen_);
+    std::memcpy(head_ + seen_, p, take);
+    seen_ += take, p += take, n -= take;
+    if (header_bytes_ == 0 && seen_ == 9) {
+      if (head_[8] > kMaxFrameDims) {
+        bad_ = true;
+        return;
+      }
+      header_bytes_ = FrameHeaderBytes(head_[8]);
+      Update(p, n);
+      return;
+    }
+    if (header_bytes_ == 0 || seen_ < header_bytes_) return;
+    crc_ = Crc32c(head_, header_bytes_ - 4);
+  }
+  crc_ = Crc32cExtend(crc_, p, n);
+  seen_ += n;
+}
+
+std::optional<uint32_t> FrameCrc::Value() const {
+  if (bad_ || header_bytes_ == 0 || seen_ < header_bytes_) return std::nullopt;
+  return crc_;
+}
+
+absl::StatusOr<FrameView> ParseFrame(absl::string_view f, const DecodeLimits& limits,
+                                     std::optional<uint32_t> computed_crc) {
   if (f.size() < kFrameFixedHeaderBytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("frame truncated: ", f.size(), " bytes, a header needs at least ",
@@ -136,8 +168,13 @@ absl::StatusOr<FrameView> ParseFrame(absl::string_view f, const DecodeLimits& li
                      h.payload_len > available ? " arrived (truncated frame)"
                                                : " arrived (trailing bytes)"));
   }
-  uint32_t crc = Crc32c(p, header_bytes - 4);
-  crc = Crc32cExtend(crc, p + header_bytes, available);
+  uint32_t crc;
+  if (computed_crc) {
+    crc = *computed_crc;
+  } else {
+    crc = Crc32c(p, header_bytes - 4);
+    crc = Crc32cExtend(crc, p + header_bytes, available);
+  }
 #ifndef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION  // fuzzers must reach past the checksum
   if (crc != stored_crc) {
     return absl::DataLossError(absl::StrCat("frame CRC32C mismatch: stored ", stored_crc,

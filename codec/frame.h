@@ -24,6 +24,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -89,7 +90,31 @@ void FinishFrameHead(std::string* head, const void* payload, size_t payload_len)
 
 // Validates magic, versions, reserved bytes, ndim, dims (no negative, no overflow, at most
 // limits.max_elements), the exact frame length and the CRC. Does not interpret the payload.
-absl::StatusOr<FrameView> ParseFrame(absl::string_view frame, const DecodeLimits& limits);
+// `computed_crc`, when given, is the checksum of exactly these bytes (header without its CRC field,
+// then payload) computed as they arrived (FrameCrc); it is compared with the stored CRC instead of
+// reading the payload again.
+absl::StatusOr<FrameView> ParseFrame(absl::string_view frame, const DecodeLimits& limits,
+                                     std::optional<uint32_t> computed_crc = std::nullopt);
+
+// The CRC a frame's header stores, computed over the frame as it arrives in pieces, in order. The
+// receive path feeds each piece right after copying it into the reassembly buffer, while it is
+// still in cache, so the frame is not read from memory a second time to check it.
+//   FrameCrc c;  for (piece : pieces) { append(piece); c.Update(piece); }
+//   ParseFrame(frame, limits, c.Value());
+class FrameCrc {
+ public:
+  void Update(const void* data, size_t n);
+  // The checksum once the header is complete; nullopt before that, or when the header's ndim is
+  // invalid (ParseFrame then checks the frame itself and reports the problem).
+  std::optional<uint32_t> Value() const;
+
+ private:
+  uint8_t head_[kFrameFixedHeaderBytes + 8 * kMaxFrameDims];
+  size_t seen_ = 0;          // bytes of the frame so far
+  size_t header_bytes_ = 0;  // 0 until known
+  bool bad_ = false;
+  uint32_t crc_ = 0;
+};
 
 const char* CodecIdName(CodecId id);
 

@@ -158,7 +158,7 @@ absl::StatusOr<ParsedChunk> ParseChunk(const grpc::ByteBuffer& message) {
   return c;
 }
 
-void AppendChunkData(const ParsedChunk& c, std::string* out) {
+void AppendChunkData(const ParsedChunk& c, std::string* out, codec::FrameCrc* crc) {
   size_t skip = c.data_offset, left = c.data_length;
   for (const grpc::Slice& s : c.slices) {
     if (left == 0) break;
@@ -167,7 +167,9 @@ void AppendChunkData(const ParsedChunk& c, std::string* out) {
       continue;
     }
     const size_t n = std::min(left, s.size() - skip);
-    out->append(reinterpret_cast<const char*>(s.begin()) + skip, n);
+    const char* piece = reinterpret_cast<const char*>(s.begin()) + skip;
+    out->append(piece, n);
+    if (crc != nullptr) crc->Update(piece, n);
     left -= n;
     skip = 0;
   }

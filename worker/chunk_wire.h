@@ -54,8 +54,9 @@ struct ParsedChunk {
 
 absl::StatusOr<ParsedChunk> ParseChunk(const grpc::ByteBuffer& message);
 
-// Appends the chunk's data to `out` (one copy out of the transport's slices).
-void AppendChunkData(const ParsedChunk& c, std::string* out);
+// Appends the chunk's data to `out` (one copy out of the transport's slices) and, when `crc` is
+// given, feeds each piece to it right after copying it, while it is in cache.
+void AppendChunkData(const ParsedChunk& c, std::string* out, codec::FrameCrc* crc = nullptr);
 
 }  // namespace longhaul::worker
 

@@ -387,7 +387,8 @@ absl::Duration LinkSender::TakeSendWait() {
 
 // ------------------------------------------------------------------------------- receiving side
 
-absl::StatusOr<InFrame> DecodeInFrame(const v1::TensorFrameChunk& first, std::shared_ptr<std::string> frame) {
+absl::StatusOr<InFrame> DecodeInFrame(const v1::TensorFrameChunk& first, std::shared_ptr<std::string> frame,
+                                      std::optional<uint32_t> frame_crc) {
   const std::string& bytes = *frame;
   InFrame f;
   f.step = first.step();
@@ -396,7 +397,9 @@ absl::StatusOr<InFrame> DecodeInFrame(const v1::TensorFrameChunk& first, std::sh
   switch (first.direction()) {
     case v1::DIRECTION_FORWARD:
     case v1::DIRECTION_BACKWARD: {
-      absl::StatusOr<torch::Tensor> t = codec::DecodeSharedFrame(std::move(frame));
+      codec::DecodeOptions o;
+      o.frame_crc = frame_crc;
+      absl::StatusOr<torch::Tensor> t = codec::DecodeSharedFrame(std::move(frame), o);
       if (!t.ok()) return t.status();
       f.tensor = std::move(*t);
       return f;
@@ -473,6 +476,7 @@ class Reassembler {
       }
       first_ = c;
       bytes_ = pool_->Get(c.frame_bytes());  // the previous one went to the decoder
+      crc_ = codec::FrameCrc();
     } else if (c.chunk_index() != next_ || c.chunk_count() != first_.chunk_count() ||
                c.frame_bytes() != first_.frame_bytes() || c.step() != first_.step() ||
                c.micro_batch() != first_.micro_batch() || c.direction() != first_.direction() ||
@@ -484,7 +488,7 @@ class Reassembler {
     if (bytes_->size() + pc.data_length > first_.frame_bytes()) {
       return absl::InvalidArgumentError("chunks carry more bytes than frame_bytes");
     }
-    AppendChunkData(pc, bytes_.get());
+    AppendChunkData(pc, bytes_.get(), &crc_);
     ++next_;
     if (next_ < first_.chunk_count()) return false;
     next_ = 0;
@@ -496,6 +500,8 @@ class Reassembler {
   const v1::TensorFrameChunk& first() const { return first_; }
   // The completed frame; the caller takes it (the next frame gets a new buffer).
   std::shared_ptr<std::string> TakeBytes() { return std::move(bytes_); }
+  // The completed frame's checksum, computed as its chunks were copied in.
+  std::optional<uint32_t> crc() const { return crc_.Value(); }
 
  private:
   const int64_t max_;
@@ -503,6 +509,7 @@ class Reassembler {
   uint32_t next_ = 0;
   v1::TensorFrameChunk first_;
   std::shared_ptr<std::string> bytes_;
+  codec::FrameCrc crc_;
 };
 
 }  // namespace
@@ -610,7 +617,7 @@ grpc::Status StageLinkService::Stream(grpc::ServerContext* ctx,
       absl::StatusOr<bool> done = r.Add(it->chunk);
       if (!done.ok()) return reject(done.status());
       if (!*done) continue;
-      absl::StatusOr<InFrame> f = DecodeInFrame(r.first(), r.TakeBytes());
+      absl::StatusOr<InFrame> f = DecodeInFrame(r.first(), r.TakeBytes(), r.crc());
       if (!f.ok()) return reject(f.status());
       // Accepted frames are not acknowledged: an ack would queue behind this host's own uploads
       // on a slow access link, and the sync Write would hold up the next frame's delivery (in the

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -228,8 +229,10 @@ class StageLinkService final : public grpc::Service {
 
 // Validates a reassembled frame and turns it into an InFrame (decodes tensors, checks that the
 // direction may travel on a link from `from_stage`). Takes the frame: fp32 tensors alias its memory
-// (codec::DecodeSharedFrame). Exposed for tests.
-absl::StatusOr<InFrame> DecodeInFrame(const v1::TensorFrameChunk& first, std::shared_ptr<std::string> frame);
+// (codec::DecodeSharedFrame). `frame_crc`: its checksum as computed on arrival (codec::FrameCrc),
+// unset to have the decoder compute it. Exposed for tests.
+absl::StatusOr<InFrame> DecodeInFrame(const v1::TensorFrameChunk& first, std::shared_ptr<std::string> frame,
+                                      std::optional<uint32_t> frame_crc = std::nullopt);
 
 }  // namespace longhaul::worker
 

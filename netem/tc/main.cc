@@ -34,7 +34,8 @@ constexpr char kUsage[] =
     "  source --to=HOST:PORT --bytes=N\n"
     "                               send N bytes to a sink, print the goodput in Mbit/s\n"
     "\n"
-    "Topology file: netem/tc/network.h (hosts with rate_mbit, delay_ms, jitter_ms, loss). tc netem\n"
+    "Topology file: netem/tc/network.h (hosts with rate_mbit, delay_ms, jitter_ms, loss, queue_ms:\n"
+    "the tbf queue in ms of traffic, default 400, beyond which packets are dropped). tc netem\n"
     "(delay/loss) is used when the kernel has it; `up` says when it does not, and then delay, jitter\n"
     "and loss belong in the job spec's links: section (in-process shaper).\n";
 
@@ -107,8 +108,9 @@ int main(int argc, char** argv) {
   if (!t.ok()) return Fail(std::string(t.status().message()), 2);
   if (cmd == "hosts") {
     for (const auto& h : t->hosts) {
-      std::printf("%-8s namespace %-14s address %-15s rate %g Mbit/s delay %g ms jitter %g ms loss %g\n", h.name.c_str(),
-                  t->Namespace(h.name).c_str(), t->Address(h.name).c_str(), h.rate_mbit, h.delay_ms, h.jitter_ms, h.loss);
+      std::printf("%-8s namespace %-14s address %-15s rate %g Mbit/s delay %g ms jitter %g ms loss %g queue %g ms\n",
+                  h.name.c_str(), t->Namespace(h.name).c_str(), t->Address(h.name).c_str(), h.rate_mbit, h.delay_ms,
+                  h.jitter_ms, h.loss, h.queue_ms);
     }
     return 0;
   }

@@ -187,6 +187,36 @@ TEST_F(LinkTest, CorruptCodecFrameIsRejectedWithTheCodecsReason) {
   EXPECT_NE(err.find("CRC"), std::string::npos) << err;
 }
 
+// The receiver checksums each chunk as it copies it in (codec::FrameCrc): a frame split so that
+// the first chunk ends inside the header is accepted intact, and a flipped bit in its header,
+// first payload chunk or last chunk is still caught.
+TEST_F(LinkTest, ChecksumComputedOnArrivalCatchesCorruptionInAnyChunk) {
+  auto codec = codec::MakeCodec("fp32");
+  ASSERT_TRUE(codec.ok());
+  const torch::Tensor x = torch::randn({16, 64});
+  auto frame = (*codec)->Encode(x);
+  ASSERT_TRUE(frame.ok());
+  auto split = [](const std::string& f) {
+    const size_t a = 20, b = f.size() / 2;  // a: inside the header
+    return std::vector<v1::TensorFrameChunk>{Chunk(f.substr(0, a), 0, 3, f.size()), Chunk(f.substr(a, b - a), 1, 3, f.size()),
+                                             Chunk(f.substr(b), 2, 3, f.size())};
+  };
+  {
+    auto [st, err] = SendRaw(split(*frame));
+    ASSERT_TRUE(st.ok()) << err;
+    auto got = router_.inbox->Pop(absl::Seconds(5));
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_TRUE(torch::equal(got->tensor, x));
+  }
+  for (size_t at : {size_t{13}, size_t{100}, frame->size() - 3}) {
+    std::string bad = *frame;
+    bad[at] ^= 0x10;
+    auto [st, err] = SendRaw(split(bad));
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << at;
+    EXPECT_NE(err.find("CRC"), std::string::npos) << at << ": " << err;
+  }
+}
+
 TEST_F(LinkTest, BadNormFramesAreRejected) {
   v1::TensorFrameChunk c = Chunk("1234");
   c.set_direction(v1::DIRECTION_NORM_PARTIAL);
