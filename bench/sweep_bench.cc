@@ -6,6 +6,7 @@
 //   link bound:    tokens per step / (bytes per step on the busiest link direction / rate),
 //                  from the frame sizes of the codecs on tensors of the job's activation shape.
 // Writes a markdown table (--markdown) and an SVG plot (--svg).
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include <fstream>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <torch/torch.h>
@@ -25,8 +27,9 @@
 #include "absl/strings/str_split.h"
 #include "bench/benchmarks.h"
 #include "codec/codec.h"
-#include "tools/cli/args.h"
 #include "netem/tc/network.h"
+#include "tools/cli/args.h"
+#include "tools/cli/signals.h"
 #include "tools/cluster/local_cluster.h"
 
 namespace longhaul::bench {
@@ -54,7 +57,10 @@ constexpr char kHelp[] =
     "+ backward bytes per step on the busiest link, except for 1f1b in-process (each direction has\n"
     "its own bucket): the larger.\n"
     "In tc mode each rate also gets a TCP probe through one shaped link (the goodput TCP itself\n"
-    "reaches after its headers), and the table shows the link bound at that goodput as well.\n"
+    "reaches after its headers), and the table shows the link bound at that goodput as well, the\n"
+    "bytes per step the busiest link direction carried according to its qdisc (frames plus every\n"
+    "header, ACK and window update) next to the frame bytes the bounds count, packets dropped, and\n"
+    "how busy that link was (its bytes at the rate / step time).\n"
     "Defaults: --rates=2,10,100 --codecs=fp32,fp16,int4,tahquant --steps=4 --layers=4 --hidden=128\n"
     "--context=32 --micro-batches=128 --micro-batch-size=1 --schedule=gpipe --repeats=3 (many small\n"
     "micro-batches: a step's pipeline fill and drain cost (stages - 1) / (micro-batches + stages - 1)).\n";
@@ -67,6 +73,19 @@ struct Run {
   double link_bound = 0;          // at the configured rate
   double goodput_link_bound = 0;  // at the TCP goodput measured on the shaped link (tc); = link_bound in-process
   double goodput_mbit = 0;
+  // tc only: what the busiest access-link direction actually carried per step (qdisc counters:
+  // frames plus chunk/gRPC/HTTP2/TCP/IP headers, ACKs and window updates of the other direction's
+  // traffic, the control plane), and packets the qdiscs dropped in the whole job. 0 in-process.
+  double wire_bytes_per_step = 0;
+  double drops = 0;
+  double frame_bytes_per_step = 0;  // what the link bound counts on the busiest link
+};
+
+// One training job's outcome.
+struct Sample {
+  double tokens_per_s = 0;
+  double busiest_link_bytes = 0;  // tc: the largest qdisc byte count of any host's up or down link
+  double drops = 0;               // tc: packets dropped by all the qdiscs
 };
 
 std::string BackwardFor(const std::string& fwd, const std::string& mode) {
@@ -177,6 +196,20 @@ int SweepBenchMain(int argc, char** argv) {
     }
   } net_down{net.get()};
   cluster::Cluster cl(1);
+  // Ctrl-C / SIGTERM: stop the cluster's processes and remove the namespaces before leaving (the
+  // main thread may be waiting on a job for minutes).
+  if (cli::InstallTerminationHandlers()) {
+    std::thread([&cl, n = net.get()] {
+      const int sig = cli::WaitForTerminationSignal();
+      std::fprintf(stderr, "longhaul-bench sweep: %s: stopping the cluster%s\n", cli::SignalName(sig),
+                   n ? " and removing the network namespaces" : "");
+      cl.SignalAll(SIGTERM);
+      absl::SleepFor(absl::Seconds(2));
+      cl.SignalAll(SIGKILL);
+      if (n) (void)n->Down();
+      _exit(128 + sig);
+    }).detach();
+  }
   if (tc) {
     auto host = [&topo](const std::string& role) { return role == "coordinator" ? std::string("coord") : role; };
     cl.SetPlacement({[&topo, host](const std::string& r) { return topo.Namespace(host(r)); },
@@ -191,7 +224,7 @@ int SweepBenchMain(int argc, char** argv) {
     cl.DumpLogs();
     return 1;
   }
-  auto run = [&](const std::string& c, double rate) -> absl::StatusOr<double> {
+  auto run = [&](const std::string& c, double rate) -> absl::StatusOr<Sample> {
     if (tc) {
       if (absl::Status s = net->SetRate(rate); !s.ok()) return s;
     }
@@ -207,14 +240,25 @@ int SweepBenchMain(int argc, char** argv) {
     absl::StatusOr<v1::JobStatus> st = cl.WaitForEnd(*job, absl::Minutes(10));
     if (!st.ok()) return st.status();
     if (st->state() != v1::JOB_STATE_SUCCEEDED) return absl::InternalError(st->error());
-    return st->tokens_per_s();
+    Sample sample;
+    sample.tokens_per_s = st->tokens_per_s();
+    if (tc && rate > 0) {
+      absl::StatusOr<std::vector<netem::HostCounters>> counters = net->Counters();
+      if (!counters.ok()) return counters.status();
+      for (const netem::HostCounters& h : *counters) {
+        sample.busiest_link_bytes = std::max<double>({sample.busiest_link_bytes, static_cast<double>(h.up.bytes),
+                                                      static_cast<double>(h.down.bytes)});
+        sample.drops += static_cast<double>(h.up.drops + h.down.drops);
+      }
+    }
+    return sample;
   };
 
   // Every cell, the unshaped ones (rate 0) included, is measured --repeats times, the rounds
   // interleaved so that slow drift of this shared machine spreads over all cells; medians reported.
   std::vector<double> all_rates = {0};
   all_rates.insert(all_rates.end(), rates.begin(), rates.end());
-  std::map<std::pair<double, std::string>, std::vector<double>> samples;  // (rate, codec) -> tokens/s
+  std::map<std::pair<double, std::string>, std::vector<Sample>> samples;  // (rate, codec) -> jobs
   std::map<double, std::vector<double>> goodput;                           // rate -> TCP Mbit/s (tc)
   auto where = [](double rate) { return rate > 0 ? absl::StrCat(rate, " Mbit/s") : std::string("unshaped"); };
   for (int64_t rep = 0; rep < *repeats; ++rep) {
@@ -239,7 +283,7 @@ int SweepBenchMain(int argc, char** argv) {
           std::fprintf(stderr, "round %lld/%lld: %s, %s...\n", static_cast<long long>(rep + 1),
                        static_cast<long long>(*repeats), where(rate).c_str(), c.c_str());
         }
-        absl::StatusOr<double> t = run(c, rate);
+        absl::StatusOr<Sample> t = run(c, rate);
         if (!t.ok()) {
           std::fprintf(stderr, "longhaul-bench sweep: %s at %s: %s\n", c.c_str(), where(rate).c_str(),
                        std::string(t.status().message()).c_str());
@@ -253,6 +297,11 @@ int SweepBenchMain(int argc, char** argv) {
     std::sort(v.begin(), v.end());
     return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
   };
+  auto median_of = [&](const std::vector<Sample>& v, double Sample::*field) {
+    std::vector<double> x;
+    for (const Sample& s : v) x.push_back(s.*field);
+    return median(x);
+  };
   // The bytes per step that must cross the busiest link. GPipe runs all forwards, then all
   // backwards, so a link's two directions never overlap and a step needs forward + backward
   // time; so does 1F1B over tc, where a middle host's access link carries its forward output and
@@ -262,10 +311,15 @@ int SweepBenchMain(int argc, char** argv) {
   std::vector<Run> runs;
   for (double rate : rates) {
     for (const std::string& c : codecs) {
-      Run r{c, BackwardFor(c, backward), rate, median(samples[{rate, c}]), median(samples[{0, c}])};
+      const std::vector<Sample>& cell = samples[{rate, c}];
+      Run r{c, BackwardFor(c, backward), rate, median_of(cell, &Sample::tokens_per_s),
+            median_of(samples[{0, c}], &Sample::tokens_per_s)};
+      r.wire_bytes_per_step = median_of(cell, &Sample::busiest_link_bytes) / static_cast<double>(*steps);
+      r.drops = median_of(cell, &Sample::drops);
       const double busiest = static_cast<double>(sum_directions ? frame[c].first + frame[c].second
                                                                 : std::max(frame[c].first, frame[c].second)) * *mb;
       r.link_bound = tokens_per_step / (busiest / (rate * 1e6 / 8));
+      r.frame_bytes_per_step = busiest;
       r.goodput_mbit = tc ? median(goodput[rate]) : rate;
       r.goodput_link_bound = tokens_per_step / (busiest / (r.goodput_mbit * 1e6 / 8));
       runs.push_back(r);
@@ -278,16 +332,24 @@ int SweepBenchMain(int argc, char** argv) {
     }
     return 0.0;
   };
+  // The share of each step the busiest link spent transmitting what the qdisc counted (tc).
+  auto link_busy = [&](const Run& r) {
+    return r.wire_bytes_per_step / (r.rate * 1e6 / 8) / (tokens_per_step / r.tokens_per_s);
+  };
   std::string md = absl::StrFormat(
       "| link Mbit/s | forward / backward | tokens/s | compute bound | link bound at the rate | "
       "TCP goodput Mbit/s | link bound at the goodput | tokens/s / min(compute, rate bound) | "
-      "tokens/s / min(compute, goodput bound) | speed-up vs fp32 |\n|---|---|---|---|---|---|---|---|---|---|\n");
+      "tokens/s / min(compute, goodput bound) | busiest link KB/step: frames / on the wire | drops | "
+      "link busy | speed-up vs fp32 |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Run& r : runs) {
     const double base = fp32_at(r.rate);
-    absl::StrAppendFormat(&md, "| %g | %s / %s | %.0f | %.0f | %.0f | %.2f | %.0f | %.2f | %.2f | %s |\n", r.rate,
-                          r.codec, r.backward, r.tokens_per_s, r.compute_bound, r.link_bound, r.goodput_mbit,
+    absl::StrAppendFormat(&md, "| %g | %s / %s | %.0f | %.0f | %.0f | %.2f | %.0f | %.2f | %.2f | %s | %s | %s | %s |\n",
+                          r.rate, r.codec, r.backward, r.tokens_per_s, r.compute_bound, r.link_bound, r.goodput_mbit,
                           r.goodput_link_bound, r.tokens_per_s / std::min(r.compute_bound, r.link_bound),
                           r.tokens_per_s / std::min(r.compute_bound, r.goodput_link_bound),
+                          tc ? absl::StrFormat("%.0f / %.0f", r.frame_bytes_per_step / 1e3, r.wire_bytes_per_step / 1e3)
+                             : absl::StrFormat("%.0f / -", r.frame_bytes_per_step / 1e3),
+                          tc ? absl::StrFormat("%.0f", r.drops) : "-", tc ? absl::StrFormat("%.2f", link_busy(r)) : "-",
                           base > 0 ? absl::StrFormat("%.2fx", r.tokens_per_s / base) : "-");
   }
   if (json) {
@@ -296,10 +358,12 @@ int SweepBenchMain(int argc, char** argv) {
       rows.push_back(absl::StrFormat(
           "{\"rate_mbit\": %g, \"forward\": \"%s\", \"backward\": \"%s\", \"tokens_per_s\": %.1f, "
           "\"compute_bound\": %.1f, \"link_bound\": %.1f, \"tcp_goodput_mbit\": %.3f, \"goodput_link_bound\": %.1f, "
-          "\"fraction_of_bound\": %.3f, \"fraction_of_goodput_bound\": %.3f, \"speedup_vs_fp32\": %.3f}",
+          "\"fraction_of_bound\": %.3f, \"fraction_of_goodput_bound\": %.3f, \"frame_bytes_per_step\": %.0f, "
+          "\"wire_bytes_per_step\": %.0f, \"drops\": %.0f, \"link_busy\": %.3f, \"speedup_vs_fp32\": %.3f}",
           r.rate, r.codec, r.backward, r.tokens_per_s, r.compute_bound, r.link_bound, r.goodput_mbit,
           r.goodput_link_bound, r.tokens_per_s / std::min(r.compute_bound, r.link_bound),
-          r.tokens_per_s / std::min(r.compute_bound, r.goodput_link_bound),
+          r.tokens_per_s / std::min(r.compute_bound, r.goodput_link_bound), r.frame_bytes_per_step,
+          r.wire_bytes_per_step, r.drops, tc ? link_busy(r) : 0.0,
           fp32_at(r.rate) > 0 ? r.tokens_per_s / fp32_at(r.rate) : 0.0));
     }
     std::printf("{\"runs\": [\n  %s\n]}\n", absl::StrJoin(rows, ",\n  ").c_str());

@@ -8,10 +8,12 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <set>
 #include <thread>
+#include <tuple>
 
 #include <yaml-cpp/yaml.h>
 
@@ -125,13 +127,27 @@ absl::StatusOr<Topology> ParseTopology(const std::string& yaml) {
   return t;
 }
 
-absl::Status RunCommand(const std::vector<std::string>& argv) {
-  int err[2];
+namespace {
+
+// Runs argv with stderr captured (for the error message) and stdout captured into *out, or
+// discarded when out is null.
+absl::Status Spawn(const std::vector<std::string>& argv, std::string* out) {
+  int err[2], so[2] = {-1, -1};
   if (pipe(err) != 0) return absl::InternalError("pipe failed");
+  if (out != nullptr && pipe(so) != 0) {
+    close(err[0]);
+    close(err[1]);
+    return absl::InternalError("pipe failed");
+  }
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_adddup2(&fa, err[1], 2);
-  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+  if (out != nullptr) {
+    posix_spawn_file_actions_adddup2(&fa, so[1], 1);
+    posix_spawn_file_actions_addclose(&fa, so[0]);
+  } else {
+    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+  }
   posix_spawn_file_actions_addclose(&fa, err[0]);
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
@@ -140,13 +156,20 @@ absl::Status RunCommand(const std::vector<std::string>& argv) {
   const int rc = posix_spawnp(&pid, args[0], &fa, nullptr, args.data(), environ);
   posix_spawn_file_actions_destroy(&fa);
   close(err[1]);
+  if (out != nullptr) close(so[1]);
   if (rc != 0) {
     close(err[0]);
+    if (out != nullptr) close(so[0]);
     return absl::NotFoundError(absl::StrCat("cannot run ", argv[0], ": ", std::strerror(rc)));
   }
-  std::string msg;
-  char buf[512];
+  // stdout first (tc's output is small; its stderr is only written on failure, after stdout).
+  char buf[4096];
   ssize_t n;
+  if (out != nullptr) {
+    while ((n = read(so[0], buf, sizeof(buf))) > 0 && out->size() < (1 << 20)) out->append(buf, static_cast<size_t>(n));
+    close(so[0]);
+  }
+  std::string msg;
   while ((n = read(err[0], buf, sizeof(buf))) > 0) msg.append(buf, static_cast<size_t>(n));
   close(err[0]);
   int st = 0;
@@ -154,6 +177,30 @@ absl::Status RunCommand(const std::vector<std::string>& argv) {
   if (WIFEXITED(st) && WEXITSTATUS(st) == 0) return absl::OkStatus();
   while (!msg.empty() && (msg.back() == '\n' || msg.back() == ' ')) msg.pop_back();
   return absl::InternalError(absl::StrCat("`", absl::StrJoin(argv, " "), "` failed: ", msg));
+}
+
+}  // namespace
+
+absl::Status RunCommand(const std::vector<std::string>& argv) { return Spawn(argv, nullptr); }
+
+absl::StatusOr<std::string> RunCommandOutput(const std::vector<std::string>& argv) {
+  std::string out;
+  if (absl::Status s = Spawn(argv, &out); !s.ok()) return s;
+  return out;
+}
+
+absl::StatusOr<QdiscCounters> ParseQdiscCounters(const std::string& tc_s_output) {
+  // "qdisc tbf 8001: dev eth0 root ...\n Sent 1391436 bytes 2225 pkt (dropped 101, overlimits ..."
+  const size_t at = tc_s_output.find("Sent ");
+  QdiscCounters c;
+  long long bytes = 0, packets = 0, drops = 0;
+  if (at == std::string::npos ||
+      std::sscanf(tc_s_output.c_str() + at, "Sent %lld bytes %lld pkt (dropped %lld", &bytes, &packets, &drops) != 3) {
+    return absl::InvalidArgumentError(absl::StrCat("no \"Sent N bytes M pkt (dropped D\" in tc's output: ",
+                                                   tc_s_output.substr(0, 200)));
+  }
+  c.bytes = bytes, c.packets = packets, c.drops = drops;
+  return c;
 }
 
 bool Network::NetemAvailable() {
@@ -300,6 +347,25 @@ absl::StatusOr<double> Network::TcpGoodputTo(const std::string& host, int64_t by
   server.join();  // after the sink's one connection (the measurement, or the empty one above)
   if (!seconds.ok()) return seconds.status();
   return static_cast<double>(bytes) * 8 / *seconds / 1e6;
+}
+
+absl::StatusOr<std::vector<HostCounters>> Network::Counters() {
+  std::vector<HostCounters> all;
+  for (const HostSpec& h : t_.hosts) {
+    HostCounters hc;
+    hc.host = h.name;
+    const std::string sv = absl::StrCat(t_.name, "-", h.name, "-s");
+    for (auto [ns, dev, c] : {std::tuple<std::string, std::string, QdiscCounters*>{t_.Namespace(h.name), "eth0", &hc.up},
+                              {t_.SwitchNamespace(), sv, &hc.down}}) {
+      absl::StatusOr<std::string> out = output_({"tc", "-s", "-n", ns, "qdisc", "show", "dev", dev, "root"});
+      if (!out.ok()) return out.status();
+      absl::StatusOr<QdiscCounters> q = ParseQdiscCounters(*out);
+      if (!q.ok()) return q.status();
+      *c = *q;
+    }
+    all.push_back(hc);
+  }
+  return all;
 }
 
 absl::Status Network::Down() {

@@ -18,6 +18,7 @@
 #ifndef LONGHAUL_NETEM_TC_NETWORK_H_
 #define LONGHAUL_NETEM_TC_NETWORK_H_
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -52,10 +53,25 @@ absl::StatusOr<Topology> ParseTopology(const std::string& yaml);
 // Runs argv; returns its exit status and, on failure, its stderr in the message.
 using CommandRunner = std::function<absl::Status(const std::vector<std::string>& argv)>;
 absl::Status RunCommand(const std::vector<std::string>& argv);
+// The same, returning what the command printed on stdout.
+using OutputRunner = std::function<absl::StatusOr<std::string>(const std::vector<std::string>& argv)>;
+absl::StatusOr<std::string> RunCommandOutput(const std::vector<std::string>& argv);
+
+// What a root qdisc has sent (tc -s): bytes and packets as they left, packets it dropped.
+struct QdiscCounters {
+  int64_t bytes = 0, packets = 0, drops = 0;
+};
+absl::StatusOr<QdiscCounters> ParseQdiscCounters(const std::string& tc_s_output);
+// One host's access link: `up` is its egress (eth0), `down` the bridge port's egress towards it.
+struct HostCounters {
+  std::string host;
+  QdiscCounters up, down;
+};
 
 class Network {
  public:
-  Network(Topology t, CommandRunner run) : t_(std::move(t)), run_(std::move(run)) {}
+  Network(Topology t, CommandRunner run, OutputRunner output = RunCommandOutput)
+      : t_(std::move(t)), run_(std::move(run)), output_(std::move(output)) {}
   // Builds everything; on any failure (or when `interrupted` returns true between steps) removes
   // what was built and returns the error.
   absl::Status Up(const std::function<bool()>& interrupted = [] { return false; });
@@ -71,11 +87,15 @@ class Network {
   // sink in `host`'s namespace: through the uplink (unshaped) and `host`'s shaped download. What
   // an application can get from a link of the configured rate after TCP/IP/Ethernet headers.
   absl::StatusOr<double> TcpGoodputTo(const std::string& host, int64_t bytes);
+  // Every host's access-link counters since its qdiscs were last made (Up or SetRate). Only for
+  // shaped links (an unshaped link has no root qdisc of ours).
+  absl::StatusOr<std::vector<HostCounters>> Counters();
   const std::vector<std::string>& notes() const { return notes_; }
 
  private:
   Topology t_;
   CommandRunner run_;
+  OutputRunner output_;
   std::vector<std::string> notes_;
 };
 

@@ -11,6 +11,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "tools/cluster/local_cluster.h"
 
 namespace longhaul::netem {
@@ -78,6 +79,34 @@ TEST(TopologyTest, TbfQueuesEachHostsQueueMsAtUpAndSetRate) {
   EXPECT_EQ(tbf, (std::vector<std::string>{"q-a eth0 1500ms", "q-sw q-a-s 1500ms", "q-b eth0 400ms", "q-sw q-b-s 400ms"}));
 }
 
+TEST(TopologyTest, QdiscCountersAreParsedFromTcOutput) {
+  auto c = ParseQdiscCounters("qdisc tbf 876d: dev eth0 root refcnt 3 rate 2Mbit burst 3200b lat 400ms \n"
+                              " Sent 1391436 bytes 2225 pkt (dropped 101, overlimits 2118 requeues 0) \n"
+                              " backlog 0b 0p requeues 0\n");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->bytes, 1391436);
+  EXPECT_EQ(c->packets, 2225);
+  EXPECT_EQ(c->drops, 101);
+  EXPECT_FALSE(ParseQdiscCounters("").ok());
+  EXPECT_FALSE(ParseQdiscCounters("qdisc tbf 1: dev eth0 root\n Sent lots of bytes\n").ok());
+  // Network::Counters asks for each host's two root qdiscs and fails with tc's problem.
+  auto t = ParseTopology("name: q\nhosts:\n  - {name: a, rate_mbit: 10}\n");
+  ASSERT_TRUE(t.ok());
+  std::vector<std::string> asked;
+  Network net(*t, [](const std::vector<std::string>&) { return absl::OkStatus(); },
+              [&](const std::vector<std::string>& argv) -> absl::StatusOr<std::string> {
+                asked.push_back(absl::StrJoin(argv, " "));
+                return std::string(" Sent 10 bytes 1 pkt (dropped 0, overlimits 0 requeues 0)\n");
+              });
+  auto hc = net.Counters();
+  ASSERT_TRUE(hc.ok()) << hc.status();
+  EXPECT_EQ(asked, (std::vector<std::string>{"tc -s -n q-a qdisc show dev eth0 root", "tc -s -n q-sw qdisc show dev q-a-s root"}));
+  EXPECT_EQ((*hc)[0].up.bytes, 10);
+  Network broken(*t, [](const std::vector<std::string>&) { return absl::OkStatus(); },
+                 [](const std::vector<std::string>&) -> absl::StatusOr<std::string> { return absl::InternalError("no tc"); });
+  EXPECT_FALSE(broken.Counters().ok());
+}
+
 std::string Tool() { return cluster::Cluster::Bin("longhaul-netem"); }
 
 TEST(TcNetworkTest, ShapedLinkDeliversNinetyToHundredPercentOfTheRateAndDownCleansUp) {
@@ -133,6 +162,18 @@ TEST(TcNetworkTest, GoodputProbeMeasuresTheShapedLinkAndLeavesNothingBehind) {
   ASSERT_TRUE(mbit.ok()) << mbit.status();
   EXPECT_GE(*mbit, 0.9 * 40);
   EXPECT_LE(*mbit, 1.0 * 40);
+  // The qdisc counters saw the probe's bytes (plus headers) go down to b, its ACKs go up, nothing
+  // to a, nothing dropped.
+  absl::StatusOr<std::vector<HostCounters>> c = net.Counters();
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_EQ(c->size(), 2u);
+  EXPECT_EQ((*c)[1].host, "b");
+  EXPECT_GE((*c)[1].down.bytes, 6'000'000);
+  EXPECT_LE((*c)[1].down.bytes, 6'600'000);
+  EXPECT_GT((*c)[1].up.packets, 0);
+  EXPECT_LT((*c)[1].up.bytes, 600'000);
+  EXPECT_LT((*c)[0].down.bytes, 10'000);
+  EXPECT_EQ((*c)[1].down.drops, 0);
   EXPECT_FALSE(net.TcpGoodputTo("nosuchhost", 1000).ok());
   ASSERT_TRUE(net.Down().ok());
   EXPECT_FALSE(std::filesystem::exists("/run/netns/lhgp-b"));

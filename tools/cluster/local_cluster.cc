@@ -84,6 +84,11 @@ Cluster::~Cluster() {
   if (!std::getenv("LONGHAUL_KEEP_TEST_DIRS")) std::filesystem::remove_all(dir_);
 }
 
+void Cluster::SignalAll(int sig) {
+  for (auto& [name, w] : workers_) w->Signal(sig);
+  if (coordinator_) coordinator_->Signal(sig);
+}
+
 std::vector<std::string> Cluster::Prefix(const std::string& role) const {
   if (!placement_.ns) return {};
   return {"/usr/sbin/ip", "netns", "exec", placement_.ns(role)};

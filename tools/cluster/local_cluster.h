@@ -82,6 +82,9 @@ class Cluster {
   static std::pair<int, std::string> Run(const std::string& cmd);
   static std::string Bin(const std::string& name);
   void DumpLogs();
+  // Sends `sig` to every process of the cluster (for a tool's own termination handler; safe to call
+  // from another thread once the processes are started).
+  void SignalAll(int sig);
 
  private:
   absl::Status Connect();
