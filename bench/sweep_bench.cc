@@ -108,9 +108,8 @@ absl::StatusOr<int64_t> FrameBytes(const std::string& spec, int64_t mbs, int64_t
 
 int SweepBenchMain(int argc, char** argv) {
   auto args = cli::Args::Parse(argc, argv, {"rates", "codecs", "backward", "steps", "layers", "hidden", "context",
-                                            "micro-batches", "micro-batch-size", "schedule", "repeats", "shaper", "tc", "queue-ms", "markdown",
-                                            "svg", "json",
-                                            "help"});
+                                            "micro-batches", "micro-batch-size", "schedule", "repeats", "shaper",
+                                            "tc", "queue-ms", "markdown", "svg", "json", "help"});
   if (std::optional<int> rc = cli::ExitForParseErrorOrHelp(args, "longhaul-bench sweep", kHelp)) return *rc;
   std::vector<double> rates;
   for (absl::string_view r : absl::StrSplit(args->Str("rates", "2,10,100"), ',')) {

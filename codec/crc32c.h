@@ -14,7 +14,10 @@ namespace longhaul::codec {
 
 uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t n);
 uint32_t Crc32cReferenceExtend(uint32_t crc, const void* data, size_t n);
-// Copies n bytes from src to dst (they must not overlap) and returns Crc32cExtend(crc, src, n).
+// Copies n bytes from src to dst (they must not overlap) and returns Crc32cExtend(crc, src, n), in
+// one pass over the data with VPCLMULQDQ. (The receive path appends into std::string buffers,
+// which cannot be written before they are initialised, so it checksums each piece right after
+// copying it instead, while the piece is in cache: codec::FrameCrc.)
 uint32_t Crc32cCopyExtend(uint32_t crc, void* dst, const void* src, size_t n);
 
 // The implementations behind the calls above, chosen once per process by what the CPU has; named

@@ -87,8 +87,8 @@ class Network {
   // sink in `host`'s namespace: through the uplink (unshaped) and `host`'s shaped download. What
   // an application can get from a link of the configured rate after TCP/IP/Ethernet headers.
   absl::StatusOr<double> TcpGoodputTo(const std::string& host, int64_t bytes);
-  // Every host's access-link counters since its qdiscs were last made (Up or SetRate). Only for
-  // shaped links (an unshaped link has no root qdisc of ours).
+  // Every host's access-link counters since its qdiscs were last made (Up or SetRate); an unshaped
+  // link reports its default qdisc's (usually zeros).
   absl::StatusOr<std::vector<HostCounters>> Counters();
   const std::vector<std::string>& notes() const { return notes_; }
 
