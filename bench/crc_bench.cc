@@ -46,8 +46,8 @@ int CrcBenchMain(int argc, char** argv) {
   if (std::optional<int> rc = cli::ExitForParseErrorOrHelp(args, "longhaul-bench crc", kHelp)) return *rc;
   auto bytes = args->Int("bytes", 4 << 20);
   auto seconds = args->Double("seconds", 0.3);
-  if (!bytes.ok() || !seconds.ok() || *bytes < 1 || *bytes > (int64_t{1} << 32) || *seconds <= 0 || *seconds > 60) {
-    std::fprintf(stderr, "longhaul-bench crc: --bytes must be in [1, 2^32] and --seconds in (0, 60]\n");
+  if (!bytes.ok() || !seconds.ok() || *bytes < 1 || *bytes > (int64_t{1} << 30) || *seconds <= 0 || *seconds > 60) {
+    std::fprintf(stderr, "longhaul-bench crc: --bytes must be in [1, 2^30] and --seconds in (0, 60]\n");
     return 2;
   }
   const size_t n = static_cast<size_t>(*bytes);
