@@ -37,17 +37,19 @@ namespace longhaul::bench {
 namespace {
 
 constexpr char kHelp[] =
-    "usage: longhaul-bench transport [--bytes=N] [--frame-bytes=N] [--codec=SPEC] [--json]\n"
+    "usage: longhaul-bench transport [--bytes=N] [--frame-bytes=N] [--codec=SPEC] [--streams=N] [--json]\n"
     "\n"
     "Streams --bytes of fp32 tensor data (frames of --frame-bytes, default 4 MiB, encoded with\n"
     "--codec, default fp32) from this process to a second process over the real gRPC data plane,\n"
     "then the same number of bytes over one plain TCP socket, and prints both goodputs (payload\n"
     "bits per second) and their ratio. Defaults: --bytes=1073741824.\n"
+    "--streams: gRPC streams (TCP connections) the link is striped over, 1-8; default 0, the data\n"
+    "plane's automatic choice (2 with at least 8 hardware threads, else 1).\n"
     "Also reports the CPU time both processes used in each phase (user + system, all threads), as\n"
     "CPU seconds per GiB: on a machine with few cores both paths are CPU-bound and this is what\n"
     "decides the ratio.\n"
-    "JSON fields: bytes, frame_bytes, codec, wire_bytes, grpc_gbps, tcp_gbps, ratio, grpc_seconds,\n"
-    "tcp_seconds, grpc_cpu_s_per_gib, tcp_cpu_s_per_gib.\n";
+    "JSON fields: bytes, frame_bytes, codec, streams, wire_bytes, grpc_gbps, tcp_gbps, ratio,\n"
+    "grpc_seconds, tcp_seconds, grpc_cpu_s_per_gib, tcp_cpu_s_per_gib.\n";
 
 using Clock = std::chrono::steady_clock;
 
@@ -112,14 +114,19 @@ int Serve() {
 }  // namespace
 
 int TransportBenchMain(int argc, char** argv) {
-  auto args = cli::Args::Parse(argc, argv, {"bytes", "frame-bytes", "codec", "json", "serve", "help"});
+  auto args = cli::Args::Parse(argc, argv, {"bytes", "frame-bytes", "codec", "streams", "json", "serve", "help"});
   if (std::optional<int> rc = cli::ExitForParseErrorOrHelp(args, "longhaul-bench transport", kHelp)) return *rc;
   worker::TuneAllocatorForLargeFrames();  // as longhaul-worker does
   if (args->Bool("serve")) return Serve();
   auto bytes = args->Int("bytes", int64_t{1} << 30), frame = args->Int("frame-bytes", 4 << 20);
+  auto streams = args->Int("streams", 0);
   if (!bytes.ok() || !frame.ok() || *bytes < 4 || *frame < 4 || *frame > (256 << 20)) {
     std::fprintf(stderr, "longhaul-bench transport: --bytes and --frame-bytes need positive integers "
                          "(frames at most 256 MiB)\n");
+    return 2;
+  }
+  if (!streams.ok() || *streams < 0 || *streams > worker::kMaxStripes) {
+    std::fprintf(stderr, "longhaul-bench transport: --streams must be 0 (automatic) .. %d\n", worker::kMaxStripes);
     return 2;
   }
   auto codec = codec::MakeCodec(args->Str("codec", "fp32"));
@@ -162,6 +169,7 @@ int TransportBenchMain(int argc, char** argv) {
   o.peer = "bench receiver";
   o.job_id = 1;
   o.queue_capacity = 4;
+  o.streams = static_cast<int>(*streams);
   auto sender = worker::LinkSender::Start(o, codec->get());
   if (!sender.ok()) {
     std::fprintf(stderr, "longhaul-bench transport: %s\n", std::string(sender.status().message()).c_str());
@@ -194,15 +202,15 @@ int TransportBenchMain(int argc, char** argv) {
   const double gib = grpc_bytes / 1073741824.0;
   const double grpc_cpu = (c1 - c0) / gib, tcp_cpu = (c2 - c1) / gib;
   if (json) {
-    std::printf("{\"bytes\": %lld, \"frame_bytes\": %lld, \"codec\": \"%s\", \"wire_bytes\": %lld, "
+    std::printf("{\"bytes\": %lld, \"frame_bytes\": %lld, \"codec\": \"%s\", \"streams\": %d, \"wire_bytes\": %lld, "
                 "\"grpc_gbps\": %.4f, \"tcp_gbps\": %.4f, \"ratio\": %.4f, \"grpc_seconds\": %.4f, "
                 "\"tcp_seconds\": %.4f, \"grpc_cpu_s_per_gib\": %.3f, \"tcp_cpu_s_per_gib\": %.3f}\n",
                 static_cast<long long>(grpc_bytes), static_cast<long long>(elems * 4), (*codec)->spec().c_str(),
-                static_cast<long long>(wire), grpc_gbps, tcp_gbps, grpc_gbps / tcp_gbps, grpc_s, tcp_s, grpc_cpu,
+                (*sender)->streams(), static_cast<long long>(wire), grpc_gbps, tcp_gbps, grpc_gbps / tcp_gbps, grpc_s, tcp_s, grpc_cpu,
                 tcp_cpu);
   } else {
-    std::printf("payload %.2f GiB in frames of %.1f MiB (%s)\n", grpc_bytes / 1073741824.0, elems * 4 / 1048576.0,
-                (*codec)->spec().c_str());
+    std::printf("payload %.2f GiB in frames of %.1f MiB (%s), %d gRPC stream(s)\n", grpc_bytes / 1073741824.0,
+                elems * 4 / 1048576.0, (*codec)->spec().c_str(), (*sender)->streams());
     std::printf("  gRPC data plane: %8.3f Gbit/s  (%.2f s, %.2f CPU s per GiB)\n", grpc_gbps, grpc_s, grpc_cpu);
     std::printf("  plain TCP:       %8.3f Gbit/s  (%.2f s, %.2f CPU s per GiB)\n", tcp_gbps, tcp_s, tcp_cpu);
     std::printf("  ratio gRPC/TCP:  %8.3f\n", grpc_gbps / tcp_gbps);

@@ -23,6 +23,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <grpcpp/grpcpp.h>
 #include <torch/torch.h>
@@ -46,6 +47,11 @@ namespace v1 = ::longhaul::v1;
 inline constexpr int64_t kDefaultMaxFrameBytes = int64_t{1} << 30;
 // Chunk size on the wire (below the 4 MiB message limit set on every channel and server).
 inline constexpr int64_t kChunkBytes = int64_t{1} << 20;
+// A link may be striped over up to this many gRPC streams, each on its own TCP connection: the
+// sender deals frame k to stream k % stripes, and the receiving inbox takes them back in turn.
+// Each stream announces itself with the call metadata kStripeMetadata = "<index>/<count>".
+inline constexpr int kMaxStripes = 8;
+inline constexpr char kStripeMetadata[] = "longhaul-stripe";
 
 // A received, validated item: a decoded tensor (FORWARD/BACKWARD) or a scalar (NORM_*).
 struct InFrame {
@@ -61,13 +67,20 @@ class Inbox {
   // `peer` describes the sending side for error messages ("stage 1 (worker w1 at host:port)").
   Inbox(size_t capacity, std::string peer);
 
-  // Handler side: blocks while full. Returns false when the inbox was cancelled (drop the frame).
-  bool Push(InFrame f);
-  // Compute side: the next frame in arrival order. Fails when the link was closed with nothing
-  // left (the message names the peer), when cancelled, or after `timeout`.
+  // Handler side: the next frame of stream `stripe` of a link striped over `stripes` streams
+  // (unstriped: 0 of 1). Blocks while that stream's share of the capacity (capacity / stripes,
+  // rounded up) is full. Returns false when the inbox was cancelled (drop the frame).
+  bool Push(InFrame f, int stripe = 0, int stripes = 1);
+  // Fixes the link's stripe count (the first stream to arrive sets it); false when a stream
+  // announces a different count or an out-of-range one.
+  bool SetStripes(int stripes);
+  // Compute side: the next frame in the sender's order (streams taken in turn). Fails when the
+  // stream that carries it was closed with nothing left (the message names the peer), when
+  // cancelled, or after `timeout`.
   absl::StatusOr<InFrame> Pop(absl::Duration timeout);
-  // No more frames will come; `why` is reported to a Pop that finds the inbox empty.
-  void Close(absl::Status why);
+  // No more frames will come on stream `stripe` (every stream when -1); `why` is reported to a Pop
+  // that needs one.
+  void Close(absl::Status why, int stripe = -1);
   // Wakes every waiter; Push and Pop fail from now on.
   void Cancel(absl::Status why);
   const std::string& peer() const { return peer_; }
@@ -76,8 +89,11 @@ class Inbox {
   const size_t capacity_;
   const std::string peer_;
   absl::Mutex mu_;
-  std::deque<InFrame> q_ ABSL_GUARDED_BY(mu_);
-  absl::Status closed_ ABSL_GUARDED_BY(mu_);     // non-OK once closed
+  int stripes_ ABSL_GUARDED_BY(mu_) = 1;
+  bool stripes_set_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t popped_ ABSL_GUARDED_BY(mu_) = 0;  // frames taken so far: the next comes from stream popped_ % stripes_
+  std::deque<InFrame> q_[kMaxStripes] ABSL_GUARDED_BY(mu_);
+  absl::Status closed_[kMaxStripes] ABSL_GUARDED_BY(mu_);  // non-OK once that stream closed
   absl::Status cancelled_ ABSL_GUARDED_BY(mu_);  // non-OK once cancelled
 };
 
@@ -100,6 +116,10 @@ struct SenderOptions {
   netem::LinkProfile profile;
   size_t queue_capacity = 8;
   int codec_threads = 1;
+  // gRPC streams (each on its own TCP connection) the link is striped over, 1..kMaxStripes; 0 is
+  // automatic: 2 on machines with at least 8 hardware threads (one stream's chain of threads does
+  // not keep a fast link busy there), else 1. A link shaped in-process always uses 1.
+  int streams = 0;
   absl::Duration connect_timeout = absl::Seconds(30);
   netem::Clock* clock = netem::RealClock();
 };
@@ -127,6 +147,8 @@ class LinkSender {
   void Abort(absl::Status why);
 
   LinkStats stats();
+  // The gRPC streams (TCP connections) the link is striped over.
+  int streams() const { return static_cast<int>(stripes_.size()); }
   // Time Send() spent blocked on a full queue since the last call.
   absl::Duration TakeSendWait();
 
@@ -154,29 +176,37 @@ class LinkSender {
   template <typename T>
   bool TakeFront(std::deque<T>* q, T* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EncoderLoop();
-  void SenderLoop();
-  void AckLoop();
+  void SenderLoop(size_t stripe);
+  void AckLoop(size_t stripe);
   void DelayLoop();
-  absl::Status Put(const grpc::ByteBuffer& chunk, uint64_t step);
-  absl::Status WriteFrame(const Item& item, const std::shared_ptr<const codec::FrameParts>& frame);
+  absl::Status Put(const grpc::ByteBuffer& chunk, uint64_t step, size_t stripe);
+  absl::Status WriteFrame(const Item& item, const std::shared_ptr<const codec::FrameParts>& frame, size_t stripe);
   void Fail(absl::Status s);
+  void CancelCalls();
+
+  // One gRPC stream of the link, on its own channel (and so its own TCP connection).
+  struct Stripe {
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<grpc::internal::RpcMethod> method;
+    grpc::ClientContext ctx;
+    // Chunks go out as ByteBuffers over the frame memory (chunk_wire.h); acks are plain protobuf.
+    std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, v1::FrameAck>> stream;
+    std::thread sender, acker;
+  };
 
   const SenderOptions opt_;
   const codec::Codec* codec_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<grpc::internal::RpcMethod> method_;
-  grpc::ClientContext ctx_;
-  // Chunks go out as ByteBuffers over the frame memory (chunk_wire.h); acks are plain protobuf.
-  std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, v1::FrameAck>> stream_;
-  std::thread encoder_, sender_, acker_;
-  std::thread delayer_;  // only when the profile has delay, jitter or loss
-  std::unique_ptr<netem::LinkShaper> shaper_;  // sender thread only
+  std::vector<std::unique_ptr<Stripe>> stripes_;  // fixed after Start
+  std::thread encoder_;
+  std::thread delayer_;  // only when the profile has delay, jitter or loss (one stripe then)
+  std::unique_ptr<netem::LinkShaper> shaper_;  // sender thread only (one stripe then)
 
   absl::Mutex mu_;
-  std::deque<Item> q_ ABSL_GUARDED_BY(mu_);          // queued by Send, not yet encoded
-  std::deque<Encoded> encoded_ ABSL_GUARDED_BY(mu_);  // encoded, not yet written
-  // Items taken from q_ and not yet written: they still count against queue_capacity, so a Finish
-  // drains exactly and compute feels backpressure from the wire, not from the encoder.
+  std::deque<Item> q_ ABSL_GUARDED_BY(mu_);  // queued by Send, not yet encoded
+  // Encoded, not yet written: frame k goes to stripe k % stripes_.size().
+  std::vector<std::deque<Encoded>> encoded_ ABSL_GUARDED_BY(mu_);
+  // Items taken from q_ and not yet written (the end marker excluded): they still count against
+  // queue_capacity, so compute feels backpressure from the wire, not from the encoder.
   size_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status failed_ ABSL_GUARDED_BY(mu_);
   bool finished_ ABSL_GUARDED_BY(mu_) = false;

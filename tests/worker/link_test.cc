@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "codec/codec.h"
 
 namespace longhaul::worker {
@@ -239,6 +240,90 @@ TEST_F(LinkTest, UnknownJobIsRefused) {
   auto [st, err] = SendRaw({c});
   EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_NE(st.error_message().find("not running job 99"), std::string::npos) << st.error_message();
+}
+
+// A link striped over 3 streams (3 TCP connections): frames of very different sizes (1 KiB and
+// 1.5 MiB, so the streams run at different speeds) and norm values come out in the sender's order
+// and intact while a consumer pops concurrently through an inbox smaller than the traffic; after a
+// clean Finish the inbox reports the link closed.
+TEST_F(LinkTest, StripedLinkKeepsTheSendersOrder) {
+  auto codec = codec::MakeCodec("fp32");
+  ASSERT_TRUE(codec.ok());
+  SenderOptions o;
+  o.target = target_;
+  o.peer = "stage 1 (test)";
+  o.job_id = 1;
+  o.streams = 3;
+  auto sender = LinkSender::Start(o, codec->get());
+  ASSERT_TRUE(sender.ok()) << sender.status();
+  torch::manual_seed(2);
+  constexpr int kFrames = 40;
+  std::vector<torch::Tensor> sent;
+  for (int i = 0; i < kFrames; ++i) sent.push_back(torch::randn({i % 3 == 1 ? 384 * 1024 : 256}));
+  std::vector<std::string> problems;
+  std::thread consumer([&] {
+    for (int i = 0; i < kFrames; ++i) {
+      auto f = router_.inbox->Pop(absl::Seconds(20));
+      if (!f.ok()) {
+        problems.push_back(std::string(f.status().message()));
+        return;
+      }
+      if (i % 10 == 9) {
+        if (f->direction != v1::DIRECTION_NORM_TOTAL || f->value != i) problems.push_back(absl::StrCat("norm at ", i));
+        continue;
+      }
+      if (f->micro_batch != i || !torch::equal(f->tensor, sent[i])) problems.push_back(absl::StrCat("frame ", i));
+    }
+    auto end = router_.inbox->Pop(absl::Seconds(20));
+    if (end.ok() || end.status().message().find("closed") == std::string::npos) problems.push_back("no close");
+  });
+  for (int i = 0; i < kFrames; ++i) {
+    absl::Status st = i % 10 == 9 ? (*sender)->SendValue(1, v1::DIRECTION_NORM_TOTAL, i)
+                                  : (*sender)->Send(1, i, v1::DIRECTION_FORWARD, sent[i], false);
+    ASSERT_TRUE(st.ok()) << st;
+  }
+  ASSERT_TRUE((*sender)->Finish().ok());
+  consumer.join();
+  EXPECT_TRUE(problems.empty()) << absl::StrJoin(problems, "; ");
+  EXPECT_EQ((*sender)->stats().frames, kFrames - kFrames / 10);
+}
+
+TEST_F(LinkTest, BadStripeMetadataIsRejected) {
+  for (const char* bad : {"3/2", "0/9", "x", "1/0"}) {
+    auto stub = v1::StageLink::NewStub(grpc::CreateChannel(target_, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    ctx.AddMetadata(kStripeMetadata, bad);
+    auto stream = stub->Stream(&ctx);
+    stream->Write(Chunk("abcd"));
+    stream->WritesDone();
+    grpc::Status st = stream->Finish();
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << bad;
+    EXPECT_NE(st.error_message().find("longhaul-stripe"), std::string::npos) << bad << ": " << st.error_message();
+  }
+}
+
+// Stripes are taken in turn: a frame waiting on stream 1 is not popped before stream 0's; a stream
+// that closed cleanly fails the Pop that needs a frame from it, after the frames queued before.
+TEST(InboxTest, StripesArePoppedInTurnAndCloseSeparately) {
+  Inbox in(4, "stage 0 (test)");
+  ASSERT_TRUE(in.SetStripes(2));
+  EXPECT_FALSE(in.SetStripes(3));
+  EXPECT_TRUE(in.SetStripes(2));
+  InFrame a, b, c;
+  a.micro_batch = 0, b.micro_batch = 1, c.micro_batch = 2;
+  ASSERT_TRUE(in.Push(b, 1, 2));
+  EXPECT_FALSE(in.Pop(absl::Milliseconds(20)).ok());  // frame 0 (stream 0) has not come
+  ASSERT_TRUE(in.Push(a, 0, 2));
+  ASSERT_TRUE(in.Push(c, 0, 2));
+  in.Close(absl::OkStatus(), 1);
+  for (int want : {0, 1, 2}) {
+    auto f = in.Pop(absl::Seconds(1));
+    ASSERT_TRUE(f.ok()) << want << ": " << f.status();
+    EXPECT_EQ(f->micro_batch, want);
+  }
+  auto end = in.Pop(absl::Seconds(1));  // frame 3 would come on the closed stream 1
+  ASSERT_FALSE(end.ok());
+  EXPECT_NE(end.status().message().find("closed"), std::string::npos) << end.status();
 }
 
 TEST(InboxTest, CancelWakesAWaitingPopAndTimeoutNamesThePeer) {
