@@ -43,8 +43,10 @@ constexpr char kHelp[] =
     "--codec, default fp32) from this process to a second process over the real gRPC data plane,\n"
     "then the same number of bytes over one plain TCP socket, and prints both goodputs (payload\n"
     "bits per second) and their ratio. Defaults: --bytes=1073741824.\n"
-    "--streams: gRPC streams (TCP connections) the link is striped over, 1-8; default 0, the data\n"
-    "plane's automatic choice (2 with at least 8 hardware threads, else 1).\n"
+    "--streams: gRPC streams (TCP connections) the link is striped over, 1-8: the job spec's\n"
+    "links.streams. Default 2, what a fast link (datacenter, loopback) should be given: one\n"
+    "stream's threads cap a link near 30 Gbit/s. Jobs default to 1, right for rate-limited WAN\n"
+    "links (docs/training-job.md); --streams=1 measures that.\n"
     "Also reports the CPU time both processes used in each phase (user + system, all threads), as\n"
     "CPU seconds per GiB: on a machine with few cores both paths are CPU-bound and this is what\n"
     "decides the ratio.\n"
@@ -119,14 +121,14 @@ int TransportBenchMain(int argc, char** argv) {
   worker::TuneAllocatorForLargeFrames();  // as longhaul-worker does
   if (args->Bool("serve")) return Serve();
   auto bytes = args->Int("bytes", int64_t{1} << 30), frame = args->Int("frame-bytes", 4 << 20);
-  auto streams = args->Int("streams", 0);
+  auto streams = args->Int("streams", 2);
   if (!bytes.ok() || !frame.ok() || *bytes < 4 || *frame < 4 || *frame > (256 << 20)) {
     std::fprintf(stderr, "longhaul-bench transport: --bytes and --frame-bytes need positive integers "
                          "(frames at most 256 MiB)\n");
     return 2;
   }
-  if (!streams.ok() || *streams < 0 || *streams > worker::kMaxStripes) {
-    std::fprintf(stderr, "longhaul-bench transport: --streams must be 0 (automatic) .. %d\n", worker::kMaxStripes);
+  if (!streams.ok() || *streams < 1 || *streams > worker::kMaxStripes) {
+    std::fprintf(stderr, "longhaul-bench transport: --streams must be 1..%d\n", worker::kMaxStripes);
     return 2;
   }
   auto codec = codec::MakeCodec(args->Str("codec", "fp32"));

@@ -178,7 +178,8 @@ absl::StatusOr<v1::JobSpec> ParseJobSpec(const std::string& yaml, int64_t steps_
             .Field<double>("delay_ms", [&](double v) { l->set_delay_ms(v); })
             .Field<double>("jitter_ms", [&](double v) { l->set_jitter_ms(v); })
             .Field<double>("loss", [&](double v) { l->set_loss(v); })
-            .Field<double>("retransmit_ms", [&](double v) { l->set_retransmit_ms(v); });
+            .Field<double>("retransmit_ms", [&](double v) { l->set_retransmit_ms(v); })
+            .Field<int>("streams", [&](int v) { l->set_streams(v); });
       })
       .Field<int>("codec_threads", [&](int v) { s.set_codec_threads(v); });
   top.CheckUnknown();
@@ -245,6 +246,7 @@ absl::Status ValidateJobSpec(const v1::JobSpec& s) {
   }
   range("links.loss", s.links().loss(), 0, 0.5);
   range("links.retransmit_ms", s.links().retransmit_ms(), 0, 60000);
+  range("links.streams", s.links().streams(), 0, 8);
   range("codec_threads", s.codec_threads(), 1, 64);
   if (s.name().empty() || s.name().size() > 128) p.push_back("name: must be 1..128 characters");
   if (!p.empty()) return absl::InvalidArgumentError(absl::StrJoin(p, "\n"));

@@ -17,8 +17,11 @@
 //   checkpoint: {interval [0 = at the end only], dir [<worker data dir>/jobs/<id>]}
 //   data: {corpus [/usr/share/games/fortunes], val_fraction [0.1]}
 //   links: {rate_mbit [0 = unshaped], burst_bytes [0 = one 1 MiB chunk], delay_ms [0], jitter_ms [0],
-//           loss [0, probability per chunk], retransmit_ms [0 = max(200, 3 x delay_ms)]}
-//           in-process emulation by every link's sender (netem/shaper.h)
+//           loss [0, probability per chunk], retransmit_ms [0 = max(200, 3 x delay_ms)],
+//           streams [1]}
+//           in-process emulation by every link's sender (netem/shaper.h); streams: gRPC streams
+//           (TCP connections) each data-plane link is striped over, 1..8, for fast links (one
+//           stream's threads cap a link at ~30 Gbit/s); a rate-limited link uses 1
 //   codec_threads [1]
 #ifndef LONGHAUL_COORDINATOR_JOB_SPEC_H_
 #define LONGHAUL_COORDINATOR_JOB_SPEC_H_

@@ -83,11 +83,10 @@ LinkSender::LinkSender(const SenderOptions& o, const codec::Codec* codec) : opt_
 absl::StatusOr<std::unique_ptr<LinkSender>> LinkSender::Start(const SenderOptions& o,
                                                               const codec::Codec* codec) {
   if (o.streams < 0 || o.streams > kMaxStripes) {
-    return absl::InvalidArgumentError(absl::StrCat("link to ", o.peer, ": streams must be 0 (automatic) .. ", kMaxStripes));
+    return absl::InvalidArgumentError(absl::StrCat("link to ", o.peer, ": streams must be 1..", kMaxStripes));
   }
   std::unique_ptr<LinkSender> s(new LinkSender(o, codec));
-  int n = o.streams;
-  if (n == 0) n = std::thread::hardware_concurrency() >= 8 ? 2 : 1;
+  int n = std::max(1, o.streams);
   if (o.profile.shaped()) n = 1;  // the in-process shaper emulates one link
   for (int i = 0; i < n; ++i) {
     auto st = std::make_unique<Stripe>();

@@ -116,10 +116,12 @@ struct SenderOptions {
   netem::LinkProfile profile;
   size_t queue_capacity = 8;
   int codec_threads = 1;
-  // gRPC streams (each on its own TCP connection) the link is striped over, 1..kMaxStripes; 0 is
-  // automatic: 2 on machines with at least 8 hardware threads (one stream's chain of threads does
-  // not keep a fast link busy there), else 1. A link shaped in-process always uses 1.
-  int streams = 0;
+  // gRPC streams (each on its own TCP connection) the link is striped over, 1..kMaxStripes (0 is
+  // taken as 1). Striping lets a fast link (datacenter, loopback) use more cores than one stream's
+  // chain of threads; on a rate-limited link it hurts (the flows compete for the bottleneck and the
+  // receiver takes frames in turn, so the slower flow sets the pace). A link shaped in-process
+  // always uses 1.
+  int streams = 1;
   absl::Duration connect_timeout = absl::Seconds(30);
   netem::Clock* clock = netem::RealClock();
 };

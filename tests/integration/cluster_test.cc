@@ -18,7 +18,8 @@ namespace longhaul::cluster {
 namespace {
 
 // A small model so that CI on 2 cores runs each job in seconds.
-std::string Spec(const std::string& fwd, const std::string& bwd, int steps, double rate_mbit = 0, int stages = 4) {
+std::string Spec(const std::string& fwd, const std::string& bwd, int steps, double rate_mbit = 0, int stages = 4,
+                 int streams = 1) {
   return absl::StrCat(R"(name: it
 model: {layers: 4, hidden: 64, heads: 4, context: 32}
 stages: )", stages, R"(
@@ -29,7 +30,7 @@ codecs: {forward: ")", fwd, R"(", backward: ")", bwd, R"("}
 optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, warmup_steps: 5, clip_norm: 1.0}
 steps: )", steps, R"(
 seed: 7
-links: {rate_mbit: )", rate_mbit, "}\n");
+links: {rate_mbit: )", rate_mbit, ", streams: ", streams, "}\n");
 }
 
 class ClusterTest : public ::testing::Test {
@@ -40,10 +41,12 @@ class ClusterTest : public ::testing::Test {
   Cluster c_;
 };
 
+// Over links striped across 2 streams each (links.streams): the frames' order and bytes survive the
+// striping exactly, or the losses would differ.
 TEST_F(ClusterTest, Fp32JobMatchesInProcessPipeline) {
   ASSERT_TRUE(c_.StartCoordinator().ok());
   ASSERT_TRUE(c_.StartWorkers(4).ok());
-  const std::string yaml = Spec("fp32", "fp32", 8);
+  const std::string yaml = Spec("fp32", "fp32", 8, 0, 4, /*streams=*/2);
   absl::StatusOr<uint64_t> job = c_.Submit(yaml);
   ASSERT_TRUE(job.ok()) << job.status();
   absl::StatusOr<v1::JobStatus> st = c_.WaitForEnd(*job, absl::Minutes(3));
