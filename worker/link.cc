@@ -29,7 +29,8 @@ bool Inbox::SetStripes(int stripes) {
 bool Inbox::Push(InFrame f, int stripe, int stripes) {
   absl::MutexLock l(&mu_);
   if (stripe < 0 || stripe >= kMaxStripes) return false;
-  const size_t share = (capacity_ + static_cast<size_t>(stripes) - 1) / static_cast<size_t>(stripes < 1 ? 1 : stripes);
+  const size_t k = static_cast<size_t>(stripes < 1 ? 1 : stripes);
+  const size_t share = (capacity_ + k - 1) / k;  // this stream's part of the capacity
   auto room = [this, stripe, share]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     return q_[stripe].size() < share || !cancelled_.ok();
   };
