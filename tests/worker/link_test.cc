@@ -73,6 +73,17 @@ class LinkTest : public ::testing::Test {
 
   OneInboxRouter router_;
   std::unique_ptr<StageLinkService> service_;
+  // A sender of job 1's stage 0 to this test's server.
+  SenderOptions Opts(int streams = 1) const {
+    SenderOptions o;
+    o.target = target_;
+    o.peer = "stage 1 (test)";
+    o.job_id = 1;
+    o.from_stage = 0;
+    o.streams = streams;
+    return o;
+  }
+
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   std::string target_;
@@ -81,12 +92,7 @@ class LinkTest : public ::testing::Test {
 TEST_F(LinkTest, TensorsAndNormsArriveInOrderAndIntact) {
   auto codec = codec::MakeCodec("fp32");
   ASSERT_TRUE(codec.ok());
-  SenderOptions o;
-  o.target = target_;
-  o.peer = "stage 1 (test)";
-  o.job_id = 1;
-  o.from_stage = 0;
-  auto sender = LinkSender::Start(o, codec->get());
+  auto sender = LinkSender::Start(Opts(), codec->get());
   ASSERT_TRUE(sender.ok()) << sender.status();
   torch::manual_seed(1);
   // 3 MiB tensors span several 1 MiB chunks.
@@ -127,10 +133,7 @@ TEST_F(LinkTest, TensorsAndNormsArriveInOrderAndIntact) {
 
 TEST_F(LinkTest, DelayedLinkDeliversEverythingInOrderNoEarlierThanTheDelay) {
   auto codec = codec::MakeCodec("fp32");
-  SenderOptions o;
-  o.target = target_;
-  o.peer = "stage 1 (test)";
-  o.job_id = 1;
+  SenderOptions o = Opts();
   o.profile.delay = absl::Milliseconds(80);
   o.profile.jitter = absl::Milliseconds(20);
   o.profile.loss = 0.2;
@@ -249,12 +252,7 @@ TEST_F(LinkTest, UnknownJobIsRefused) {
 TEST_F(LinkTest, StripedLinkKeepsTheSendersOrder) {
   auto codec = codec::MakeCodec("fp32");
   ASSERT_TRUE(codec.ok());
-  SenderOptions o;
-  o.target = target_;
-  o.peer = "stage 1 (test)";
-  o.job_id = 1;
-  o.streams = 3;
-  auto sender = LinkSender::Start(o, codec->get());
+  auto sender = LinkSender::Start(Opts(/*streams=*/3), codec->get());
   ASSERT_TRUE(sender.ok()) << sender.status();
   torch::manual_seed(2);
   constexpr int kFrames = 40;
