@@ -79,6 +79,8 @@ struct Run {
   double wire_bytes_per_step = 0;
   double drops = 0;
   double frame_bytes_per_step = 0;  // what the link bound counts on the busiest link
+  double fraction = 0;              // tokens/s / min(compute, link bound at the rate)
+  double goodput_fraction = 0;      // tokens/s / min(compute, link bound at the goodput)
 };
 
 // One training job's outcome.
@@ -321,6 +323,8 @@ int SweepBenchMain(int argc, char** argv) {
       r.frame_bytes_per_step = busiest;
       r.goodput_mbit = tc ? median(goodput[rate]) : rate;
       r.goodput_link_bound = tokens_per_step / (busiest / (r.goodput_mbit * 1e6 / 8));
+      r.fraction = r.tokens_per_s / std::min(r.compute_bound, r.link_bound);
+      r.goodput_fraction = r.tokens_per_s / std::min(r.compute_bound, r.goodput_link_bound);
       runs.push_back(r);
     }
   }
@@ -344,8 +348,7 @@ int SweepBenchMain(int argc, char** argv) {
     const double base = fp32_at(r.rate);
     absl::StrAppendFormat(&md, "| %g | %s / %s | %.0f | %.0f | %.0f | %.2f | %.0f | %.2f | %.2f | %s | %s | %s | %s |\n",
                           r.rate, r.codec, r.backward, r.tokens_per_s, r.compute_bound, r.link_bound, r.goodput_mbit,
-                          r.goodput_link_bound, r.tokens_per_s / std::min(r.compute_bound, r.link_bound),
-                          r.tokens_per_s / std::min(r.compute_bound, r.goodput_link_bound),
+                          r.goodput_link_bound, r.fraction, r.goodput_fraction,
                           tc ? absl::StrFormat("%.0f / %.0f", r.frame_bytes_per_step / 1e3, r.wire_bytes_per_step / 1e3)
                              : absl::StrFormat("%.0f / -", r.frame_bytes_per_step / 1e3),
                           tc ? absl::StrFormat("%.0f", r.drops) : "-", tc ? absl::StrFormat("%.2f", link_busy(r)) : "-",
@@ -360,8 +363,7 @@ int SweepBenchMain(int argc, char** argv) {
           "\"fraction_of_bound\": %.3f, \"fraction_of_goodput_bound\": %.3f, \"frame_bytes_per_step\": %.0f, "
           "\"wire_bytes_per_step\": %.0f, \"drops\": %.0f, \"link_busy\": %.3f, \"speedup_vs_fp32\": %.3f}",
           r.rate, r.codec, r.backward, r.tokens_per_s, r.compute_bound, r.link_bound, r.goodput_mbit,
-          r.goodput_link_bound, r.tokens_per_s / std::min(r.compute_bound, r.link_bound),
-          r.tokens_per_s / std::min(r.compute_bound, r.goodput_link_bound), r.frame_bytes_per_step,
+          r.goodput_link_bound, r.fraction, r.goodput_fraction, r.frame_bytes_per_step,
           r.wire_bytes_per_step, r.drops, tc ? link_busy(r) : 0.0,
           fp32_at(r.rate) > 0 ? r.tokens_per_s / fp32_at(r.rate) : 0.0));
     }

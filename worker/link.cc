@@ -26,10 +26,10 @@ bool Inbox::SetStripes(int stripes) {
   return true;
 }
 
-bool Inbox::Push(InFrame f, int stripe, int stripes) {
+bool Inbox::Push(InFrame f, int stripe) {
   absl::MutexLock l(&mu_);
-  if (stripe < 0 || stripe >= kMaxStripes) return false;
-  const size_t k = static_cast<size_t>(stripes < 1 ? 1 : stripes);
+  if (stripe < 0 || stripe >= stripes_) return false;
+  const size_t k = static_cast<size_t>(stripes_);
   const size_t share = (capacity_ + k - 1) / k;  // this stream's part of the capacity
   auto room = [this, stripe, share]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     return q_[stripe].size() < share || !cancelled_.ok();
@@ -640,12 +640,6 @@ grpc::Status StageLinkService::Stream(grpc::ServerContext* ctx,
   if (!stream->Read(&msg)) return grpc::Status::OK;
   absl::StatusOr<ParsedChunk> first = ParseChunk(msg);
   if (!first.ok()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, std::string(first.status().message()));
-  absl::StatusOr<std::shared_ptr<Inbox>> found =
-      router_->Find(first->header.job_id(), first->header.from_stage(), absl::Seconds(30));
-  if (!found.ok()) {
-    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, std::string(found.status().message()));
-  }
-  const std::shared_ptr<Inbox> inbox = *found;
   // Which stream of a striped link this is ("<index>/<count>"; absent: 0 of 1).
   int stripe = 0, stripes = 1;
   if (auto m = ctx->client_metadata().find(kStripeMetadata); m != ctx->client_metadata().end()) {
@@ -658,6 +652,12 @@ grpc::Status StageLinkService::Stream(grpc::ServerContext* ctx,
                                        kMaxStripes, ")"));
     }
   }
+  absl::StatusOr<std::shared_ptr<Inbox>> found =
+      router_->Find(first->header.job_id(), first->header.from_stage(), absl::Seconds(30));
+  if (!found.ok()) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, std::string(found.status().message()));
+  }
+  const std::shared_ptr<Inbox> inbox = *found;
   if (!inbox->SetStripes(stripes)) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         absl::StrCat("stream ", stripe, "/", stripes, " does not match the link's stripe count"));
@@ -695,7 +695,7 @@ grpc::Status StageLinkService::Stream(grpc::ServerContext* ctx,
       // on a slow access link, and the sync Write would hold up the next frame's delivery (in the
       // tc sweep, fp32 went from 0.90 to 0.95 of the goodput bound without them). A clean end of
       // the stream is the sender's confirmation that everything arrived.
-      if (!inbox->Push(std::move(*f), stripe, stripes)) {
+      if (!inbox->Push(std::move(*f), stripe)) {
         return stop(grpc::Status(grpc::StatusCode::CANCELLED, "job cancelled"));
       }
     }
@@ -714,10 +714,11 @@ grpc::Status StageLinkService::Stream(grpc::ServerContext* ctx,
   if (!result.ok()) return result;
   // A sender that finished cleanly half-closed the stream; one that died cancelled it. Either way
   // nothing more comes on it; a Pop that still needs a frame from it learns why.
-  inbox->Close(ctx->IsCancelled()
-                   ? absl::UnavailableError(absl::StrCat("link from ", inbox->peer(), " broke (peer died or cancelled)"))
-                   : absl::UnavailableError(absl::StrCat("link from ", inbox->peer(), " closed")),
-               ctx->IsCancelled() ? -1 : stripe);  // a broken stream breaks the whole link
+  if (ctx->IsCancelled()) {  // a broken stream breaks the whole link
+    inbox->Close(absl::UnavailableError(absl::StrCat("link from ", inbox->peer(), " broke (peer died or cancelled)")));
+  } else {
+    inbox->Close(absl::UnavailableError(absl::StrCat("link from ", inbox->peer(), " closed")), stripe);
+  }
   return grpc::Status::OK;
 }
 

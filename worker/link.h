@@ -67,10 +67,10 @@ class Inbox {
   // `peer` describes the sending side for error messages ("stage 1 (worker w1 at host:port)").
   Inbox(size_t capacity, std::string peer);
 
-  // Handler side: the next frame of stream `stripe` of a link striped over `stripes` streams
-  // (unstriped: 0 of 1). Blocks while that stream's share of the capacity (capacity / stripes,
+  // Handler side: the next frame of stream `stripe` (0 when the link is not striped) of the link's
+  // SetStripes streams. Blocks while that stream's share of the capacity (capacity / stripes,
   // rounded up) is full. Returns false when the inbox was cancelled (drop the frame).
-  bool Push(InFrame f, int stripe = 0, int stripes = 1);
+  bool Push(InFrame f, int stripe = 0);
   // Fixes the link's stripe count (the first stream to arrive sets it); false when a stream
   // announces a different count or an out-of-range one.
   bool SetStripes(int stripes);

@@ -140,7 +140,7 @@ absl::Status StageRunner::Setup() {
   so.profile.jitter = absl::Microseconds(static_cast<int64_t>(ls.jitter_ms() * 1000));
   so.profile.loss = ls.loss();
   so.profile.retransmit = absl::Microseconds(static_cast<int64_t>(ls.retransmit_ms() * 1000));
-  so.streams = std::max(1, ls.streams());
+  so.streams = ls.streams();  // 0 (unset) is taken as 1
   // Different draws per link direction and stage, reproducible per job.
   so.profile.seed = spec.seed() * 1000 + static_cast<uint64_t>(a_.stage()) * 2;
   so.queue_capacity = static_cast<size_t>(opt_.micro_batches) + 1;

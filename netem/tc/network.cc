@@ -7,13 +7,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <set>
 #include <thread>
-#include <tuple>
 
 #include <yaml-cpp/yaml.h>
 
@@ -36,6 +36,15 @@ namespace {
 std::vector<std::string> TbfArgs(double mbit, double queue_ms) {
   const int64_t burst = DefaultBurstBytes(MbitToBytesPerSecond(mbit));
   return {"tbf", "rate", absl::StrCat(mbit, "mbit"), "burst", absl::StrCat(burst), "latency", absl::StrCat(queue_ms, "ms")};
+}
+
+// Where a host's access link is shaped, as (namespace, device): [0] the host's own eth0 (its
+// upload), [1] the bridge port towards it in the switch namespace (its download).
+struct Egress {
+  std::string ns, dev;
+};
+std::array<Egress, 2> AccessLinkEgress(const Topology& t, const std::string& host) {
+  return {Egress{t.Namespace(host), "eth0"}, Egress{t.SwitchNamespace(), absl::StrCat(t.name, "-", host, "-s")}};
 }
 
 }  // namespace
@@ -265,7 +274,7 @@ absl::Status Network::Up(const std::function<bool()>& interrupted) {
         {"ip", "-n", sw, "link", "set", sv, "up"},
     };
     cmds.insert(cmds.end(), c.begin(), c.end());
-    for (const auto& [tns, dev] : {std::pair<std::string, std::string>{ns, "eth0"}, {sw, sv}}) {
+    for (const auto& [tns, dev] : AccessLinkEgress(t_, h.name)) {
       std::string parent = "root";
       if (netem && (h.delay_ms > 0 || h.jitter_ms > 0 || h.loss > 0)) {
         std::vector<std::string> n = {"tc", "-n", tns, "qdisc", "add", "dev", dev, "root", "handle", "1:", "netem"};
@@ -304,9 +313,7 @@ absl::Status Network::Up(const std::function<bool()>& interrupted) {
 
 absl::Status Network::SetRate(double mbit) {
   for (const HostSpec& h : t_.hosts) {
-    const std::string sv = absl::StrCat(t_.name, "-", h.name, "-s");
-    for (const auto& [ns, dev] : {std::pair<std::string, std::string>{t_.Namespace(h.name), "eth0"},
-                                  {t_.SwitchNamespace(), sv}}) {
+    for (const auto& [ns, dev] : AccessLinkEgress(t_, h.name)) {
       (void)run_({"tc", "-n", ns, "qdisc", "del", "dev", dev, "root"});  // absent: nothing to delete
       if (mbit <= 0) continue;
       std::vector<std::string> argv = {"tc", "-n", ns, "qdisc", "add", "dev", dev, "root"};
@@ -354,14 +361,14 @@ absl::StatusOr<std::vector<HostCounters>> Network::Counters() {
   for (const HostSpec& h : t_.hosts) {
     HostCounters hc;
     hc.host = h.name;
-    const std::string sv = absl::StrCat(t_.name, "-", h.name, "-s");
-    for (auto [ns, dev, c] : {std::tuple<std::string, std::string, QdiscCounters*>{t_.Namespace(h.name), "eth0", &hc.up},
-                              {t_.SwitchNamespace(), sv, &hc.down}}) {
-      absl::StatusOr<std::string> out = output_({"tc", "-s", "-n", ns, "qdisc", "show", "dev", dev, "root"});
+    const std::array<Egress, 2> egress = AccessLinkEgress(t_, h.name);
+    for (size_t i = 0; i < egress.size(); ++i) {
+      absl::StatusOr<std::string> out =
+          output_({"tc", "-s", "-n", egress[i].ns, "qdisc", "show", "dev", egress[i].dev, "root"});
       if (!out.ok()) return out.status();
       absl::StatusOr<QdiscCounters> q = ParseQdiscCounters(*out);
       if (!q.ok()) return q.status();
-      *c = *q;
+      (i == 0 ? hc.up : hc.down) = *q;
     }
     all.push_back(hc);
   }

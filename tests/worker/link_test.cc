@@ -309,10 +309,10 @@ TEST(InboxTest, StripesArePoppedInTurnAndCloseSeparately) {
   EXPECT_TRUE(in.SetStripes(2));
   InFrame a, b, c;
   a.micro_batch = 0, b.micro_batch = 1, c.micro_batch = 2;
-  ASSERT_TRUE(in.Push(b, 1, 2));
+  ASSERT_TRUE(in.Push(b, 1));
   EXPECT_FALSE(in.Pop(absl::Milliseconds(20)).ok());  // frame 0 (stream 0) has not come
-  ASSERT_TRUE(in.Push(a, 0, 2));
-  ASSERT_TRUE(in.Push(c, 0, 2));
+  ASSERT_TRUE(in.Push(a, 0));
+  ASSERT_TRUE(in.Push(c, 0));
   in.Close(absl::OkStatus(), 1);
   for (int want : {0, 1, 2}) {
     auto f = in.Pop(absl::Seconds(1));
