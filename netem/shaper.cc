@@ -4,7 +4,7 @@
 
 namespace longhaul::netem {
 
-TokenBucket::TokenBucket(double rate_bytes_per_s, int64_t burst_bytes, Clock* clock)
+TokenBucket::TokenBucket(double rate_bytes_per_s, int64_t burst_bytes, common::Clock* clock)
     : rate_(rate_bytes_per_s),
       burst_(static_cast<double>(std::max<int64_t>(burst_bytes, 1))),
       tokens_(burst_),
@@ -33,9 +33,9 @@ absl::Duration TokenBucket::Acquire(int64_t bytes) {
   return d;
 }
 
-LinkShaper::LinkShaper(const LinkProfile& p, Clock* clock)
-    : p_(p), clock_(clock), bucket_(p.rate_bytes_per_s, p.burst_bytes, clock) {
-  if (p_.retransmit <= absl::ZeroDuration()) p_.retransmit = std::max(absl::Milliseconds(200), 3 * p_.delay);
+LinkShaper::LinkShaper(const LinkProfile& p, common::Clock* clock)
+    : p_(p), clock_(clock), bucket_(p.rate_bytes_per_s, p.EffectiveBurstBytes(), clock) {
+  p_.retransmit = p.EffectiveRetransmit();
 }
 
 double LinkShaper::Uniform() {

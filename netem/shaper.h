@@ -12,10 +12,11 @@
 #ifndef LONGHAUL_NETEM_SHAPER_H_
 #define LONGHAUL_NETEM_SHAPER_H_
 
+#include <algorithm>
 #include <cstdint>
 
 #include "absl/time/time.h"
-#include "netem/clock.h"
+#include "common/clock.h"
 
 namespace longhaul::netem {
 
@@ -24,7 +25,7 @@ inline double MbitToBytesPerSecond(double mbit) { return mbit * 1e6 / 8.0; }
 class TokenBucket {
  public:
   // rate_bytes_per_s <= 0 means unlimited (Acquire never waits). burst_bytes < 1 is taken as 1.
-  TokenBucket(double rate_bytes_per_s, int64_t burst_bytes, Clock* clock = RealClock());
+  TokenBucket(double rate_bytes_per_s, int64_t burst_bytes, common::Clock* clock = common::RealClock());
 
   // Waits until `bytes` may be sent and takes them from the bucket. Returns the time waited.
   absl::Duration Acquire(int64_t bytes);
@@ -37,7 +38,7 @@ class TokenBucket {
   double rate_;
   double burst_;
   double tokens_;  // may go negative (debt) after a request larger than the burst
-  Clock* clock_;
+  common::Clock* clock_;
   absl::Time last_;
 };
 
@@ -53,7 +54,7 @@ inline int64_t DefaultBurstBytes(double rate_bytes_per_s) {
 // A link's emulated properties (the job spec's `links:` section).
 struct LinkProfile {
   double rate_bytes_per_s = 0;  // <= 0: unlimited
-  int64_t burst_bytes = 0;      // token-bucket burst (< 1: one byte; LinkSender: DefaultBurstBytes)
+  int64_t burst_bytes = 0;      // token-bucket burst; 0: DefaultBurstBytes(rate)
   absl::Duration delay = absl::ZeroDuration();   // one-way latency
   absl::Duration jitter = absl::ZeroDuration();  // delay varies uniformly in [delay - jitter, delay + jitter]
   double loss = 0;              // probability that a chunk is lost and must be retransmitted
@@ -61,6 +62,11 @@ struct LinkProfile {
   // Zero: max(200 ms, 3 x delay), TCP's minimum RTO or three one-way delays.
   absl::Duration retransmit = absl::ZeroDuration();
   uint64_t seed = 1;            // jitter and loss draws
+  // The "0 means default" rules of the two fields above, decided here and nowhere else.
+  int64_t EffectiveBurstBytes() const { return burst_bytes > 0 ? burst_bytes : DefaultBurstBytes(rate_bytes_per_s); }
+  absl::Duration EffectiveRetransmit() const {
+    return retransmit > absl::ZeroDuration() ? retransmit : std::max(absl::Milliseconds(200), 3 * delay);
+  }
   bool shaped() const {
     return rate_bytes_per_s > 0 || delay > absl::ZeroDuration() || jitter > absl::ZeroDuration() || loss > 0;
   }
@@ -74,13 +80,13 @@ struct LinkProfile {
 // until then (worker/link.cc), so latency does not reduce throughput.
 class LinkShaper {
  public:
-  LinkShaper(const LinkProfile& p, Clock* clock = RealClock());
+  LinkShaper(const LinkProfile& p, common::Clock* clock = common::RealClock());
   absl::Time Admit(int64_t bytes);
   int64_t losses() const { return losses_; }
 
  private:
   LinkProfile p_;
-  Clock* clock_;
+  common::Clock* clock_;
   TokenBucket bucket_;
   uint64_t draws_ = 0;
   absl::Time last_delivery_ = absl::InfinitePast();

@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "codec/torch_status.h"
+#include "common/torch_status.h"
 #include "stage_runtime/checkpoint.h"
 
 namespace longhaul::stage_runtime {

@@ -1,35 +1,12 @@
 #include "stage_runtime/pipeline.h"
 
-#include <cmath>
 #include <filesystem>
-#include <map>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 
 namespace longhaul::stage_runtime {
-
-absl::StatusOr<Schedule> ParseSchedule(const std::string& name) {
-  if (name == "gpipe") return Schedule::kGPipe;
-  if (name == "1f1b") return Schedule::k1F1B;
-  return absl::InvalidArgumentError(absl::StrCat("unknown schedule \"", name, "\" (gpipe or 1f1b)"));
-}
-
-std::vector<PipelineOp> StageSchedule(Schedule s, int stage, int stages, int m) {
-  std::vector<PipelineOp> ops;
-  if (s == Schedule::kGPipe) {
-    for (int i = 0; i < m; ++i) ops.push_back({true, i});
-    for (int i = 0; i < m; ++i) ops.push_back({false, i});
-    return ops;
-  }
-  const int warmup = std::min(stages - stage - 1, m);
-  for (int i = 0; i < warmup; ++i) ops.push_back({true, i});
-  for (int i = 0; i < m - warmup; ++i) {
-    ops.push_back({true, warmup + i});
-    ops.push_back({false, i});
-  }
-  for (int i = m - warmup; i < m; ++i) ops.push_back({false, i});
-  return ops;
-}
 
 absl::StatusOr<std::unique_ptr<InProcessPipeline>> InProcessPipeline::Create(const PipelineOptions& o) {
   absl::StatusOr<std::vector<LayerRange>> parts = PartitionLayers(o.model.layers, o.stages);
@@ -51,94 +28,51 @@ absl::StatusOr<std::unique_ptr<InProcessPipeline>> InProcessPipeline::Create(con
     if (!e.ok()) return e.status();
     p->stages_.push_back(std::move(*e));
   }
-  p->fwd_stats_.resize(o.stages - 1);
-  p->bwd_stats_.resize(o.stages - 1);
+  for (int s = 0; s + 1 < o.stages; ++s) {
+    p->links_.push_back(
+        InProcessLink::Pair(s, p->fwd_codec_.get(), p->bwd_codec_.get(), LinkCapacity(o), o.codec_threads));
+  }
+  for (int s = 0; s < o.stages; ++s) {
+    Link* prev = s > 0 ? p->links_[s - 1].second.get() : nullptr;
+    Link* next = s + 1 < o.stages ? p->links_[s].first.get() : nullptr;
+    p->loops_.push_back(std::make_unique<StageLoop>(o, s, p->stages_[s].get(), prev, next));
+  }
   return p;
 }
 
-absl::StatusOr<torch::Tensor> InProcessPipeline::Transfer(const torch::Tensor& x, const codec::Codec& c,
-                                                          LinkStats* st) {
-  auto frame = c.Encode(x, {opt_.codec_threads});
-  if (!frame.ok()) return frame.status();
-  auto y = codec::DecodeFrame(*frame, {opt_.codec_threads});
-  if (!y.ok()) return y.status();
-  st->frames++;
-  st->raw_bytes += x.numel() * 4;
-  st->wire_bytes += static_cast<int64_t>(frame->size());
-  const double n = x.norm().item<double>();
-  st->sum_rel_error += n > 0 ? (x - *y).norm().item<double>() / n : 0.0;
-  return *y;
-}
+InProcessPipeline::~InProcessPipeline() = default;
 
 absl::StatusOr<StepResult> InProcessPipeline::TrainStep(const std::vector<Batch>& mbs) {
-  const int S = opt_.stages, M = opt_.micro_batches;
-  if (static_cast<int>(mbs.size()) != M) {
-    return absl::InvalidArgumentError(absl::StrCat("TrainStep needs ", M, " micro-batches, got ", mbs.size()));
+  if (!failed_.ok()) return failed_;
+  const int S = opt_.stages;
+  if (static_cast<int>(mbs.size()) != opt_.micro_batches) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TrainStep needs ", opt_.micro_batches, " micro-batches, got ", mbs.size()));
   }
-  std::vector<std::vector<PipelineOp>> ops(S);
-  for (int s = 0; s < S; ++s) ops[s] = StageSchedule(opt_.schedule, s, S, M);
-  std::vector<size_t> next(S, 0);
-  // Tensors in flight: acts[s][mb] is stage s's input, grads[s][mb] its output gradient.
-  std::vector<std::map<int, torch::Tensor>> acts(S), grads(S);
-  double loss_sum = 0;
-  size_t done = 0, total = 0;
-  for (auto& v : ops) total += v.size();
-  while (done < total) {
-    bool progressed = false;
-    for (int s = 0; s < S; ++s) {
-      if (next[s] == ops[s].size()) continue;
-      const PipelineOp op = ops[s][next[s]];
-      if (op.forward) {
-        torch::Tensor in = s == 0 ? mbs[op.micro_batch].tokens : torch::Tensor();
-        if (s > 0) {
-          auto it = acts[s].find(op.micro_batch);
-          if (it == acts[s].end()) continue;
-          in = it->second;
-          acts[s].erase(it);
-        }
-        auto out = stages_[s]->Forward(op.micro_batch, in, s == S - 1 ? mbs[op.micro_batch].labels : torch::Tensor());
-        if (!out.ok()) return out.status();
-        if (s == S - 1) {
-          loss_sum += out->item<double>();
-        } else {
-          auto y = Transfer(*out, *fwd_codec_, &fwd_stats_[s]);
-          if (!y.ok()) return y.status();
-          acts[s + 1][op.micro_batch] = *y;
-        }
-      } else {
-        torch::Tensor g;
-        if (s < S - 1) {
-          auto it = grads[s].find(op.micro_batch);
-          if (it == grads[s].end()) continue;
-          g = it->second;
-          grads[s].erase(it);
-        }
-        auto gin = stages_[s]->Backward(op.micro_batch, g);
-        if (!gin.ok()) return gin.status();
-        if (s > 0) {
-          auto y = Transfer(*gin, *bwd_codec_, &bwd_stats_[s - 1]);
-          if (!y.ok()) return y.status();
-          grads[s - 1][op.micro_batch] = *y;
-        }
+  std::vector<absl::StatusOr<StepResult>> results(S, absl::UnknownError("not run"));
+  absl::Mutex mu;
+  absl::Status first_error;  // the failure that cancelled the others, not the cancellations it caused
+  std::vector<std::thread> threads;
+  for (int s = 0; s < S; ++s) {
+    threads.emplace_back([&, s] {
+      results[s] = loops_[s]->Step(mbs);
+      if (results[s].ok()) return;
+      {
+        absl::MutexLock l(&mu);
+        if (!first_error.ok()) return;
+        first_error = absl::Status(results[s].status().code(),
+                                   absl::StrCat("stage ", s, ": ", results[s].status().message()));
       }
-      ++next[s];
-      ++done;
-      progressed = true;
-    }
-    if (!progressed) return absl::InternalError("pipeline schedule deadlocked");
+      for (auto& loop : loops_) loop->Cancel(first_error);
+    });
   }
-  // Global gradient clipping: every stage's share of the squared norm.
-  double sq = 0;
-  for (auto& st : stages_) sq += st->SquaredGradNorm();
-  const double norm = std::sqrt(sq);
-  const double clip = opt_.optimizer.ClipFactor(norm);
-  StepResult r;
-  r.step = stages_[0]->step();
-  for (auto& st : stages_) {
-    if (absl::Status s = st->Step(clip); !s.ok()) return s;
+  for (std::thread& t : threads) t.join();
+  if (!first_error.ok()) {
+    failed_ = first_error;
+    return failed_;
   }
-  r.loss = loss_sum / M;
-  r.grad_norm = norm;
+  StepResult r = *results.back();  // the last stage has the loss; every stage the same norm
+  for (const auto& x : results) r.receive_wait = std::max(r.receive_wait, x->receive_wait);
   return r;
 }
 
@@ -151,8 +85,9 @@ absl::StatusOr<double> InProcessPipeline::EvalLoss(const std::vector<Batch>& bat
       if (!y.ok()) return y.status();
       x = *y;
       if (s < opt_.stages - 1) {
-        LinkStats ignored;
-        auto t = Transfer(x, *fwd_codec_, &ignored);
+        codec::EncodeOptions eo;
+        eo.threads = opt_.codec_threads;
+        auto t = CodecRoundTrip(*fwd_codec_, x, eo, /*measure_error=*/false, /*stats=*/nullptr);
         if (!t.ok()) return t.status();
         x = *t;
       }
@@ -160,6 +95,18 @@ absl::StatusOr<double> InProcessPipeline::EvalLoss(const std::vector<Batch>& bat
     sum += x.item<double>();
   }
   return batches.empty() ? 0.0 : sum / batches.size();
+}
+
+const std::vector<LinkStats>& InProcessPipeline::forward_links() {
+  fwd_stats_.clear();
+  for (auto& l : links_) fwd_stats_.push_back(l.first->stats());
+  return fwd_stats_;
+}
+
+const std::vector<LinkStats>& InProcessPipeline::backward_links() {
+  bwd_stats_.clear();
+  for (auto& l : links_) bwd_stats_.push_back(l.second->stats());
+  return bwd_stats_;
 }
 
 std::vector<int64_t> InProcessPipeline::PeakStoredActivations() const {
@@ -173,14 +120,14 @@ absl::Status InProcessPipeline::SaveCheckpoint(const std::string& dir) const {
   std::filesystem::create_directories(dir, ec);
   if (ec) return absl::InternalError(absl::StrCat("create ", dir, ": ", ec.message()));
   for (size_t i = 0; i < stages_.size(); ++i) {
-    if (absl::Status s = stages_[i]->SaveCheckpoint(absl::StrCat(dir, "/stage-", i, ".safetensors")); !s.ok()) return s;
+    if (absl::Status s = stages_[i]->SaveCheckpoint(StageCheckpointPath(dir, static_cast<int>(i))); !s.ok()) return s;
   }
   return absl::OkStatus();
 }
 
 absl::Status InProcessPipeline::LoadCheckpoint(const std::string& dir) {
   for (size_t i = 0; i < stages_.size(); ++i) {
-    if (absl::Status s = stages_[i]->LoadCheckpoint(absl::StrCat(dir, "/stage-", i, ".safetensors")); !s.ok()) return s;
+    if (absl::Status s = stages_[i]->LoadCheckpoint(StageCheckpointPath(dir, static_cast<int>(i))); !s.ok()) return s;
   }
   return absl::OkStatus();
 }

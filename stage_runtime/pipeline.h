@@ -1,13 +1,12 @@
-// Schedules and the in-process pipeline driver.
+// InProcessPipeline: S stages in one process, each a StageExecutor driven by its own StageLoop
+// (stage_loop.h) on its own thread per step, joined by InProcessLinks that encode and decode every
+// tensor with the link's codec (forward codec for activations, backward codec for gradients). It
+// runs the same step loop as the worker, without the network: tests compare it with the
+// unpartitioned model and with a multi-process job, benchmarks use it to measure what a codec
+// does to convergence.
 //
-// A schedule is, per stage, the order of its forward (F) and backward (B) micro-batch operations:
-//   GPipe: F0 F1 ... F(M-1) B0 ... B(M-1)        (stores up to M activations)
-//   1F1B:  min(S-s-1, M) warm-up forwards, then alternate F/B, then the remaining backwards
-//          (PipeDream-flush; stage s stores at most S-s activations).
-// InProcessPipeline wires S StageExecutors with in-memory links that encode and decode every
-// tensor with the link's codec (forward codec for activations, backward codec for gradients), and
-// runs the schedule's operations in dependency order on the calling thread. Used by tests and
-// benchmarks to prove the engine before the network is involved.
+// Threading: the methods are called from one thread; TrainStep runs one thread per stage for the
+// duration of the step (LibTorch's intra-op pool parallelises each operation as usual).
 #ifndef LONGHAUL_STAGE_RUNTIME_PIPELINE_H_
 #define LONGHAUL_STAGE_RUNTIME_PIPELINE_H_
 
@@ -19,72 +18,47 @@
 #include "codec/codec.h"
 #include "stage_runtime/data.h"
 #include "stage_runtime/executor.h"
+#include "stage_runtime/in_process_link.h"
+#include "stage_runtime/stage_loop.h"
 
 namespace longhaul::stage_runtime {
-
-enum class Schedule { kGPipe, k1F1B };
-absl::StatusOr<Schedule> ParseSchedule(const std::string& name);
-
-struct PipelineOp {
-  bool forward;
-  int micro_batch;
-};
-std::vector<PipelineOp> StageSchedule(Schedule s, int stage, int stages, int micro_batches);
-
-// Per-link counters: raw = fp32 bytes of the tensors, wire = frame bytes.
-struct LinkStats {
-  int64_t frames = 0;
-  int64_t raw_bytes = 0;
-  int64_t wire_bytes = 0;
-  double sum_rel_error = 0;  // sum over frames of ||x - decode(encode(x))|| / ||x||
-  double mean_rel_error() const { return frames ? sum_rel_error / frames : 0; }
-};
-
-struct PipelineOptions {
-  GptConfig model;
-  int stages = 4;
-  int micro_batches = 4;
-  int micro_batch_size = 8;
-  Schedule schedule = Schedule::k1F1B;
-  std::string forward_codec = "fp32";   // activations, stage s -> s+1
-  std::string backward_codec = "fp32";  // activation gradients, s+1 -> s
-  OptimizerConfig optimizer;
-  uint64_t seed = 1;
-  int codec_threads = 1;
-};
-
-struct StepResult {
-  int64_t step = 0;     // the step just completed (0-based)
-  double loss = 0;      // mean over micro-batches
-  double grad_norm = 0; // global, before clipping
-};
 
 class InProcessPipeline {
  public:
   static absl::StatusOr<std::unique_ptr<InProcessPipeline>> Create(const PipelineOptions& o);
+  ~InProcessPipeline();
 
-  // One optimizer step over `micro_batches` batches (size must equal options.micro_batches).
+  // One optimizer step over `micro_batches` batches (size must equal options.micro_batches). The
+  // loss is the mean over micro-batches, the gradient norm the global one before clipping. A step
+  // that fails tears the links down: later steps fail with the same error.
   absl::StatusOr<StepResult> TrainStep(const std::vector<Batch>& micro_batches);
+  // Mean loss over `batches`, forward only, through the same codecs (not counted in the links'
+  // stats).
   absl::StatusOr<double> EvalLoss(const std::vector<Batch>& batches);
 
   int64_t step() const { return stages_.front()->step(); }
-  const std::vector<LinkStats>& forward_links() const { return fwd_stats_; }   // S-1 entries
-  const std::vector<LinkStats>& backward_links() const { return bwd_stats_; }
+  // Sending-side counters: forward_links()[s] is stage s's activations to s+1, backward_links()[s]
+  // stage s+1's gradients to s (S-1 entries each).
+  const std::vector<LinkStats>& forward_links();
+  const std::vector<LinkStats>& backward_links();
   std::vector<int64_t> PeakStoredActivations() const;
   StageExecutor& stage(int i) { return *stages_[i]; }
 
-  // One file per stage: <dir>/stage-<i>.safetensors.
+  // One file per stage: StageCheckpointPath(dir, i).
   absl::Status SaveCheckpoint(const std::string& dir) const;
   absl::Status LoadCheckpoint(const std::string& dir);
 
  private:
   InProcessPipeline() = default;
-  absl::StatusOr<torch::Tensor> Transfer(const torch::Tensor& x, const codec::Codec& c, LinkStats* st);
 
   PipelineOptions opt_;
   std::vector<std::unique_ptr<StageExecutor>> stages_;
   std::unique_ptr<codec::Codec> fwd_codec_, bwd_codec_;
+  // links_[s] joins stages s and s+1: .first is stage s's end, .second stage s+1's.
+  std::vector<std::pair<std::unique_ptr<InProcessLink>, std::unique_ptr<InProcessLink>>> links_;
+  std::vector<std::unique_ptr<StageLoop>> loops_;
   std::vector<LinkStats> fwd_stats_, bwd_stats_;
+  absl::Status failed_;  // the first failed step's error
 };
 
 }  // namespace longhaul::stage_runtime

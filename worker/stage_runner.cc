@@ -1,11 +1,11 @@
 #include "worker/stage_runner.h"
 
-#include <cmath>
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "stage_runtime/data.h"
+#include "worker/link_settings.h"
 
 namespace longhaul::worker {
 
@@ -37,8 +37,9 @@ absl::StatusOr<PipelineOptions> ToPipelineOptions(const v1::JobSpec& spec) {
   o.optimizer.weight_decay = os.weight_decay();
   o.optimizer.clip_norm = os.clip_norm();
   o.seed = spec.seed();
-  o.codec_threads = std::max(1, spec.codec_threads());
+  o.codec_threads = spec.codec_threads();
   if (absl::Status s = o.model.Validate(); !s.ok()) return s;
+  if (o.codec_threads < 1) return absl::InvalidArgumentError("codec_threads must be >= 1");
   return o;
 }
 
@@ -46,16 +47,6 @@ namespace {
 
 std::string PeerName(const v1::StagePeer& p, int stage) {
   return absl::StrCat("stage ", stage, " (worker ", p.name(), " at ", p.address(), ")");
-}
-
-const char* DirName(v1::Direction d) {
-  switch (d) {
-    case v1::DIRECTION_FORWARD: return "activation";
-    case v1::DIRECTION_BACKWARD: return "gradient";
-    case v1::DIRECTION_NORM_PARTIAL: return "partial gradient norm";
-    case v1::DIRECTION_NORM_TOTAL: return "total gradient norm";
-    default: return "unknown";
-  }
 }
 
 }  // namespace
@@ -66,13 +57,14 @@ StageRunner::StageRunner(v1::StageAssignment assignment, std::string data_dir, P
       progress_(std::move(progress)),
       first_(a_.stage() == 0),
       last_(a_.stage() == a_.spec().stages() - 1) {
-  // Inboxes exist from construction so a neighbour that starts sending early finds them. Their
-  // capacity covers a whole step's frames in one direction plus the norm frame, so a receiver never
-  // stops reading within a step (see the deadlock note in docs/threading.md).
+  // Inboxes exist from construction so a neighbour that starts sending early finds them. They
+  // hold a step's messages in one direction (stage_runtime::LinkCapacity).
   const size_t cap = static_cast<size_t>(std::max(1, a_.spec().micro_batches())) + 1;
   if (!first_) from_prev_ = std::make_shared<Inbox>(cap, PeerName(a_.prev(), a_.stage() - 1));
   if (!last_) from_next_ = std::make_shared<Inbox>(cap, PeerName(a_.next(), a_.stage() + 1));
 }
+
+StageRunner::~StageRunner() = default;
 
 absl::StatusOr<std::shared_ptr<Inbox>> StageRunner::InboxFrom(int from_stage) {
   if (from_stage == a_.stage() - 1 && from_prev_) return from_prev_;
@@ -87,14 +79,26 @@ void StageRunner::Cancel(absl::Status why) {
   cancelled_ = why.ok() ? absl::CancelledError("cancelled") : why;
   if (from_prev_) from_prev_->Cancel(cancelled_);
   if (from_next_) from_next_->Cancel(cancelled_);
-  for (LinkSender* s : live_senders_) {
-    if (s) s->Abort(cancelled_);
-  }
+  if (live_loop_ != nullptr) live_loop_->Cancel(cancelled_);
 }
 
-absl::Status StageRunner::CheckCancelled() {
-  absl::MutexLock l(&mu_);
-  return cancelled_;
+absl::StatusOr<std::unique_ptr<GrpcLink>> StageRunner::Connect(bool forward, const codec::Codec* codec) {
+  const v1::JobSpec& spec = a_.spec();
+  const v1::StagePeer& peer = forward ? a_.next() : a_.prev();
+  // Different jitter/loss draws per stage and direction, reproducible per job.
+  const LinkSettings ls = ResolveLinkSpec(spec.links(), spec.seed() * 1000 + a_.stage() * 2 + (forward ? 1 : 2));
+  SenderOptions so;
+  so.target = peer.address();
+  so.peer = PeerName(peer, a_.stage() + (forward ? 1 : -1));
+  so.job_id = a_.job_id();
+  so.from_stage = a_.stage();
+  so.profile = ls.profile;
+  so.streams = ls.streams;
+  so.queue_capacity = stage_runtime::LinkCapacity(opt_);
+  so.codec_threads = opt_.codec_threads;
+  absl::StatusOr<std::unique_ptr<LinkSender>> s = LinkSender::Start(so, codec);
+  if (!s.ok()) return s.status();
+  return std::make_unique<GrpcLink>(forward ? from_next_ : from_prev_, std::move(*s));
 }
 
 absl::Status StageRunner::Setup() {
@@ -103,9 +107,7 @@ absl::Status StageRunner::Setup() {
   opt_ = *o;
   const v1::JobSpec& spec = a_.spec();
   if (first_ || last_) {
-    const std::string dir = spec.data_dir().empty() ? stage_runtime::kDefaultCorpusDir : spec.data_dir();
-    absl::StatusOr<stage_runtime::TextDataset> ds =
-        stage_runtime::TextDataset::FromDirectory(dir, spec.val_fraction() > 0 ? spec.val_fraction() : 0.1);
+    absl::StatusOr<stage_runtime::TextDataset> ds = stage_runtime::TextDataset::FromDirectory(spec.data_dir(), spec.val_fraction());
     if (!ds.ok()) return absl::Status(ds.status().code(), absl::StrCat("data: ", ds.status().message()));
     data_ = std::make_unique<stage_runtime::TextDataset>(std::move(*ds));
   }
@@ -115,13 +117,12 @@ absl::Status StageRunner::Setup() {
   if (!e.ok()) return e.status();
   exec_ = std::move(*e);
 
-  const std::string ckdir = spec.checkpoint_dir().empty()
-                                ? absl::StrCat(data_dir_, "/jobs/", a_.job_id())
-                                : spec.checkpoint_dir();
+  const std::string ckdir = spec.checkpoint_dir().empty() ? absl::StrCat(data_dir_, "/jobs/", a_.job_id())
+                                                          : spec.checkpoint_dir();
   std::error_code ec;
   std::filesystem::create_directories(ckdir, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create checkpoint dir ", ckdir, ": ", ec.message()));
-  checkpoint_path_ = absl::StrCat(ckdir, "/stage-", a_.stage(), ".safetensors");
+  checkpoint_path_ = stage_runtime::StageCheckpointPath(ckdir, a_.stage());
 
   absl::StatusOr<std::unique_ptr<codec::Codec>> fc = codec::MakeCodec(opt_.forward_codec);
   if (!fc.ok()) return fc.status();
@@ -129,171 +130,72 @@ absl::Status StageRunner::Setup() {
   if (!bc.ok()) return bc.status();
   fwd_codec_ = std::move(*fc);
   bwd_codec_ = std::move(*bc);
-
-  SenderOptions so;
-  so.job_id = a_.job_id();
-  so.from_stage = a_.stage();
-  const v1::LinkSpec& ls = spec.links();
-  so.profile.rate_bytes_per_s = netem::MbitToBytesPerSecond(ls.rate_mbit());
-  so.profile.burst_bytes = ls.burst_bytes();
-  so.profile.delay = absl::Microseconds(static_cast<int64_t>(ls.delay_ms() * 1000));
-  so.profile.jitter = absl::Microseconds(static_cast<int64_t>(ls.jitter_ms() * 1000));
-  so.profile.loss = ls.loss();
-  so.profile.retransmit = absl::Microseconds(static_cast<int64_t>(ls.retransmit_ms() * 1000));
-  so.streams = ls.streams();  // 0 (unset) is taken as 1
-  // Different draws per link direction and stage, reproducible per job.
-  so.profile.seed = spec.seed() * 1000 + static_cast<uint64_t>(a_.stage()) * 2;
-  so.queue_capacity = static_cast<size_t>(opt_.micro_batches) + 1;
-  so.codec_threads = opt_.codec_threads;
-  for (int dir = 0; dir < 2; ++dir) {
-    const bool fwd = dir == 0;
-    if (fwd ? last_ : first_) continue;
-    const v1::StagePeer& peer = fwd ? a_.next() : a_.prev();
-    so.target = peer.address();
-    so.profile.seed += 1;
-    so.peer = PeerName(peer, a_.stage() + (fwd ? 1 : -1));
-    absl::StatusOr<std::unique_ptr<LinkSender>> s = LinkSender::Start(so, fwd ? fwd_codec_.get() : bwd_codec_.get());
-    if (!s.ok()) return s.status();
-    (fwd ? to_next_ : to_prev_) = std::move(*s);
-    absl::MutexLock l(&mu_);
-    live_senders_[dir] = (fwd ? to_next_ : to_prev_).get();
-    if (!cancelled_.ok()) live_senders_[dir]->Abort(cancelled_);
+  if (!last_) {
+    absl::StatusOr<std::unique_ptr<GrpcLink>> l = Connect(/*forward=*/true, fwd_codec_.get());
+    if (!l.ok()) return l.status();
+    next_ = std::move(*l);
   }
+  if (!first_) {
+    absl::StatusOr<std::unique_ptr<GrpcLink>> l = Connect(/*forward=*/false, bwd_codec_.get());
+    if (!l.ok()) return l.status();
+    prev_ = std::move(*l);
+  }
+  loop_ = std::make_unique<stage_runtime::StageLoop>(
+      opt_, a_.stage(), exec_.get(), prev_.get(), next_.get(),
+      stage_runtime::CheckpointPolicy{checkpoint_path_, spec.checkpoint_interval(), spec.steps()});
+  absl::MutexLock l(&mu_);
+  live_loop_ = loop_.get();
+  if (!cancelled_.ok()) loop_->Cancel(cancelled_);
   return absl::OkStatus();
 }
 
-absl::StatusOr<InFrame> StageRunner::Expect(Inbox& in, uint64_t step, int mb, v1::Direction dir) {
-  const absl::Time t0 = absl::Now();
-  // Generous: a slow link or a slow neighbour is not an error; a dead one closes the inbox, and a
-  // hung one is caught by the coordinator's heartbeat timeout, which cancels the job.
-  absl::StatusOr<InFrame> f = in.Pop(absl::Minutes(10));
-  recv_wait_ += absl::Now() - t0;
-  if (!f.ok()) return f.status();
-  if (f->step != step || f->direction != dir ||
-      ((dir == v1::DIRECTION_FORWARD || dir == v1::DIRECTION_BACKWARD) && f->micro_batch != mb)) {
-    return absl::DataLossError(absl::StrCat("out-of-order frame from ", in.peer(), ": expected ", DirName(dir),
-                                            " for step ", step, " micro-batch ", mb, ", got ", DirName(f->direction),
-                                            " for step ", f->step, " micro-batch ", f->micro_batch));
+v1::StepProgress StageRunner::Progress(const stage_runtime::StepResult& r, absl::Duration took) {
+  v1::StepProgress p;
+  p.set_job_id(a_.job_id());
+  p.set_stage(a_.stage());
+  p.set_step(r.step + 1);
+  p.set_loss(r.loss);
+  p.set_grad_norm(r.grad_norm);
+  p.set_step_seconds(absl::ToDoubleSeconds(took));
+  p.set_tokens(int64_t{opt_.micro_batches} * opt_.micro_batch_size * opt_.model.context);
+  int64_t wire = 0, raw = 0;
+  double send_wait = 0;
+  for (GrpcLink* l : {next_.get(), prev_.get()}) {
+    if (l == nullptr) continue;
+    const stage_runtime::LinkStats st = l->stats();
+    wire += st.wire_bytes;
+    raw += st.raw_bytes;
+    send_wait += absl::ToDoubleSeconds(l->TakeSendWait());
+    if (l == next_.get()) {  // quantisation error is reported for the forward (activation) link
+      const int64_t n = st.error_samples - reported_error_samples_;
+      p.set_mean_rel_error(n > 0 ? (st.sum_rel_error - reported_error_sum_) / n : 0.0);
+      reported_error_samples_ = st.error_samples;
+      reported_error_sum_ = st.sum_rel_error;
+    }
   }
-  return f;
+  p.set_wire_bytes(wire);
+  p.set_raw_bytes(raw);
+  p.set_send_wait_seconds(send_wait);
+  p.set_recv_wait_seconds(absl::ToDoubleSeconds(r.receive_wait));
+  return p;
 }
 
 absl::Status StageRunner::RunSteps() {
   const v1::JobSpec& spec = a_.spec();
-  const int S = opt_.stages, M = opt_.micro_batches, s = a_.stage();
-  const std::vector<stage_runtime::PipelineOp> ops = stage_runtime::StageSchedule(opt_.schedule, s, S, M);
-  const int64_t tokens_per_step = int64_t{M} * opt_.micro_batch_size * opt_.model.context;
-  int64_t last_error_samples = 0;
-  double last_error_sum = 0;
+  std::vector<stage_runtime::Batch> batches;
   for (int64_t step = exec_->step(); step < spec.steps(); ++step) {
     const absl::Time t0 = absl::Now();
-    recv_wait_ = absl::ZeroDuration();
-    double loss_sum = 0;
-    for (const stage_runtime::PipelineOp& op : ops) {
-      if (absl::Status c = CheckCancelled(); !c.ok()) return c;
-      if (op.forward) {
-        // Stage 0 needs the tokens, the last stage the labels; backward needs neither.
-        stage_runtime::Batch batch;
-        if (first_ || last_) {
-          batch = data_->Sample(stage_runtime::Split::kTrain, opt_.seed, step, op.micro_batch,
-                                opt_.micro_batch_size, opt_.model.context);
-        }
-        torch::Tensor in = batch.tokens;
-        if (!first_) {
-          absl::StatusOr<InFrame> f = Expect(*from_prev_, step, op.micro_batch, v1::DIRECTION_FORWARD);
-          if (!f.ok()) return f.status();
-          in = std::move(f->tensor);
-        }
-        absl::StatusOr<torch::Tensor> out = exec_->Forward(op.micro_batch, in, last_ ? batch.labels : torch::Tensor());
-        if (!out.ok()) return out.status();
-        if (last_) {
-          loss_sum += out->item<double>();
-        } else if (absl::Status st = to_next_->Send(step, op.micro_batch, v1::DIRECTION_FORWARD, *out,
-                                                    /*measure_error=*/op.micro_batch == 0);
-                   !st.ok()) {
-          return st;
-        }
-      } else {
-        torch::Tensor g;
-        if (!last_) {
-          absl::StatusOr<InFrame> f = Expect(*from_next_, step, op.micro_batch, v1::DIRECTION_BACKWARD);
-          if (!f.ok()) return f.status();
-          g = std::move(f->tensor);
-        }
-        absl::StatusOr<torch::Tensor> gin = exec_->Backward(op.micro_batch, g);
-        if (!gin.ok()) return gin.status();
-        if (!first_) {
-          if (absl::Status st = to_prev_->Send(step, op.micro_batch, v1::DIRECTION_BACKWARD, *gin,
-                                               /*measure_error=*/op.micro_batch == 0);
-              !st.ok()) {
-            return st;
-          }
-        }
-      }
+    // Stage 0 needs the tokens, the last stage the labels: both sample the same micro-batches.
+    batches.clear();
+    for (int mb = 0; (first_ || last_) && mb < opt_.micro_batches; ++mb) {
+      batches.push_back(data_->Sample(stage_runtime::Split::kTrain, opt_.seed, step, mb, opt_.micro_batch_size,
+                                      opt_.model.context));
     }
-    // Global clipping: partial sums of squared norms down the backward chain, total back up.
-    double sq = exec_->SquaredGradNorm();
-    if (!last_) {
-      absl::StatusOr<InFrame> f = Expect(*from_next_, step, 0, v1::DIRECTION_NORM_PARTIAL);
-      if (!f.ok()) return f.status();
-      sq += f->value;
-    }
-    double total = sq;
-    if (!first_) {
-      if (absl::Status st = to_prev_->SendValue(step, v1::DIRECTION_NORM_PARTIAL, sq); !st.ok()) return st;
-      absl::StatusOr<InFrame> f = Expect(*from_prev_, step, 0, v1::DIRECTION_NORM_TOTAL);
-      if (!f.ok()) return f.status();
-      total = f->value;
-    }
-    if (!last_) {
-      if (absl::Status st = to_next_->SendValue(step, v1::DIRECTION_NORM_TOTAL, total); !st.ok()) return st;
-    }
-    const double norm = std::sqrt(total);
-    if (absl::Status st = exec_->Step(opt_.optimizer.ClipFactor(norm)); !st.ok()) return st;
-
-    const bool checkpoint = (spec.checkpoint_interval() > 0 && exec_->step() % spec.checkpoint_interval() == 0) ||
-                            exec_->step() == spec.steps();
-    if (checkpoint) {
-      if (absl::Status st = exec_->SaveCheckpoint(checkpoint_path_); !st.ok()) return st;
-    }
-
-    v1::StepProgress p;
-    p.set_job_id(a_.job_id());
-    p.set_stage(s);
-    p.set_step(exec_->step());
-    p.set_loss(last_ ? loss_sum / M : 0.0);
-    p.set_grad_norm(norm);
-    p.set_step_seconds(absl::ToDoubleSeconds(absl::Now() - t0));
-    p.set_tokens(tokens_per_step);
-    int64_t wire = 0, raw = 0, samples = 0;
-    double err_sum = 0, send_wait = 0;
-    for (LinkSender* l : {to_next_.get(), to_prev_.get()}) {
-      if (!l) continue;
-      const LinkStats st = l->stats();
-      wire += st.wire_bytes;
-      raw += st.raw_bytes;
-      send_wait += absl::ToDoubleSeconds(l->TakeSendWait());
-      if (l == to_next_.get()) {  // quantisation error is reported for the forward (activation) link
-        samples = st.error_samples;
-        err_sum = st.sum_rel_error;
-      }
-    }
-    p.set_wire_bytes(wire);
-    p.set_raw_bytes(raw);
-    p.set_mean_rel_error(samples > last_error_samples ? (err_sum - last_error_sum) / (samples - last_error_samples) : 0.0);
-    last_error_samples = samples;
-    last_error_sum = err_sum;
-    p.set_send_wait_seconds(send_wait);
-    p.set_recv_wait_seconds(absl::ToDoubleSeconds(recv_wait_));
-    if (progress_) progress_(p);
+    absl::StatusOr<stage_runtime::StepResult> r = loop_->Step(batches);
+    if (!r.ok()) return r.status();
+    if (progress_) progress_(Progress(*r, absl::Now() - t0));
   }
-  // Drain the links: the neighbours need every frame we queued.
-  for (LinkSender* l : {to_next_.get(), to_prev_.get()}) {
-    if (l) {
-      if (absl::Status st = l->Finish(); !st.ok()) return st;
-    }
-  }
-  return absl::OkStatus();
+  return loop_->Finish();  // the neighbours need every message we queued
 }
 
 v1::JobFinished StageRunner::Run() {
@@ -302,17 +204,15 @@ v1::JobFinished StageRunner::Run() {
   r.set_stage(a_.stage());
   absl::Status st = Setup();
   if (st.ok()) st = RunSteps();
-  if (!st.ok()) {
-    // A cancellation wins over the errors it caused (a broken link, a failed Pop).
-    if (absl::Status c = CheckCancelled(); !c.ok()) st = c;
-  }
   {
     absl::MutexLock l(&mu_);
-    live_senders_[0] = live_senders_[1] = nullptr;
+    // A cancellation wins over the errors it caused (a broken link, a failed receive).
+    if (!st.ok() && !cancelled_.ok()) st = cancelled_;
+    live_loop_ = nullptr;
   }
-  for (auto* l : {&to_next_, &to_prev_}) {
-    if (*l) (*l)->Cancel();
-  }
+  loop_.reset();
+  prev_.reset();  // joins the senders' threads
+  next_.reset();
   if (from_prev_) from_prev_->Cancel(absl::CancelledError("job over"));
   if (from_next_) from_next_->Cancel(absl::CancelledError("job over"));
   r.set_ok(st.ok());

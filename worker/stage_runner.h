@@ -1,16 +1,10 @@
-// StageRunner: runs one stage of one job on a worker — the network counterpart of
-// stage_runtime::InProcessPipeline's per-stage loop.
+// StageRunner: runs one stage of one job on a worker. It builds what the stage needs from the
+// assignment — the executor, the data sampler on the first and last stage, the codecs, a GrpcLink
+// to each neighbour — and drives the stage runtime's StageLoop (stage_runtime/stage_loop.h, the
+// same step loop the in-process pipeline runs) step after step, reporting progress after each.
 //
-// Per step it runs the schedule's forward/backward operations, taking inputs from the inboxes
-// (activations from stage s-1, gradients from stage s+1) and handing outputs to the link senders;
-// stage 0 samples token batches and the last stage samples the matching labels from the same
-// deterministic sampler (seed, step, micro-batch), so no labels cross the network. Global gradient
-// clipping needs every stage's squared gradient norm: the partial sums travel down the backward
-// chain after the step's last gradient (NORM_PARTIAL), stage 0 sends the total back up the forward
-// chain (NORM_TOTAL), and every stage then steps its optimizer with the same clip factor.
-//
-// Threading: Run() is the stage's compute thread and owns the executor. Cancel() and Inbox() may
-// be called from any thread.
+// Threading: Run() is the stage's compute thread and owns the executor, the loop and the links.
+// Cancel() and InboxFrom() may be called from any thread.
 #ifndef LONGHAUL_WORKER_STAGE_RUNNER_H_
 #define LONGHAUL_WORKER_STAGE_RUNNER_H_
 
@@ -22,8 +16,9 @@
 #include "absl/synchronization/mutex.h"
 #include "longhaul/v1/control_plane.pb.h"
 #include "stage_runtime/executor.h"
-#include "stage_runtime/pipeline.h"
-#include "worker/link.h"
+#include "stage_runtime/stage_loop.h"
+#include "worker/grpc_link.h"
+#include "worker/inbox.h"
 
 namespace longhaul::worker {
 
@@ -37,6 +32,7 @@ class StageRunner {
 
   // `data_dir` is the worker's data directory (checkpoints go under it unless the spec names one).
   StageRunner(v1::StageAssignment assignment, std::string data_dir, ProgressFn progress);
+  ~StageRunner();
 
   // The inbox for frames sent by `from_stage`, or an error if that stage is not a neighbour.
   absl::StatusOr<std::shared_ptr<Inbox>> InboxFrom(int from_stage);
@@ -51,28 +47,31 @@ class StageRunner {
   int stage() const { return a_.stage(); }
 
  private:
-  absl::Status RunSteps();
   absl::Status Setup();
-  absl::StatusOr<InFrame> Expect(Inbox& in, uint64_t step, int mb, v1::Direction dir);
-  absl::Status CheckCancelled();
+  absl::Status RunSteps();
+  // The link to the next (forward) or previous stage: a sender to it and the inbox from it.
+  absl::StatusOr<std::unique_ptr<GrpcLink>> Connect(bool forward, const codec::Codec* codec);
+  v1::StepProgress Progress(const stage_runtime::StepResult& r, absl::Duration took);
 
   const v1::StageAssignment a_;
   const std::string data_dir_;
   ProgressFn progress_;
   const bool first_, last_;
   std::shared_ptr<Inbox> from_prev_, from_next_;  // null at the ends
+  stage_runtime::PipelineOptions opt_;
   std::unique_ptr<codec::Codec> fwd_codec_, bwd_codec_;
-  std::unique_ptr<LinkSender> to_next_, to_prev_;
   std::unique_ptr<stage_runtime::StageExecutor> exec_;
   std::unique_ptr<stage_runtime::TextDataset> data_;
-  stage_runtime::PipelineOptions opt_;
+  std::unique_ptr<GrpcLink> prev_, next_;  // null at the ends
+  std::unique_ptr<stage_runtime::StageLoop> loop_;
   std::string checkpoint_path_;
-  absl::Duration recv_wait_ = absl::ZeroDuration();
+  // Error samples of the forward link already reported (progress carries the mean since then).
+  int64_t reported_error_samples_ = 0;
+  double reported_error_sum_ = 0;
 
   absl::Mutex mu_;
   absl::Status cancelled_ ABSL_GUARDED_BY(mu_);
-  // The senders, published for Cancel() once Setup created them.
-  LinkSender* live_senders_[2] ABSL_GUARDED_BY(mu_) = {nullptr, nullptr};
+  stage_runtime::StageLoop* live_loop_ ABSL_GUARDED_BY(mu_) = nullptr;  // published for Cancel()
 };
 
 }  // namespace longhaul::worker

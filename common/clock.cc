@@ -1,6 +1,6 @@
-#include "netem/clock.h"
+#include "common/clock.h"
 
-namespace longhaul::netem {
+namespace longhaul::common {
 namespace {
 
 class Real : public Clock {
@@ -39,4 +39,4 @@ absl::Duration FakeClock::total_slept() {
   return slept_;
 }
 
-}  // namespace longhaul::netem
+}  // namespace longhaul::common

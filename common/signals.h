@@ -1,15 +1,15 @@
 // Clean shutdown on SIGTERM / SIGINT for the daemons.
 //
-//   cli::InstallTerminationHandlers();            // first thing in main
-//   std::thread([&] { int sig = cli::WaitForTerminationSignal(); daemon->Shutdown(); }).detach();
+//   common::InstallTerminationHandlers();            // first thing in main
+//   std::thread([&] { int sig = common::WaitForTerminationSignal(); daemon->Shutdown(); }).detach();
 //
 // A handler (not a blocked mask + sigwait) because libraries loaded before main — OpenBLAS and
 // OpenMP pools in LibTorch — start threads that would not inherit a mask, and the kernel may
 // deliver the signal to any of them. The handler only writes the signal number to a pipe.
-#ifndef LONGHAUL_TOOLS_CLI_SIGNALS_H_
-#define LONGHAUL_TOOLS_CLI_SIGNALS_H_
+#ifndef LONGHAUL_COMMON_SIGNALS_H_
+#define LONGHAUL_COMMON_SIGNALS_H_
 
-namespace longhaul::cli {
+namespace longhaul::common {
 
 // Returns false if the pipe or the handlers could not be set up.
 bool InstallTerminationHandlers();
@@ -17,6 +17,6 @@ bool InstallTerminationHandlers();
 int WaitForTerminationSignal();
 const char* SignalName(int sig);
 
-}  // namespace longhaul::cli
+}  // namespace longhaul::common
 
-#endif  // LONGHAUL_TOOLS_CLI_SIGNALS_H_
+#endif  // LONGHAUL_COMMON_SIGNALS_H_

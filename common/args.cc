@@ -1,11 +1,11 @@
-#include "tools/cli/args.h"
+#include "common/args.h"
 
 #include <cstdio>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
-namespace longhaul::cli {
+namespace longhaul::common {
 
 absl::StatusOr<Args> Args::Parse(int argc, char** argv, const std::set<std::string>& known,
                                  bool allow_positional) {
@@ -73,4 +73,4 @@ std::optional<int> ExitForParseErrorOrHelp(const absl::StatusOr<Args>& args, con
   return std::nullopt;
 }
 
-}  // namespace longhaul::cli
+}  // namespace longhaul::common

@@ -1,8 +1,8 @@
 // CatchTorch: runs fn and turns a LibTorch c10::Error into an absl::Status, so no exception
-// crosses a module boundary (STYLE.md 8). Shared by codec/ and stage_runtime/.
+// crosses a module boundary. Shared by codec/ and stage_runtime/.
 //   return CatchTorch("forward", [&]() -> absl::StatusOr<torch::Tensor> { ... });
-#ifndef LONGHAUL_CODEC_TORCH_STATUS_H_
-#define LONGHAUL_CODEC_TORCH_STATUS_H_
+#ifndef LONGHAUL_COMMON_TORCH_STATUS_H_
+#define LONGHAUL_COMMON_TORCH_STATUS_H_
 
 #include <c10/util/Exception.h>
 
@@ -22,4 +22,4 @@ auto CatchTorch(const char* what, Fn&& fn) -> decltype(fn()) {
 
 }  // namespace longhaul
 
-#endif  // LONGHAUL_CODEC_TORCH_STATUS_H_
+#endif  // LONGHAUL_COMMON_TORCH_STATUS_H_

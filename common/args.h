@@ -1,8 +1,8 @@
 // Minimal --key=value argument parsing for longhaul's executables (daemons, CLI, benchmarks), with
 // clear errors for unknown or malformed flags. Repeated flags are kept in order (Values()).
 // Arguments that do not start with "--" are positional (Positional()), allowed only when asked for.
-#ifndef LONGHAUL_TOOLS_CLI_ARGS_H_
-#define LONGHAUL_TOOLS_CLI_ARGS_H_
+#ifndef LONGHAUL_COMMON_ARGS_H_
+#define LONGHAUL_COMMON_ARGS_H_
 
 #include <cstdint>
 #include <map>
@@ -13,7 +13,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace longhaul::cli {
+namespace longhaul::common {
 
 class Args {
  public:
@@ -39,6 +39,6 @@ class Args {
 // should exit with, or nullopt to go on.
 std::optional<int> ExitForParseErrorOrHelp(const absl::StatusOr<Args>& args, const char* program, const char* usage);
 
-}  // namespace longhaul::cli
+}  // namespace longhaul::common
 
-#endif  // LONGHAUL_TOOLS_CLI_ARGS_H_
+#endif  // LONGHAUL_COMMON_ARGS_H_

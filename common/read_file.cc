@@ -1,4 +1,4 @@
-#include "tools/cli/read_file.h"
+#include "common/read_file.h"
 
 #include <cerrno>
 #include <cstring>
@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace longhaul::cli {
+namespace longhaul::common {
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -18,4 +18,4 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
   return ss.str();
 }
 
-}  // namespace longhaul::cli
+}  // namespace longhaul::common

@@ -1,7 +1,7 @@
 // One-line log records on stderr for the daemons: "2026-11-22T14:03:05.123Z worker w0: message".
 // Thread-safe (one fprintf per record).
-#ifndef LONGHAUL_TOOLS_CLI_LOG_H_
-#define LONGHAUL_TOOLS_CLI_LOG_H_
+#ifndef LONGHAUL_COMMON_LOG_H_
+#define LONGHAUL_COMMON_LOG_H_
 
 #include <cstdio>
 #include <string>
@@ -10,7 +10,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 
-namespace longhaul::cli {
+namespace longhaul::common {
 
 inline void Log(absl::string_view who, absl::string_view msg) {
   const std::string t = absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(), absl::UTCTimeZone());
@@ -18,6 +18,6 @@ inline void Log(absl::string_view who, absl::string_view msg) {
                static_cast<int>(msg.size()), msg.data());
 }
 
-}  // namespace longhaul::cli
+}  // namespace longhaul::common
 
-#endif  // LONGHAUL_TOOLS_CLI_LOG_H_
+#endif  // LONGHAUL_COMMON_LOG_H_

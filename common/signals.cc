@@ -1,4 +1,4 @@
-#include "tools/cli/signals.h"
+#include "common/signals.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -6,7 +6,7 @@
 #include <cerrno>
 #include <csignal>
 
-namespace longhaul::cli {
+namespace longhaul::common {
 namespace {
 
 int g_pipe[2] = {-1, -1};
@@ -42,4 +42,4 @@ int WaitForTerminationSignal() {
 
 const char* SignalName(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "signal"; }
 
-}  // namespace longhaul::cli
+}  // namespace longhaul::common

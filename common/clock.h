@@ -1,16 +1,16 @@
-// Injected time (STYLE.md 12): everything that waits or measures time — shapers, heartbeats,
+// Injected time: everything that waits or measures time — shapers, heartbeats,
 // timeouts — takes a Clock, so tests drive it with FakeClock instead of sleeping.
 //
-//   netem::Clock* clock = netem::RealClock();
-//   netem::FakeClock fake;  fake.Advance(absl::Milliseconds(5));
-#ifndef LONGHAUL_NETEM_CLOCK_H_
-#define LONGHAUL_NETEM_CLOCK_H_
+//   common::Clock* clock = common::RealClock();
+//   common::FakeClock fake;  fake.Advance(absl::Milliseconds(5));
+#ifndef LONGHAUL_COMMON_CLOCK_H_
+#define LONGHAUL_COMMON_CLOCK_H_
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
-namespace longhaul::netem {
+namespace longhaul::common {
 
 class Clock {
  public:
@@ -38,6 +38,6 @@ class FakeClock : public Clock {
   absl::Duration slept_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
 };
 
-}  // namespace longhaul::netem
+}  // namespace longhaul::common
 
-#endif  // LONGHAUL_NETEM_CLOCK_H_
+#endif  // LONGHAUL_COMMON_CLOCK_H_

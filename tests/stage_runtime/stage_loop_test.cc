@@ -1,0 +1,172 @@
+// The step loop's links and failure handling: InProcessLink (codec round trip, stats, close,
+// abort) and StageLoop (out-of-order messages named, cancellation wakes a stage blocked on a
+// neighbour). The loop's numerics are covered by pipeline_test (in-process == unpartitioned) and
+// tests/integration (multi-process == in-process), which both run through StageLoop.
+#include "stage_runtime/stage_loop.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+
+#include "stage_runtime/in_process_link.h"
+
+namespace longhaul::stage_runtime {
+namespace {
+
+std::unique_ptr<codec::Codec> Codec(const char* spec) {
+  auto c = codec::MakeCodec(spec);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return std::move(*c);
+}
+
+LinkMessage Tensor(uint64_t step, int mb, MessageKind kind, torch::Tensor t) {
+  LinkMessage m;
+  m.step = step;
+  m.micro_batch = mb;
+  m.kind = kind;
+  m.tensor = std::move(t);
+  return m;
+}
+
+TEST(InProcessLink, CarriesWhatTheCodecDecodesAndCountsFrames) {
+  auto fwd = Codec("int8"), bwd = Codec("fp32");
+  auto [up, down] = InProcessLink::Pair(0, fwd.get(), bwd.get(), 4, 1);
+  torch::manual_seed(1);
+  const torch::Tensor x = torch::randn({2, 8, 64});
+  ASSERT_TRUE(up->Send(Tensor(0, 0, MessageKind::kActivation, x), /*measure_error=*/true).ok());
+  absl::StatusOr<LinkMessage> got = down->Receive(absl::Seconds(5));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->kind, MessageKind::kActivation);
+  EXPECT_EQ(got->tensor.sizes(), x.sizes());
+  const double err = RelativeL2Error(x, got->tensor);
+  EXPECT_GT(err, 0.0);  // int8 is lossy ...
+  EXPECT_LT(err, 0.02);  // ... but close
+  const LinkStats st = up->stats();
+  EXPECT_EQ(st.frames, 1);
+  EXPECT_EQ(st.raw_bytes, x.numel() * 4);
+  EXPECT_LT(st.wire_bytes * 3, st.raw_bytes);
+  EXPECT_EQ(st.error_samples, 1);
+  EXPECT_DOUBLE_EQ(st.sum_rel_error, err);
+  EXPECT_EQ(down->stats().frames, 0);  // counters are per sending direction
+
+  // The other direction, fp32: exact.
+  ASSERT_TRUE(down->Send(Tensor(0, 0, MessageKind::kGradient, x), false).ok());
+  got = up->Receive(absl::Seconds(5));
+  ASSERT_TRUE(got.ok());
+  EXPECT_TRUE(torch::equal(got->tensor, x));
+  EXPECT_EQ(down->stats().error_samples, 0);
+}
+
+TEST(InProcessLink, FinishDrainsThenReportsTheClose) {
+  auto c = Codec("fp32");
+  auto [up, down] = InProcessLink::Pair(2, c.get(), c.get(), 4, 1);
+  LinkMessage norm;
+  norm.kind = MessageKind::kNormTotal;
+  norm.value = 2.5;
+  ASSERT_TRUE(up->Send(norm, false).ok());
+  ASSERT_TRUE(up->Finish().ok());
+  absl::StatusOr<LinkMessage> m = down->Receive(absl::Seconds(5));
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->value, 2.5);
+  m = down->Receive(absl::Seconds(5));
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("stage 2"), std::string::npos) << m.status();
+  EXPECT_FALSE(up->Send(norm, false).ok());  // nothing goes out after Finish
+}
+
+TEST(InProcessLink, ReceiveTimesOutNamingThePeer) {
+  auto c = Codec("fp32");
+  auto [up, down] = InProcessLink::Pair(0, c.get(), c.get(), 4, 1);
+  absl::StatusOr<LinkMessage> m = up->Receive(absl::Milliseconds(20));
+  ASSERT_TRUE(absl::IsDeadlineExceeded(m.status())) << m.status();
+  EXPECT_NE(m.status().message().find("stage 1"), std::string::npos) << m.status();
+}
+
+PipelineOptions TwoStages() {
+  PipelineOptions o;
+  o.model = {/*layers=*/2, /*hidden=*/32, /*heads=*/2, /*context=*/8, /*vocab=*/256};
+  o.stages = 2;
+  o.micro_batches = 2;
+  o.micro_batch_size = 2;
+  return o;
+}
+
+std::unique_ptr<StageExecutor> Executor(const PipelineOptions& o, int stage) {
+  auto parts = PartitionLayers(o.model.layers, o.stages);
+  EXPECT_TRUE(parts.ok());
+  StageSpec spec{o.model, (*parts)[stage], stage == 0, stage == o.stages - 1, o.seed, o.micro_batches, o.optimizer};
+  auto e = StageExecutor::Create(spec);
+  EXPECT_TRUE(e.ok()) << e.status();
+  return std::move(*e);
+}
+
+TEST(StageLoop, AnOutOfOrderMessageIsDataLossNamingThePeer) {
+  const PipelineOptions o = TwoStages();
+  auto c = Codec("fp32");
+  auto [up, down] = InProcessLink::Pair(0, c.get(), c.get(), LinkCapacity(o), 1);
+  auto exec = Executor(o, 1);
+  StageLoop loop(o, 1, exec.get(), down.get(), nullptr);
+  // Stage 1 expects micro-batch 0's activation of step 0; stage "0" sends micro-batch 1's.
+  ASSERT_TRUE(up->Send(Tensor(0, 1, MessageKind::kActivation, torch::zeros({2, 8, 32})), false).ok());
+  std::vector<Batch> batches(2);
+  for (Batch& b : batches) b.labels = torch::zeros({2, 8}, torch::kLong);
+  absl::StatusOr<StepResult> r = loop.Step(batches);
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << r.status();
+  EXPECT_NE(r.status().message().find("stage 0"), std::string::npos) << r.status();
+  EXPECT_NE(r.status().message().find("micro-batch 1"), std::string::npos) << r.status();
+}
+
+TEST(StageLoop, CancelWakesAStageWaitingForItsNeighbour) {
+  const PipelineOptions o = TwoStages();
+  auto c = Codec("fp32");
+  auto [up, down] = InProcessLink::Pair(0, c.get(), c.get(), LinkCapacity(o), 1);
+  auto exec = Executor(o, 1);
+  StageLoop loop(o, 1, exec.get(), down.get(), nullptr);
+  std::vector<Batch> batches(2);
+  for (Batch& b : batches) b.labels = torch::zeros({2, 8}, torch::kLong);
+  absl::StatusOr<StepResult> r;
+  std::thread t([&] { r = loop.Step(batches); });  // blocks: stage 0 never sends
+  absl::SleepFor(absl::Milliseconds(50));
+  loop.Cancel(absl::AbortedError("worker shutting down"));
+  t.join();
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("worker shutting down"), std::string::npos) << r.status();
+}
+
+TEST(StageLoop, WrongNumberOfBatchesIsRejected) {
+  const PipelineOptions o = TwoStages();
+  auto exec = Executor(o, 0);
+  auto c = Codec("fp32");
+  auto [up, down] = InProcessLink::Pair(0, c.get(), c.get(), LinkCapacity(o), 1);
+  StageLoop loop(o, 0, exec.get(), nullptr, up.get());
+  EXPECT_EQ(loop.Step({}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(StageLoop, CheckpointsAtTheIntervalAndAtTheEnd) {
+  PipelineOptions o = TwoStages();
+  o.stages = 1;
+  auto exec = Executor(o, 0);
+  const std::string path = ::testing::TempDir() + "/loop-ck.safetensors";
+  std::remove(path.c_str());
+  StageLoop loop(o, 0, exec.get(), nullptr, nullptr, CheckpointPolicy{path, /*interval=*/2, /*total_steps=*/3});
+  std::vector<Batch> batches(2);
+  for (Batch& b : batches) {
+    b.tokens = torch::zeros({2, 8}, torch::kLong);
+    b.labels = torch::ones({2, 8}, torch::kLong);
+  }
+  std::vector<bool> saved;
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<StepResult> r = loop.Step(batches);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->step, i);
+    EXPECT_GT(r->loss, 0.0);
+    saved.push_back(r->checkpointed);
+  }
+  EXPECT_EQ(saved, (std::vector<bool>{false, true, true}));  // after steps 2 (interval) and 3 (end)
+  EXPECT_TRUE(std::filesystem::exists(path));
+}
+
+}  // namespace
+}  // namespace longhaul::stage_runtime

@@ -1,0 +1,28 @@
+// Where a job spec's `links:` section becomes what a link sender runs with. The "0 means default"
+// rules of LinkSpec (control_plane.proto, coordinator/job_spec.h) are each decided once:
+//   rate_mbit 0       unshaped                               (netem::LinkProfile::shaped)
+//   burst_bytes 0     about 1 ms of traffic, as tc tbf gets  (netem::LinkProfile::EffectiveBurstBytes)
+//   retransmit_ms 0   max(200 ms, 3 x delay)                 (netem::LinkProfile::EffectiveRetransmit)
+//   streams 0         1, and 1 whatever was asked when the link is shaped in-process (the shaper
+//                     emulates one link)                     (here)
+#ifndef LONGHAUL_WORKER_LINK_SETTINGS_H_
+#define LONGHAUL_WORKER_LINK_SETTINGS_H_
+
+#include <cstdint>
+
+#include "longhaul/v1/control_plane.pb.h"
+#include "netem/shaper.h"
+
+namespace longhaul::worker {
+
+struct LinkSettings {
+  netem::LinkProfile profile;
+  int streams = 1;             // gRPC streams (TCP connections) the link is striped over
+};
+
+// `seed` seeds the profile's jitter and loss draws.
+LinkSettings ResolveLinkSpec(const v1::LinkSpec& spec, uint64_t seed);
+
+}  // namespace longhaul::worker
+
+#endif  // LONGHAUL_WORKER_LINK_SETTINGS_H_
