@@ -3,8 +3,9 @@
 #   ./longhaul.sh demo [options]   run the main job: a local coordinator + 4 workers training a small
 #                                  GPT over gRPC with compressed, rate-limited links (tools/demo.sh)
 #   ./longhaul.sh test [ctest args] build and run the whole test suite; non-zero exit on any failure
-# Both install missing Debian packages on first use (tools/setup.sh) and build incrementally into
-# build/ (executables in build/bin/).
+# Both install missing Debian packages on first use (tools/setup.sh; on a machine without a package
+# registry, from the .deb files carried in .deps/gpu: tools/gpu/offline-setup.sh) and build
+# incrementally into build/ (executables in build/bin/).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 BUILD="$ROOT/build"
@@ -27,7 +28,19 @@ environment: LONGHAUL_JOBS (build parallelism, default: nproc), LONGHAUL_BUILD_T
 USAGE
 }
 
+OFFLINE_DEBS="$ROOT/.deps/gpu/debs"
+OFFLINE_PREFIX="$ROOT/.deps/gpu/prefix"
+# A machine without a package registry (the offline GPU machine, docs/gpu.md) carries the .deb
+# files fetched by tools/gpu/fetch-debs.sh; they are unpacked into a prefix instead of installed.
+offline() { compgen -G "$OFFLINE_DEBS/*.deb" >/dev/null; }
+
 setup() {
+  if offline; then
+    bash "$ROOT/tools/gpu/offline-setup.sh"
+    export LD_LIBRARY_PATH="$OFFLINE_PREFIX/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    export PATH="$PATH:$(python3 -c 'import ninja, os; print(os.path.join(os.path.dirname(ninja.__file__), "data", "bin"))' 2>/dev/null || true)"
+    return
+  fi
   # The setup script is idempotent; skip even its dpkg query when it succeeded for this script.
   if [[ ! -f "$STAMP" || "$ROOT/tools/setup.sh" -nt "$STAMP" ]]; then
     bash "$ROOT/tools/setup.sh"
@@ -40,7 +53,15 @@ build() {
   setup
   local jobs="${LONGHAUL_JOBS:-$(nproc)}"
   if [[ ! -f "$BUILD/build.ninja" ]]; then
-    cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE="${LONGHAUL_BUILD_TYPE:-RelWithDebInfo}"
+    local extra=()
+    if offline; then
+      local lib="$OFFLINE_PREFIX/usr/lib/x86_64-linux-gnu"
+      extra=(-DCMAKE_PREFIX_PATH="$lib/cmake;$OFFLINE_PREFIX/usr"
+             -DProtobuf_PROTOC_EXECUTABLE="$OFFLINE_PREFIX/usr/bin/protoc"
+             -DCMAKE_EXE_LINKER_FLAGS="-L$lib -Wl,-rpath-link,$lib"
+             -DCMAKE_SHARED_LINKER_FLAGS="-L$lib" -DLONGHAUL_FUZZ=OFF)
+    fi
+    cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE="${LONGHAUL_BUILD_TYPE:-RelWithDebInfo}" "${extra[@]}"
   fi
   cmake --build "$BUILD" -j "$jobs"
 }

@@ -22,8 +22,45 @@ double OptimizerConfig::LearningRate(int64_t step) const {
   return min_lr + 0.5 * (lr - min_lr) * (1.0 + std::cos(M_PI * progress));
 }
 
+absl::StatusOr<Precision> ParsePrecision(const std::string& name) {
+  if (name == "fp32") return Precision::kFp32;
+  if (name == "bf16") return Precision::kBf16;
+  return absl::InvalidArgumentError(absl::StrCat("unknown precision \"", name, "\" (fp32 or bf16)"));
+}
+
+const char* PrecisionName(Precision p) { return p == Precision::kBf16 ? "bf16" : "fp32"; }
+
+absl::StatusOr<torch::Device> ParseDevice(const std::string& name) {
+  if (name == "cpu") return torch::Device(torch::kCPU);
+  if (name != "cuda" && name.rfind("cuda:", 0) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown device \"", name, "\" (cpu, cuda or cuda:N)"));
+  }
+  if (!torch::cuda::is_available()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("device ", name, ": this LibTorch has no CUDA or the machine has no usable GPU"));
+  }
+  int index = 0;
+  if (name.size() > 5) {
+    try {
+      size_t used = 0;
+      index = std::stoi(name.substr(5), &used);
+      if (used != name.size() - 5) index = -1;
+    } catch (...) {
+      index = -1;
+    }
+  }
+  const int n = static_cast<int>(torch::cuda::device_count());
+  if (index < 0 || index >= n) {
+    return absl::InvalidArgumentError(absl::StrCat("device ", name, ": this machine has ", n, " GPU(s), cuda:0..cuda:", n - 1));
+  }
+  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
+}
+
 StageExecutor::StageExecutor(const StageSpec& spec)
-    : spec_(spec), model_(spec.model, spec.layers, spec.first, spec.last, spec.seed) {
+    : spec_(spec),
+      model_(spec.model, spec.layers, spec.first, spec.last, spec.seed,
+             spec.precision == Precision::kBf16 ? torch::kBFloat16 : torch::kFloat32) {
+  model_->to(spec.device);
   for (auto& kv : model_->named_parameters()) {
     params_.emplace_back(kv.key(), kv.value());
     exp_avg_[kv.key()] = torch::zeros_like(kv.value());
@@ -48,11 +85,13 @@ absl::StatusOr<torch::Tensor> StageExecutor::Forward(int mb, const torch::Tensor
   if (spec_.last && !labels.defined()) return absl::InvalidArgumentError("last stage needs labels");
   return CatchTorch("forward", [&]() -> absl::StatusOr<torch::Tensor> {
     Stored s;
-    s.input = spec_.first ? input : input.detach().requires_grad_(true);
+    const torch::Tensor x = input.to(spec_.device);
+    s.input = spec_.first ? x : x.detach().requires_grad_(true);
     torch::Tensor out = model_->forward(s.input);
     torch::Tensor result;
     if (spec_.last) {
-      const torch::Tensor loss = torch::cross_entropy_loss(out.reshape({-1, out.size(-1)}), labels.reshape({-1}));
+      const torch::Tensor loss = torch::cross_entropy_loss(out.reshape({-1, out.size(-1)}).to(torch::kFloat32),
+                                                           labels.to(spec_.device).reshape({-1}));
       s.output = loss / spec_.micro_batches;
       result = loss.detach();
     } else {
@@ -78,7 +117,7 @@ absl::StatusOr<torch::Tensor> StageExecutor::Backward(int mb, const torch::Tenso
       if (grad_output.sizes() != s.output.sizes()) {
         return absl::InvalidArgumentError("activation gradient shape does not match the activation");
       }
-      s.output.backward(grad_output);
+      s.output.backward(grad_output.to(s.output.device(), s.output.scalar_type()));
     }
     return spec_.first ? torch::Tensor() : s.input.grad().detach();
   });
@@ -87,18 +126,20 @@ absl::StatusOr<torch::Tensor> StageExecutor::Backward(int mb, const torch::Tenso
 absl::StatusOr<torch::Tensor> StageExecutor::Evaluate(const torch::Tensor& input, const torch::Tensor& labels) {
   return CatchTorch("evaluate", [&]() -> absl::StatusOr<torch::Tensor> {
     torch::NoGradGuard no_grad;
-    torch::Tensor out = model_->forward(input);
+    torch::Tensor out = model_->forward(input.to(spec_.device));
     if (!spec_.last) return out;
-    return torch::cross_entropy_loss(out.reshape({-1, out.size(-1)}), labels.reshape({-1}));
+    return torch::cross_entropy_loss(out.reshape({-1, out.size(-1)}).to(torch::kFloat32),
+                                     labels.to(spec_.device).reshape({-1}));
   });
 }
 
 double StageExecutor::SquaredGradNorm() const {
-  double s = 0;
+  // Summed on the device, read once (one synchronisation instead of one per parameter).
+  torch::Tensor s = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(spec_.device));
   for (const auto& [name, p] : params_) {
-    if (p.grad().defined()) s += p.grad().to(torch::kFloat64).pow(2).sum().item<double>();
+    if (p.grad().defined()) s += p.grad().to(torch::kFloat64).pow(2).sum();
   }
-  return s;
+  return s.item<double>();
 }
 
 absl::Status StageExecutor::Step(double clip_factor) {

@@ -4,6 +4,10 @@
 // a warm-up + cosine learning rate. Gradient clipping is global: the caller sums every stage's
 // SquaredGradNorm() and passes the resulting clip factor to Step().
 //
+// Parameters are initialised on the CPU (deterministically, whatever the device) and then moved to
+// the stage's device; inputs and gradients arriving from links may be on any device and are moved
+// there; outputs stay on it. Checkpoints are written from and read into any device.
+//
 // Not thread-safe: one thread (the stage's compute thread) owns an executor. LibTorch errors are
 // caught here and returned as Status.
 #ifndef LONGHAUL_STAGE_RUNTIME_EXECUTOR_H_
@@ -34,6 +38,17 @@ struct OptimizerConfig {
   }
 };
 
+// fp32: everything in float32. bf16: matrix products and attention in bfloat16 (the tensor cores'
+// format), with float32 master weights, optimizer state, LayerNorm, softmax and loss — what
+// PyTorch's autocast does, written out so it does not depend on the autocast API's version.
+enum class Precision { kFp32, kBf16 };
+absl::StatusOr<Precision> ParsePrecision(const std::string& name);  // "fp32" | "bf16"
+const char* PrecisionName(Precision p);
+
+// "cpu", "cuda", "cuda:N"; an error names what is wrong (no CUDA in this build or on this machine,
+// a device index out of range).
+absl::StatusOr<torch::Device> ParseDevice(const std::string& name);
+
 struct StageSpec {
   GptConfig model;
   LayerRange layers;
@@ -41,6 +56,8 @@ struct StageSpec {
   uint64_t seed = 1;
   int micro_batches = 1;
   OptimizerConfig optimizer;
+  torch::Device device = torch::kCPU;  // parameters, optimizer state and compute live here
+  Precision precision = Precision::kFp32;
 };
 
 class StageExecutor {
@@ -62,6 +79,7 @@ class StageExecutor {
   absl::Status Step(double clip_factor);
 
   int64_t step() const { return step_; }
+  const torch::Device& device() const { return spec_.device; }
   int64_t peak_stored_activations() const { return peak_stored_; }
   int64_t stored_activations() const { return static_cast<int64_t>(stored_.size()); }
   GptStage& model() { return model_; }

@@ -2,15 +2,40 @@
 
 #include <cmath>
 #include <functional>
+#include <limits>
+
+#include <torch/version.h>
 
 #include "absl/strings/str_cat.h"
 
 namespace longhaul::stage_runtime {
 namespace {
 
+// y = x W^T + b in the compute dtype; the float32 parameters are cast on the way (their gradients
+// come back in float32 through the cast).
+torch::Tensor Project(torch::nn::Linear l, const torch::Tensor& x, torch::ScalarType compute) {
+  if (compute == torch::kFloat32) return l(x);
+  const torch::Tensor& b = l->bias;
+  return torch::linear(x.to(compute), l->weight.to(compute), b.defined() ? b.to(compute) : torch::Tensor());
+}
+
+// Causal self-attention over [B, heads, T, hd]. LibTorch 2.x has fused kernels (flash / memory-
+// efficient on the GPU); 1.x (Debian's CPU LibTorch) the explicit form.
+torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+#if TORCH_VERSION_MAJOR >= 2
+  return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
+#else
+  const int64_t t = q.size(-2);
+  auto att = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(q.size(-1)));
+  auto mask = torch::ones({t, t}, torch::TensorOptions().dtype(torch::kBool).device(q.device())).triu(1);
+  att = torch::softmax(att.masked_fill(mask, -std::numeric_limits<float>::infinity()), -1);
+  return torch::matmul(att, v);
+#endif
+}
+
 class BlockImpl : public torch::nn::Module {
  public:
-  BlockImpl(const GptConfig& c) : heads_(c.heads) {
+  BlockImpl(const GptConfig& c, torch::ScalarType compute) : heads_(c.heads), compute_(compute) {
     const int h = c.hidden;
     ln_1_ = register_module("ln_1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({h})));
     auto attn = register_module("attn", std::make_shared<torch::nn::Module>());
@@ -22,21 +47,20 @@ class BlockImpl : public torch::nn::Module {
     mlp_proj_ = mlp->register_module("c_proj", torch::nn::Linear(4 * h, h));
   }
 
+  // x: the float32 residual stream [B, T, C].
   torch::Tensor forward(const torch::Tensor& x) {
     const int64_t b = x.size(0), t = x.size(1), c = x.size(2), hd = c / heads_;
-    auto qkv = c_attn_(ln_1_(x)).split(c, 2);
+    auto qkv = Project(c_attn_, ln_1_(x), compute_).split(c, 2);
     auto shape = [&](const torch::Tensor& y) { return y.view({b, t, heads_, hd}).transpose(1, 2); };
-    auto q = shape(qkv[0]), k = shape(qkv[1]), v = shape(qkv[2]);
-    auto att = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(hd));
-    auto mask = torch::ones({t, t}, torch::kBool).triu(1);
-    att = torch::softmax(att.masked_fill(mask, -std::numeric_limits<float>::infinity()), -1);
-    auto y = torch::matmul(att, v).transpose(1, 2).contiguous().view({b, t, c});
-    auto h = x + attn_proj_(y);
-    return h + mlp_proj_(torch::gelu(c_fc_(ln_2_(h)), "tanh"));
+    auto y = CausalAttention(shape(qkv[0]), shape(qkv[1]), shape(qkv[2])).transpose(1, 2).contiguous().view({b, t, c});
+    auto h = x + Project(attn_proj_, y, compute_).to(x.scalar_type());
+    auto m = torch::gelu(Project(c_fc_, ln_2_(h), compute_), "tanh");
+    return h + Project(mlp_proj_, m, compute_).to(h.scalar_type());
   }
 
  private:
   int64_t heads_;
+  torch::ScalarType compute_;
   torch::nn::LayerNorm ln_1_{nullptr}, ln_2_{nullptr};
   torch::nn::Linear c_attn_{nullptr}, attn_proj_{nullptr}, c_fc_{nullptr}, mlp_proj_{nullptr};
 };
@@ -77,31 +101,16 @@ absl::Status GptConfig::Validate() const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<LayerRange>> PartitionLayers(int layers, int stages) {
-  if (stages < 1 || stages > layers) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot split ", layers, " layers into ", stages, " stages (need 1 <= stages <= layers)"));
-  }
-  std::vector<LayerRange> r;
-  int begin = 0;
-  for (int s = 0; s < stages; ++s) {
-    const int n = layers / stages + (s < layers % stages ? 1 : 0);
-    r.push_back({begin, begin + n});
-    begin += n;
-  }
-  return r;
-}
-
 GptStageImpl::GptStageImpl(const GptConfig& cfg, LayerRange range, bool first, bool last,
-                           uint64_t seed)
-    : cfg_(cfg), range_(range), first_(first), last_(last) {
+                           uint64_t seed, torch::ScalarType compute)
+    : cfg_(cfg), range_(range), first_(first), last_(last), compute_(compute) {
   if (first_) {
     wte_ = register_module("wte", torch::nn::Embedding(cfg.vocab, cfg.hidden));
     wpe_ = register_module("wpe", torch::nn::Embedding(cfg.context, cfg.hidden));
   }
   auto h = register_module("h", std::make_shared<torch::nn::Module>());
   for (int i = range.begin; i < range.end; ++i) {
-    blocks_.push_back(h->register_module(std::to_string(i), Block(cfg).ptr()));
+    blocks_.push_back(h->register_module(std::to_string(i), Block(cfg, compute).ptr()));
   }
   if (last_) {
     ln_f_ = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({cfg.hidden})));
@@ -114,10 +123,10 @@ torch::Tensor GptStageImpl::forward(const torch::Tensor& input) {
   torch::Tensor x = input;
   if (first_) {
     const int64_t t = input.size(1);
-    x = wte_(input) + wpe_(torch::arange(t, torch::kLong)).unsqueeze(0);
+    x = wte_(input) + wpe_(torch::arange(t, torch::TensorOptions().dtype(torch::kLong).device(input.device()))).unsqueeze(0);
   }
   for (auto& b : blocks_) x = b->as<BlockImpl>()->forward(x);
-  if (last_) x = lm_head_(ln_f_(x));
+  if (last_) x = Project(lm_head_, ln_f_(x), compute_);
   return x;
 }
 

@@ -8,7 +8,7 @@
 // first and last stage before each optimizer step (not implemented).
 //
 //   GptConfig cfg{.layers = 4, .hidden = 128, .heads = 4, .context = 64, .vocab = 256};
-//   auto parts = PartitionLayers(cfg.layers, 4);       // {[0,1), [1,2), [2,3), [3,4)}
+//   auto parts = PartitionLayers(cfg.layers, 4);       // partition.h: {[0,1), [1,2), [2,3), [3,4)}
 //   GptStage stage0(cfg, parts[0], /*first=*/true, /*last=*/false, /*seed=*/1);
 //
 // Initialisation is deterministic per parameter *name* (seeded from seed and the name), so a
@@ -23,6 +23,7 @@
 #include <torch/torch.h>
 
 #include "absl/status/statusor.h"
+#include "stage_runtime/partition.h"  // LayerRange, PartitionLayers (torch-free)
 
 namespace longhaul::stage_runtime {
 
@@ -35,18 +36,12 @@ struct GptConfig {
   absl::Status Validate() const;
 };
 
-struct LayerRange {
-  int begin = 0;  // first block index
-  int end = 0;    // one past the last
-};
-
-// Splits `layers` blocks into `stages` contiguous ranges as evenly as possible (earlier stages get
-// the remainder). Error if stages < 1 or stages > layers.
-absl::StatusOr<std::vector<LayerRange>> PartitionLayers(int layers, int stages);
-
 class GptStageImpl : public torch::nn::Module {
  public:
-  GptStageImpl(const GptConfig& cfg, LayerRange range, bool first, bool last, uint64_t seed);
+  // `compute`: the dtype of matrix products and attention (float32, or bfloat16 with float32
+  // parameters, LayerNorm and residual stream; see executor.h's Precision).
+  GptStageImpl(const GptConfig& cfg, LayerRange range, bool first, bool last, uint64_t seed,
+               torch::ScalarType compute = torch::kFloat32);
 
   // First stage: input is int64 token ids [B, T]; others: hidden states [B, T, H].
   // Last stage returns logits [B, T, V]; others hidden states [B, T, H].
@@ -64,6 +59,7 @@ class GptStageImpl : public torch::nn::Module {
   std::vector<std::shared_ptr<torch::nn::Module>> blocks_;  // registered as h.<global index>
   torch::nn::LayerNorm ln_f_{nullptr};
   torch::nn::Linear lm_head_{nullptr};
+  torch::ScalarType compute_;
 };
 TORCH_MODULE(GptStage);
 

@@ -1,20 +1,37 @@
 #!/usr/bin/env bash
-# Installs what longhaul needs on Debian 12 (root), unattended and idempotent.
-# Fast when everything is present: one dpkg query, one BLAS check.
+# Installs what longhaul needs on Debian 12, Ubuntu 22.04 or Ubuntu 24.04 (root), unattended and
+# idempotent (same package names on the three). Fast when everything is present: one dpkg query,
+# one BLAS check. When python3 can import torch (a rented GPU box with the PyTorch wheel), LibTorch
+# comes from the wheel and Debian's CPU-only libtorch-dev is not installed.
+# (A machine without a package registry uses tools/gpu/offline-setup.sh instead; docs/gpu.md.)
 # Usage: tools/setup.sh        (called by ./longhaul.sh on first use)
 set -euo pipefail
 
 PACKAGES=(
   build-essential cmake ninja-build pkg-config git
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc protobuf-compiler libprotobuf-dev
-  libabsl-dev libtorch-dev libopenblas0-pthread prometheus-cpp-dev libboost-dev
+  libabsl-dev libopenblas0-pthread prometheus-cpp-dev libboost-dev
   libsqlite3-dev sqlite3 libgtest-dev libgmock-dev nlohmann-json3-dev libyaml-cpp-dev
-  clang libclang-rt-14-dev
+  clang
+  libcli11-dev libboost-filesystem-dev
   fortunes fortunes-min
   iproute2
 )
 
 die() { echo "setup: error: $*" >&2; exit 1; }
+
+if [[ -r /etc/os-release ]]; then
+  . /etc/os-release
+  case "${ID:-}-${VERSION_ID:-}" in
+    debian-12|ubuntu-22.04|ubuntu-24.04) ;;
+    *) echo "setup: warning: tested on Debian 12 and Ubuntu 22.04/24.04, this is ${PRETTY_NAME:-unknown}; trying anyway" >&2 ;;
+  esac
+fi
+python3 -c 'import torch' 2>/dev/null || PACKAGES+=(libtorch-dev)
+# The libFuzzer runtime of the distribution's clang (libclang-rt-14-dev on Debian 12): optional.
+clang_major=$(apt-cache policy clang 2>/dev/null | sed -n 's/^ *Candidate: *\([0-9]*:\)\{0,1\}\([0-9]*\).*/\2/p')
+OPTIONAL=()
+[[ -n "$clang_major" ]] && OPTIONAL+=("libclang-rt-${clang_major}-dev")
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -33,6 +50,13 @@ if ((${#missing[@]})); then
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/tmp/longhaul-apt.log 2>&1 \
     || { tail -20 /tmp/longhaul-apt.log >&2; die "apt-get install failed; full log in /tmp/longhaul-apt.log"; }
 fi
+
+for p in "${OPTIONAL[@]}"; do
+  status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
+  [[ "$status" == "install ok installed" ]] && continue
+  ${SUDO:-} apt-get install -y -qq --no-install-recommends "$p" >>/tmp/longhaul-apt.log 2>&1 \
+    || echo "setup: note: optional $p not installed (the fuzz targets are skipped)" >&2
+done
 
 # LibTorch links libblas.so.3; Debian's default alternative is the reference BLAS, 26x slower.
 # Point the alternative at OpenBLAS (pthread flavour) and check it.
