@@ -23,7 +23,8 @@ absl::StatusOr<std::unique_ptr<InProcessPipeline>> InProcessPipeline::Create(con
   p->fwd_codec_ = std::move(*fc);
   p->bwd_codec_ = std::move(*bc);
   for (int s = 0; s < o.stages; ++s) {
-    StageSpec spec{o.model, (*parts)[s], s == 0, s == o.stages - 1, o.seed, o.micro_batches, o.optimizer};
+    StageSpec spec{o.model, (*parts)[s], s == 0, s == o.stages - 1, o.seed, o.micro_batches, o.optimizer,
+                   o.device, o.precision};
     auto e = StageExecutor::Create(spec);
     if (!e.ok()) return e.status();
     p->stages_.push_back(std::move(*e));

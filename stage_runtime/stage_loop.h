@@ -42,6 +42,8 @@ struct PipelineOptions {
   OptimizerConfig optimizer;
   uint64_t seed = 1;
   int codec_threads = 1;
+  Precision precision = Precision::kFp32;
+  torch::Device device = torch::kCPU;  // where the in-process pipeline's stages run (a worker uses its own)
 };
 
 // Messages a link carries per step in one direction: a tensor per micro-batch and one norm. Send

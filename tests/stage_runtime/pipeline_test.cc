@@ -185,5 +185,20 @@ TEST_F(MalformedCheckpoint, MissingFile) {
   ExpectError("cannot open");
 }
 
+// bf16 compute (matrix products and attention in bfloat16, float32 master weights) trains; on the
+// GPU the same is tested by tests/gpu.
+TEST(Precision, Bf16Trains) {
+  PipelineOptions o = Small(2, Schedule::k1F1B);
+  o.precision = Precision::kBf16;
+  auto p = Make(o);
+  const std::vector<double> l = Train(*p, o, 0, 20);
+  double head = 0, tail = 0;
+  for (int i = 0; i < 4; ++i) head += l[i] / 4, tail += l[16 + i] / 4;
+  EXPECT_LT(tail, head - 0.3) << "first 4 steps " << head << ", last 4 " << tail;
+  for (const auto& kv : p->stage(0).model()->named_parameters()) EXPECT_EQ(kv.value().scalar_type(), torch::kFloat32);
+  EXPECT_TRUE(ParsePrecision("fp16").status().message().find("fp32 or bf16") != std::string::npos);
+  EXPECT_FALSE(ParseDevice("tpu:0").ok());
+}
+
 }  // namespace
 }  // namespace longhaul::stage_runtime
