@@ -5,17 +5,16 @@
 //   absl::StatusOr<std::string> frame = (*codec)->Encode(activations);
 //   absl::StatusOr<torch::Tensor> x = DecodeFrame(*frame);  // same shape and dtype as the input
 //
-// Spec strings (MakeCodec, and Codec::spec() which prints the canonical form):
-//   fp32 | fp16 | bf16                  raw, 32/16/16 bits per element
+// Spec strings (MakeCodec, and Codec::spec() which prints the canonical form) are parsed by
+// ParseCodecSpec (spec.h), whose traits table has one row per codec: fp32 fp16 bf16 int2..int8
+// tahquant sdp4bit-qwd sdp4bit-tlqhs zeropp-ulq zeropp-qw bitdp1 bitdp2, with the parameters each
+// accepts and their defaults (CodecHelp() prints them). For example:
 //   int<k>[:g=G]                        k = 2..8, uniform asymmetric per group of G (default 64)
 //   tahquant[:g=G,r=R,tau=T,bits=H/L,hadamard=on|off,adaptive=on|off]
 //                                       TAH-Quant; defaults g=64 r=0.8 tau=2 bits=4/3
-//   sdp4bit-qwd[:g=G]                   SDP4Bit weight differences: symmetric INT4, g=2048
-//   sdp4bit-tlqhs[:bits=B,g=G,rounding=nearest|stochastic]
+//   sdp4bit-tlqhs[:g=G,bits=4|8,rounding=nearest|stochastic]
 //                                       TLq-HS wire format: block-32 Hadamard fused with symmetric
 //                                       INT-B (B=4 slow level, default; 8 fast level), g=128
-//   zeropp-ulq[:g=G]                    ZeRO++ qgZ / SDP4Bit ULq: symmetric INT4, g=128, no Hadamard
-//   zeropp-qw[:bits=B,g=G]              ZeRO++ qwZ / SDP4Bit qW: symmetric INT-B (4 or 8), g=2048
 //   bitdp1 | bitdp2                     BitDP 1-bit / 2-bit ternary per output channel (first
 //                                       dimension = output channels); see bitdp.h
 // The collective-level pieces (reduce in the Hadamard domain, gather-and-reduce of BitDP planes,
@@ -50,10 +49,12 @@ struct EncodeOptions {
 struct DecodeOptions {
   int threads = 1;
   const Kernels* kernels = nullptr;
-  DecodeLimits limits;
+  // Class members carry explicit initialisers so that `{threads, kernels}` aggregate
+  // initialisation does not trip -Wmissing-field-initializers.
+  DecodeLimits limits{};
   // The frame's checksum as computed while it arrived (FrameCrc, frame.h), so that decoding does
   // not read the payload once more to check it. Unset: the decoder computes it.
-  std::optional<uint32_t> frame_crc;
+  std::optional<uint32_t> frame_crc = std::nullopt;
 };
 
 struct EncodeStats {

@@ -3,50 +3,26 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 #include "coordinator/job_spec.h"
-#include "stage_runtime/model.h"
-#include "tools/cli/log.h"
+#include "stage_runtime/partition.h"
 
 namespace longhaul::coordinator {
 namespace {
 
 grpc::Status ToGrpc(const absl::Status& s) {
-  // absl and gRPC status codes have the same numbering (STYLE.md 8).
+  // absl and gRPC status codes have the same numbering.
   return s.ok() ? grpc::Status::OK
                 : grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
 }
 
-void Log(const std::string& msg) { cli::Log("coordinator", msg); }
+void Log(const std::string& msg) { common::Log("coordinator", msg); }
 
 std::string Describe(const v1::WorkerStatus& w) {
   return absl::StrCat("worker ", w.info().name(), " (id ", w.worker_id(), ", ", w.info().address(), ")");
 }
 
 }  // namespace
-
-const char* JobStateName(v1::JobState s) {
-  switch (s) {
-    case v1::JOB_STATE_PENDING: return "PENDING";
-    case v1::JOB_STATE_RUNNING: return "RUNNING";
-    case v1::JOB_STATE_SUCCEEDED: return "SUCCEEDED";
-    case v1::JOB_STATE_FAILED: return "FAILED";
-    case v1::JOB_STATE_CANCELLED: return "CANCELLED";
-    default: return "UNKNOWN";
-  }
-}
-
-const char* WorkerStateName(v1::WorkerState s) {
-  switch (s) {
-    case v1::WORKER_STATE_IDLE: return "IDLE";
-    case v1::WORKER_STATE_BUSY: return "BUSY";
-    case v1::WORKER_STATE_DEAD: return "DEAD";
-    default: return "UNKNOWN";
-  }
-}
-
-bool IsTerminal(v1::JobState s) {
-  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
-}
 
 absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(std::unique_ptr<Store> store,
                                                                               CoordinatorOptions o) {

@@ -1,9 +1,11 @@
 // The coordinator: worker registry with heartbeats, job admission, placement, progress tracking,
 // failure detection — all persisted in a Store — behind the Coordinator gRPC service.
 //
-//   auto store = Store::Open(path);
-//   CoordinatorService svc(std::move(*store), {.heartbeat_timeout = absl::Seconds(10)});
-//   builder.RegisterService(&svc);  ...  svc.StartMonitor();
+//   absl::StatusOr<std::unique_ptr<Store>> store = Store::Open(path);
+//   CoordinatorOptions o;
+//   o.heartbeat_timeout = absl::Seconds(10);
+//   absl::StatusOr<std::unique_ptr<CoordinatorService>> svc = CoordinatorService::Create(std::move(*store), o);
+//   builder.RegisterService(svc->get());  ...  (*svc)->StartMonitor();
 //
 // Placement today is simple: a pending job takes the lowest-numbered idle workers, stage i on the
 // i-th of them (the placement issue makes it bandwidth-aware). A job fails, naming the worker, when
@@ -26,16 +28,17 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "coordinator/states.h"  // JobStateName, WorkerStateName, IsTerminal
 #include "coordinator/store.h"
 #include "longhaul/v1/control_plane.grpc.pb.h"
-#include "netem/clock.h"
+#include "common/clock.h"
 
 namespace longhaul::coordinator {
 
 struct CoordinatorOptions {
   absl::Duration heartbeat_interval = absl::Seconds(1);
   absl::Duration heartbeat_timeout = absl::Seconds(10);
-  netem::Clock* clock = netem::RealClock();
+  common::Clock* clock = common::RealClock();
 };
 
 class CoordinatorService final : public v1::Coordinator::Service {
@@ -109,10 +112,6 @@ class CoordinatorService final : public v1::Coordinator::Service {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread monitor_;
 };
-
-const char* JobStateName(v1::JobState s);
-const char* WorkerStateName(v1::WorkerState s);
-bool IsTerminal(v1::JobState s);
 
 }  // namespace longhaul::coordinator
 

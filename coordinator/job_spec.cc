@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "codec/codec.h"
+#include "codec/spec.h"
 
 namespace longhaul::coordinator {
 
@@ -219,7 +219,9 @@ absl::Status ValidateJobSpec(const v1::JobSpec& s) {
   range("micro_batch_size", s.micro_batch_size(), 1, 65536);
   for (const auto& [name, spec] : {std::pair<const char*, std::string>{"codecs.forward", s.forward_codec()},
                                    {"codecs.backward", s.backward_codec()}}) {
-    absl::StatusOr<std::unique_ptr<codec::Codec>> c = codec::MakeCodec(spec);
+    // The workers build their codecs from the same parser (codec::MakeCodec), so a spec accepted
+    // here is one every worker accepts.
+    absl::StatusOr<codec::CodecSpec> c = codec::ParseCodecSpec(spec);
     if (!c.ok()) p.push_back(absl::StrCat(name, ": ", c.status().message()));
   }
   const v1::OptimizerSpec& o = s.optimizer();

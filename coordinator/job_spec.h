@@ -10,7 +10,7 @@
 //   stages [4]            pipeline stages, one worker each, 1..layers
 //   schedule [1f1b]       1f1b | gpipe
 //   micro_batches [4], micro_batch_size [8]
-//   codecs: {forward [tahquant], backward [int8]}     codec specs, see codec/codec.h
+//   codecs: {forward [tahquant], backward [int8]}     codec specs, see codec/spec.h
 //   optimizer: {name [adamw], lr [3e-3], min_lr [3e-4], warmup_steps [20], beta1 [0.9],
 //               beta2 [0.95], eps [1e-8], weight_decay [0.1], clip_norm [1.0]}
 //   steps [300], seed [1]

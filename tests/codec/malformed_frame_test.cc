@@ -165,7 +165,9 @@ TEST(MalformedFrame, RandomCorruptionNeverCrashes) {
     p[(s >> 20) % p.size()] = static_cast<char>(s >> 56);
     if (i % 3 == 0) p.resize((s >> 8) % (p.size() + 1));
     auto r = DecodeFrame(BuildFrame(v->header, p));
-    if (r.ok()) EXPECT_EQ(r->sizes(), kX.sizes());
+    if (r.ok()) {
+      EXPECT_EQ(r->sizes(), kX.sizes());
+    }
   }
 }
 

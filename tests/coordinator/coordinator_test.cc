@@ -56,7 +56,7 @@ class CoordinatorTest : public ::testing::Test {
     return st;
   }
 
-  netem::FakeClock clock_;
+  common::FakeClock clock_;
   std::string path_;
   std::unique_ptr<CoordinatorService> svc_;
 };
