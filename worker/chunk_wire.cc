@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include <grpcpp/support/proto_buffer_reader.h>
+
 #include "absl/strings/str_cat.h"
 #include "longhaul/v1/data_plane.grpc.pb.h"
 
@@ -173,6 +175,21 @@ void AppendChunkData(const ParsedChunk& c, std::string* out, codec::FrameCrc* cr
     left -= n;
     skip = 0;
   }
+}
+
+grpc::ByteBuffer SerializeAck(const v1::FrameAck& ack) {
+  grpc::Slice s(ack.SerializeAsString());
+  return grpc::ByteBuffer(&s, 1);
+}
+
+absl::StatusOr<v1::FrameAck> ParseAck(grpc::ByteBuffer* message) {
+  v1::FrameAck ack;
+  if (!message->Valid()) return ack;  // an empty message: every field at its default
+  grpc::ProtoBufferReader reader(message);
+  if (!reader.status().ok() || !ack.ParseFromZeroCopyStream(&reader)) {
+    return absl::InvalidArgumentError(absl::StrCat("unreadable FrameAck of ", message->Length(), " bytes"));
+  }
+  return ack;
 }
 
 }  // namespace longhaul::worker

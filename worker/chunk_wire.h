@@ -10,6 +10,8 @@
 //   receive: ParseChunk reads the header fields out of the transport's slices and records where
 //            `data` lies; CopyChunkData appends it to the reassembly buffer (the one copy).
 //
+// The acks (v1::FrameAck) travel as plain protobuf in ByteBuffers (SerializeAck, ParseAck).
+//
 // ParseChunk accepts any valid TensorFrameChunk encoding (fields in any order, repeated fields with
 // the last one winning, unknown fields skipped), so peers using the generated stub interoperate;
 // it rejects malformed varints, truncated fields and wrong wire types with a message.
@@ -57,6 +59,11 @@ absl::StatusOr<ParsedChunk> ParseChunk(const grpc::ByteBuffer& message);
 // Appends the chunk's data to `out` (one copy out of the transport's slices) and, when `crc` is
 // given, feeds each piece to it right after copying it, while it is in cache.
 void AppendChunkData(const ParsedChunk& c, std::string* out, codec::FrameCrc* crc = nullptr);
+
+// The acks going the other way (v1::FrameAck, a few bytes, only for rejected frames) as the raw
+// ByteBuffers of the generic API.
+grpc::ByteBuffer SerializeAck(const v1::FrameAck& ack);
+absl::StatusOr<v1::FrameAck> ParseAck(grpc::ByteBuffer* message);
 
 }  // namespace longhaul::worker
 

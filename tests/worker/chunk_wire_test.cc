@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "codec/codec.h"
+#include "worker/link_wire.h"
 
 namespace longhaul::worker {
 namespace {
@@ -183,6 +184,45 @@ TEST(ChunkWire, AgreesWithProtobufOnMutatedMessages) {
     EXPECT_EQ(c->header.SerializeAsString(), pb.SerializeAsString()) << trial;
   }
   EXPECT_GT(accepted, 1000);  // the mutations must also produce valid messages to compare
+}
+
+TEST(ChunkWire, AcksRoundTripAsProtobuf) {
+  v1::FrameAck ack;
+  ack.set_step(9);
+  ack.set_micro_batch(2);
+  ack.set_direction(v1::DIRECTION_BACKWARD);
+  ack.set_error("frame has 3 bytes, header said 4");
+  grpc::ByteBuffer bb = SerializeAck(ack);
+  v1::FrameAck pb;
+  ASSERT_TRUE(pb.ParseFromString(Flatten(bb)));
+  EXPECT_EQ(pb.SerializeAsString(), ack.SerializeAsString());
+  for (grpc::ByteBuffer b : {SerializeAck(ack), Bytewise(ack.SerializeAsString())}) {
+    absl::StatusOr<v1::FrameAck> got = ParseAck(&b);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->SerializeAsString(), ack.SerializeAsString());
+  }
+  grpc::ByteBuffer empty = SerializeAck(v1::FrameAck());
+  absl::StatusOr<v1::FrameAck> none = ParseAck(&empty);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_TRUE(none->error().empty());
+  grpc::ByteBuffer garbage = Whole(std::string("\x22\x05" "ab", 4));  // error field cut short
+  absl::StatusOr<v1::FrameAck> bad = ParseAck(&garbage);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("unreadable FrameAck"), std::string::npos) << bad.status();
+}
+
+TEST(LinkWire, EveryMessageKindHasItsDirection) {
+  using stage_runtime::MessageKind;
+  for (MessageKind k : {MessageKind::kActivation, MessageKind::kGradient, MessageKind::kNormPartial,
+                        MessageKind::kNormTotal}) {
+    absl::StatusOr<MessageKind> back = ToMessageKind(ToDirection(k));
+    ASSERT_TRUE(back.ok()) << stage_runtime::MessageKindName(k);
+    EXPECT_EQ(*back, k);
+  }
+  EXPECT_EQ(ToDirection(MessageKind::kActivation), v1::DIRECTION_FORWARD);
+  EXPECT_EQ(ToDirection(MessageKind::kGradient), v1::DIRECTION_BACKWARD);
+  EXPECT_FALSE(ToMessageKind(v1::DIRECTION_UNSPECIFIED).ok());
+  EXPECT_FALSE(ToMessageKind(static_cast<v1::Direction>(42)).ok());
 }
 
 TEST(SharedFrameDecode, Fp32AliasesTheFrameOthersCopy) {

@@ -1,0 +1,99 @@
+#include "worker/link_receiver.h"
+
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "proto/channel_config.h"
+
+namespace longhaul::worker {
+
+std::shared_ptr<std::string> FrameBufferPool::Get(size_t capacity) {
+  std::unique_ptr<std::string> b;
+  {
+    absl::MutexLock l(&mu_);
+    if (!free_.empty()) {
+      b = std::move(free_.back());
+      free_.pop_back();
+    }
+  }
+  if (!b) b = std::make_unique<std::string>();
+  b->clear();
+  // Grow only: before C++20 reserve() may shrink, and an 8-byte norm frame would give back the
+  // multi-MiB block the next tensor frame needs.
+  if (b->capacity() < capacity) b->reserve(capacity);
+  return std::shared_ptr<std::string>(b.release(), [pool = shared_from_this()](std::string* s) { pool->Put(s); });
+}
+
+void FrameBufferPool::Put(std::string* s) {
+  std::unique_ptr<std::string> b(s);
+  if (b->capacity() > kMaxKeptBytes) return;
+  absl::MutexLock l(&mu_);
+  if (free_.size() < kMaxFree) free_.push_back(std::move(b));
+}
+
+absl::StatusOr<bool> Reassembler::Add(const ParsedChunk& pc) {
+  const v1::TensorFrameChunk& c = pc.header;
+  if (next_ == 0) {
+    if (c.chunk_index() != 0) return absl::InvalidArgumentError(absl::StrCat("frame starts at chunk ", c.chunk_index()));
+    if (c.chunk_count() < 1) return absl::InvalidArgumentError("chunk_count 0");
+    if (c.frame_bytes() > static_cast<uint64_t>(max_)) {
+      return absl::ResourceExhaustedError(absl::StrCat("frame of ", c.frame_bytes(), " bytes exceeds the limit of ", max_));
+    }
+    if (c.frame_bytes() > uint64_t{c.chunk_count()} * kMaxMessageBytes) {
+      return absl::InvalidArgumentError("frame_bytes larger than its chunks can carry");
+    }
+    first_ = c;
+    bytes_ = pool_->Get(c.frame_bytes());  // the previous one went to the decoder
+    crc_ = codec::FrameCrc();
+  } else if (c.chunk_index() != next_ || c.chunk_count() != first_.chunk_count() ||
+             c.frame_bytes() != first_.frame_bytes() || c.step() != first_.step() ||
+             c.micro_batch() != first_.micro_batch() || c.direction() != first_.direction() ||
+             c.job_id() != first_.job_id() || c.from_stage() != first_.from_stage()) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk ", c.chunk_index(), " does not continue frame (step ",
+                                                   first_.step(), ", micro-batch ", first_.micro_batch(),
+                                                   ", expected chunk ", next_, ")"));
+  }
+  if (bytes_->size() + pc.data_length > first_.frame_bytes()) {
+    return absl::InvalidArgumentError("chunks carry more bytes than frame_bytes");
+  }
+  AppendChunkData(pc, bytes_.get(), &crc_);
+  ++next_;
+  if (next_ < first_.chunk_count()) return false;
+  next_ = 0;
+  if (bytes_->size() != first_.frame_bytes()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("frame has ", bytes_->size(), " bytes, header said ", first_.frame_bytes()));
+  }
+  return true;
+}
+
+absl::StatusOr<stage_runtime::LinkMessage> DecodeInFrame(const v1::TensorFrameChunk& first,
+                                                         std::shared_ptr<std::string> frame,
+                                                         std::optional<uint32_t> frame_crc) {
+  absl::StatusOr<stage_runtime::MessageKind> kind = ToMessageKind(first.direction());
+  if (!kind.ok()) return kind.status();
+  stage_runtime::LinkMessage m;
+  m.step = first.step();
+  m.micro_batch = static_cast<int>(first.micro_batch());
+  m.kind = *kind;
+  if (stage_runtime::CarriesTensor(m.kind)) {
+    codec::DecodeOptions o;
+    o.frame_crc = frame_crc;
+    absl::StatusOr<torch::Tensor> t = codec::DecodeSharedFrame(std::move(frame), o);
+    if (!t.ok()) return t.status();
+    m.tensor = *std::move(t);
+    return m;
+  }
+  if (frame->size() != sizeof(double)) {
+    return absl::InvalidArgumentError(absl::StrCat("norm frame of ", frame->size(), " bytes (want 8)"));
+  }
+  std::memcpy(&m.value, frame->data(), sizeof(double));
+  if (!std::isfinite(m.value) || m.value < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("norm frame carries ", m.value));
+  }
+  return m;
+}
+
+}  // namespace longhaul::worker

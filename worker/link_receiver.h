@@ -1,0 +1,94 @@
+// The receiving side of a link, independent of gRPC: chunks (chunk_wire.h) are reassembled into
+// frames, checked, and decoded into stage_runtime::LinkMessages.
+//
+//   StageLinkService stream: read + parse header (ParseChunk) --[ChunkQueue]--> assembler thread:
+//   Reassembler::Add (the one payload copy, CRC while in cache) --> DecodeInFrame --> Inbox
+//
+// Memory: a frame's reassembly buffer comes from a FrameBufferPool shared by the service's streams;
+// once decoded it belongs to the message (an fp32 tensor aliases it) and returns to the pool when
+// the last reference is dropped, from whatever thread drops it.
+#ifndef LONGHAUL_WORKER_LINK_RECEIVER_H_
+#define LONGHAUL_WORKER_LINK_RECEIVER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "codec/codec.h"
+#include "common/bounded_queue.h"
+#include "stage_runtime/link.h"
+#include "worker/chunk_wire.h"
+#include "worker/link_wire.h"
+
+namespace longhaul::worker {
+
+// Reassembly buffers are recycled: a fresh multi-MiB allocation per frame costs page faults and
+// zeroing in the kernel (mmap'd by malloc at this size) that showed as ~10% of a loopback
+// transfer's CPU time. A buffer returns here when the last tensor aliasing it is freed.
+// Thread-safe. Hold it by shared_ptr: buffers handed out keep it alive.
+class FrameBufferPool : public std::enable_shared_from_this<FrameBufferPool> {
+ public:
+  // An empty buffer with at least `capacity` bytes reserved.
+  std::shared_ptr<std::string> Get(size_t capacity);
+
+ private:
+  static constexpr size_t kMaxFree = 16;
+  static constexpr size_t kMaxKeptBytes = size_t{64} << 20;
+  void Put(std::string* s);
+  absl::Mutex mu_;
+  std::vector<std::unique_ptr<std::string>> free_ ABSL_GUARDED_BY(mu_);
+};
+
+// Accumulates the chunks of one frame after another, checking every field against the frame's
+// first chunk and the size bounds before anything is allocated or copied. One stream's assembler
+// thread owns it.
+class Reassembler {
+ public:
+  Reassembler(int64_t max_frame_bytes, std::shared_ptr<FrameBufferPool> pool)
+      : max_(max_frame_bytes), pool_(std::move(pool)) {}
+
+  // Copies the chunk's data in; true when it completed a frame (then first(), TakeBytes() and
+  // crc() give it). Any error rejects the stream.
+  absl::StatusOr<bool> Add(const ParsedChunk& pc);
+  const v1::TensorFrameChunk& first() const { return first_; }
+  // The completed frame; the caller takes it (the next frame gets a new buffer).
+  std::shared_ptr<std::string> TakeBytes() { return std::move(bytes_); }
+  // The completed frame's checksum, computed as its chunks were copied in.
+  std::optional<uint32_t> crc() const { return crc_.Value(); }
+
+ private:
+  const int64_t max_;
+  const std::shared_ptr<FrameBufferPool> pool_;
+  uint32_t next_ = 0;  // the chunk index expected next; 0: a new frame
+  v1::TensorFrameChunk first_;
+  std::shared_ptr<std::string> bytes_;
+  codec::FrameCrc crc_;
+};
+
+// Validates a reassembled frame and turns it into a LinkMessage: decodes tensors (activations,
+// gradients) and checks norm values (8 bytes, finite, non-negative). Takes the frame: fp32 tensors
+// alias its memory (codec::DecodeSharedFrame). `frame_crc`: its checksum as computed on arrival
+// (codec::FrameCrc), unset to have the decoder compute it.
+absl::StatusOr<stage_runtime::LinkMessage> DecodeInFrame(const v1::TensorFrameChunk& first,
+                                                         std::shared_ptr<std::string> frame,
+                                                         std::optional<uint32_t> frame_crc = std::nullopt);
+
+// Chunks handed from a stream's reader to its assembler thread. Bounded (kChunkQueueCapacity
+// chunks of up to kChunkBytes): when the assembler falls behind, the reader stops reading and
+// HTTP/2 flow control pushes back on the sender.
+struct ReceivedChunk {
+  ParsedChunk chunk;
+  absl::Status error;  // the reader could not parse a message: the assembler rejects the stream
+};
+using ChunkQueue = common::BoundedQueue<ReceivedChunk>;
+inline constexpr size_t kChunkQueueCapacity = 4;
+
+}  // namespace longhaul::worker
+
+#endif  // LONGHAUL_WORKER_LINK_RECEIVER_H_
