@@ -1,15 +1,31 @@
-// Entry points of longhaul-bench's sub-commands; each takes the arguments after its name and
-// returns the process exit code.
+// longhaul-bench's sub-commands. Each Add*Bench declares its subcommand on longhaul-bench's
+// command line (flags, defaults, help) and returns the function that runs the benchmark with the
+// parsed flags and returns the process exit status.
 #ifndef LONGHAUL_BENCH_BENCHMARKS_H_
 #define LONGHAUL_BENCH_BENCHMARKS_H_
 
+#include <cmath>
+#include <functional>
+
+#include <CLI/CLI.hpp>
+
 namespace longhaul::bench {
 
-int CodecBenchMain(int argc, char** argv);
-int CrcBenchMain(int argc, char** argv);
-int ConvergenceBenchMain(int argc, char** argv);
-int TransportBenchMain(int argc, char** argv);
-int SweepBenchMain(int argc, char** argv);
+using BenchmarkRun = std::function<int()>;
+
+BenchmarkRun AddCodecBench(CLI::App& app);
+BenchmarkRun AddCrcBench(CLI::App& app);
+BenchmarkRun AddConvergenceBench(CLI::App& app);
+BenchmarkRun AddTransportBench(CLI::App& app);
+BenchmarkRun AddSweepBench(CLI::App& app);
+BenchmarkRun AddStageBench(CLI::App& app);
+
+// A figure for JSON output, rounded to `decimals` places: measurements are not precise to 17
+// digits, and rounded values print short.
+inline double Round(double v, int decimals) {
+  const double scale = std::pow(10.0, decimals);
+  return std::round(v * scale) / scale;
+}
 
 }  // namespace longhaul::bench
 

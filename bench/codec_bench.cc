@@ -9,34 +9,16 @@
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "absl/strings/str_format.h"
-#include "tools/cli/args.h"
 #include "bench/benchmarks.h"
 #include "bench/synthetic_data.h"
 #include "codec/codec.h"
+#include "common/flags.h"
 
 namespace longhaul::bench {
 namespace {
-
-constexpr char kHelp[] =
-    "usage: longhaul-bench codec [--codec=SPEC ...] [--tokens=N] [--hidden=N] [--threads=N]\n"
-    "                            [--outliers=N] [--seed=N] [--min-seconds=S] [--data=activations|gradients]\n"
-    "                            [--json]\n"
-    "\n"
-    "Encodes and decodes a synthetic [tokens, hidden] fp32 tensor (default activations: Gaussian body,\n"
-    "`outliers` heavy channels, log-normal token energy, 5% spiky tokens) and reports:\n"
-    "  bits_per_element   frame bytes * 8 / elements, header and all metadata included\n"
-    "  rel_l2_error       ||x - decode(encode(x))|| / ||x||\n"
-    "  encode_gbps        GB/s of fp32 input, one thread (median of repetitions)\n"
-    "  decode_gbps        GB/s of fp32 output, one thread, into a reused output tensor\n"
-    "  decode_alloc_gbps  the same into a freshly allocated tensor (page faults included)\n"
-    "  encode_gbps_mt     the same with --threads threads (default: all cores)\n"
-    "  memcpy_gbps        one-thread memcpy of the same fp32 buffer, measured in this run\n"
-    "  threads_for_10gbit threads needed so neither side limits a 10 Gbit/s link\n"
-    "--codec may be repeated (default tahquant); see codec/codec.h for spec strings.\n"
-    "--data=gradients uses heavy-tailed synthetic gradients (Student-t, per-row scales, outlier\n"
-    "columns; bench/synthetic_data.h) instead of activations; rows are output channels for BitDP.\n"
-    "Defaults: --tokens=8192 --hidden=2048 --outliers=4 --seed=1 --min-seconds=0.5.\n";
 
 using Clock = std::chrono::steady_clock;
 
@@ -56,6 +38,16 @@ double MedianSeconds(double min_seconds, Fn&& fn) {
   return t[t.size() / 2];
 }
 
+struct Flags {
+  std::vector<std::string> codecs = {"tahquant"};
+  int64_t tokens = 8192, hidden = 2048;
+  int64_t threads = std::max(1u, std::thread::hardware_concurrency());
+  int64_t outliers = 4, seed = 1;
+  double min_seconds = 0.5;
+  std::string data = "activations";
+  bool json = false;
+};
+
 struct Result {
   std::string spec;
   double bits = 0, rel_l2 = 0, enc = 0, dec = 0, dec_alloc = 0, enc_mt = 0, dec_mt = 0;
@@ -64,62 +56,37 @@ struct Result {
   std::string kernels;
 };
 
-}  // namespace
-
-int CodecBenchMain(int argc, char** argv) {
-  auto args = cli::Args::Parse(argc, argv, {"codec", "tokens", "hidden", "threads", "outliers", "seed",
-                                       "min-seconds", "data", "json", "help"});
-  if (std::optional<int> rc = cli::ExitForParseErrorOrHelp(args, "longhaul-bench codec", kHelp)) return *rc;
-  auto tokens = args->Int("tokens", 8192), hidden = args->Int("hidden", 2048);
-  auto threads = args->Int("threads", std::max(1u, std::thread::hardware_concurrency()));
-  auto outliers = args->Int("outliers", 4), seed = args->Int("seed", 1);
-  auto min_s = args->Double("min-seconds", 0.5);
-  for (const absl::Status& s : {tokens.status(), hidden.status(), threads.status(),
-                                outliers.status(), seed.status(), min_s.status()}) {
-    if (!s.ok()) {
-      std::fprintf(stderr, "longhaul-bench codec: %s\n", std::string(s.message()).c_str());
-      return 2;
-    }
+int Run(const Flags& f, const CLI::App& cmd) {
+  if (f.tokens <= 0 || f.hidden <= 0 || f.tokens * f.hidden > (int64_t{1} << 28) || f.threads < 1) {
+    return common::FlagError(cmd, "need tokens, hidden, threads >= 1 and tokens * hidden <= 2^28");
   }
-  if (*tokens <= 0 || *hidden <= 0 || *tokens * *hidden > (int64_t{1} << 28) || *threads < 1) {
-    std::fprintf(stderr, "longhaul-bench codec: need tokens, hidden, threads >= 1 and tokens*hidden <= 2^28\n");
-    return 2;
+  if (f.data != "activations" && f.data != "gradients") {
+    return common::FlagError(cmd, "--data is activations or gradients, not \"" + f.data + "\"");
   }
-  std::vector<std::string> specs = args->Values("codec");
-  if (specs.empty()) specs.push_back("tahquant");
-  const bool json = args->Bool("json");
-
-  const std::string kind = args->Str("data", "activations");
-  if (kind != "activations" && kind != "gradients") {
-    std::fprintf(stderr, "longhaul-bench codec: --data is activations or gradients, not \"%s\"\n", kind.c_str());
-    return 2;
-  }
+  const std::string& kind = f.data;
   ActivationSpec as;
-  as.tokens = *tokens;
-  as.hidden = *hidden;
-  as.seed = static_cast<uint64_t>(*seed);
-  as.outlier_channels = static_cast<int>(*outliers);
-  if (!json) {
-    std::fprintf(stderr, "generating %lld x %lld %s...\n", (long long)*tokens, (long long)*hidden, kind.c_str());
+  as.tokens = f.tokens;
+  as.hidden = f.hidden;
+  as.seed = static_cast<uint64_t>(f.seed);
+  as.outlier_channels = static_cast<int>(f.outliers);
+  if (!f.json) {
+    std::fprintf(stderr, "generating %lld x %lld %s...\n", (long long)f.tokens, (long long)f.hidden, kind.c_str());
   }
   std::vector<float> data = kind == "gradients"
-                                ? SyntheticGradients(*tokens, *hidden, as.seed, as.outlier_channels)
+                                ? SyntheticGradients(f.tokens, f.hidden, as.seed, as.outlier_channels)
                                 : SyntheticActivations(as);
-  const torch::Tensor x = torch::from_blob(data.data(), {*tokens, *hidden}, torch::kFloat32);
+  const torch::Tensor x = torch::from_blob(data.data(), {f.tokens, f.hidden}, torch::kFloat32);
   const double bytes = static_cast<double>(data.size()) * 4.0;
 
   std::vector<float> dst(data.size());
-  const double memcpy_s = MedianSeconds(*min_s, [&] { std::memcpy(dst.data(), data.data(), bytes); });
+  const double memcpy_s = MedianSeconds(f.min_seconds, [&] { std::memcpy(dst.data(), data.data(), bytes); });
   const double memcpy_gbps = bytes / memcpy_s / 1e9;
 
   std::vector<Result> results;
-  for (const std::string& spec : specs) {
+  for (const std::string& spec : f.codecs) {
     auto codec = codec::MakeCodec(spec);
-    if (!codec.ok()) {
-      std::fprintf(stderr, "longhaul-bench codec: %s\n", std::string(codec.status().message()).c_str());
-      return 2;
-    }
-    if (!json) std::fprintf(stderr, "measuring %s...\n", (*codec)->spec().c_str());
+    if (!codec.ok()) return common::FlagError(cmd, std::string(codec.status().message()));
+    if (!f.json) std::fprintf(stderr, "measuring %s...\n", (*codec)->spec().c_str());
     codec::EncodeStats st;
     auto frame = (*codec)->Encode(x, {}, &st);
     if (!frame.ok()) {
@@ -142,52 +109,60 @@ int CodecBenchMain(int argc, char** argv) {
     r.bits = frame->size() * 8.0 / static_cast<double>(data.size());
     r.rel_l2 = ((x.to(torch::kFloat64) - y->to(torch::kFloat64)).norm() / x.to(torch::kFloat64).norm()).item<double>();
     r.transformed_fraction = st.groups ? static_cast<double>(st.transformed_groups) / st.groups : 0.0;
-    const int mt = static_cast<int>(*threads);
-    r.enc = bytes / MedianSeconds(*min_s, [&] { (void)(*codec)->Encode(x, {1}); }) / 1e9;
+    const int mt = static_cast<int>(f.threads);
+    r.enc = bytes / MedianSeconds(f.min_seconds, [&] { (void)(*codec)->Encode(x, {1}); }) / 1e9;
     // Decode into a reused tensor, as a pipeline link reuses its receive buffer; the cost of a
     // fresh 64 MB allocation (page faults) is reported separately.
     torch::Tensor out;
-    r.dec = bytes / MedianSeconds(*min_s, [&] { (void)codec::DecodeFrameInto(*frame, &out, {1}); }) / 1e9;
-    r.dec_alloc = bytes / MedianSeconds(*min_s, [&] { (void)codec::DecodeFrame(*frame, {1}); }) / 1e9;
-    r.enc_mt = bytes / MedianSeconds(*min_s, [&] { (void)(*codec)->Encode(x, {mt}); }) / 1e9;
-    r.dec_mt = bytes / MedianSeconds(*min_s, [&] { (void)codec::DecodeFrameInto(*frame, &out, {mt}); }) / 1e9;
+    r.dec = bytes / MedianSeconds(f.min_seconds, [&] { (void)codec::DecodeFrameInto(*frame, &out, {1}); }) / 1e9;
+    r.dec_alloc = bytes / MedianSeconds(f.min_seconds, [&] { (void)codec::DecodeFrame(*frame, {1}); }) / 1e9;
+    r.enc_mt = bytes / MedianSeconds(f.min_seconds, [&] { (void)(*codec)->Encode(x, {mt}); }) / 1e9;
+    r.dec_mt = bytes / MedianSeconds(f.min_seconds, [&] { (void)codec::DecodeFrameInto(*frame, &out, {mt}); }) / 1e9;
     // A 10 Gbit/s link moves 1.25 GB/s of frames, i.e. 1.25 * 32 / bits GB/s of fp32 tensors.
     const double need = 1.25 * 32.0 / r.bits;
     r.threads_needed = static_cast<int>(std::ceil(need / std::min(r.enc, r.dec)));
     results.push_back(r);
   }
 
-  auto one_json = [&](const Result& r) {
-    return absl::StrFormat(
-        "{\"codec\": \"%s\", \"tokens\": %d, \"hidden\": %d, \"bits_per_element\": %.4f, "
-        "\"rel_l2_error\": %.6f, \"encode_gbps\": %.3f, \"decode_gbps\": %.3f, "
-        "\"decode_alloc_gbps\": %.3f, "
-        "\"threads\": %d, \"encode_gbps_mt\": %.3f, \"decode_gbps_mt\": %.3f, "
-        "\"memcpy_gbps\": %.3f, \"encode_vs_memcpy\": %.3f, \"decode_vs_memcpy\": %.3f, "
-        "\"transformed_group_fraction\": %.4f, \"threads_for_10gbit\": %d, \"kernels\": \"%s\", "
-        "\"data\": \"%s\"}",
-        r.spec, *tokens, *hidden, r.bits, r.rel_l2, r.enc, r.dec, r.dec_alloc, *threads, r.enc_mt, r.dec_mt,
-        memcpy_gbps, r.enc / memcpy_gbps, r.dec / memcpy_gbps, r.transformed_fraction,
-        r.threads_needed, r.kernels, kind);
-  };
-  if (json) {
+  if (f.json) {
+    auto one_json = [&](const Result& r) {
+      return nlohmann::ordered_json{
+          {"codec", r.spec},
+          {"tokens", f.tokens},
+          {"hidden", f.hidden},
+          {"bits_per_element", Round(r.bits, 4)},
+          {"rel_l2_error", Round(r.rel_l2, 6)},
+          {"encode_gbps", Round(r.enc, 3)},
+          {"decode_gbps", Round(r.dec, 3)},
+          {"decode_alloc_gbps", Round(r.dec_alloc, 3)},
+          {"threads", f.threads},
+          {"encode_gbps_mt", Round(r.enc_mt, 3)},
+          {"decode_gbps_mt", Round(r.dec_mt, 3)},
+          {"memcpy_gbps", Round(memcpy_gbps, 3)},
+          {"encode_vs_memcpy", Round(r.enc / memcpy_gbps, 3)},
+          {"decode_vs_memcpy", Round(r.dec / memcpy_gbps, 3)},
+          {"transformed_group_fraction", Round(r.transformed_fraction, 4)},
+          {"threads_for_10gbit", r.threads_needed},
+          {"kernels", r.kernels},
+          {"data", kind},
+      };
+    };
+    // One codec: its object on one line; several: {"results": [...]}.
     if (results.size() == 1) {
-      std::printf("%s\n", one_json(results[0]).c_str());
-    } else {
-      std::printf("{\"results\": [\n");
-      for (size_t i = 0; i < results.size(); ++i) {
-        std::printf("  %s%s\n", one_json(results[i]).c_str(), i + 1 < results.size() ? "," : "");
-      }
-      std::printf("]}\n");
+      std::printf("%s\n", one_json(results[0]).dump().c_str());
+      return 0;
     }
+    nlohmann::ordered_json all = nlohmann::ordered_json::array();
+    for (const Result& r : results) all.push_back(one_json(r));
+    std::printf("%s\n", nlohmann::ordered_json{{"results", all}}.dump(2).c_str());
     return 0;
   }
   std::printf("%lld x %lld fp32 %s (%.0f MB), %lld outlier channels, SIMD kernels: %s\n",
-              (long long)*tokens, (long long)*hidden, kind.c_str(), bytes / 1e6, (long long)*outliers,
+              (long long)f.tokens, (long long)f.hidden, kind.c_str(), bytes / 1e6, (long long)f.outliers,
               codec::BestKernels().name);
   std::printf("memcpy (1 thread): %.2f GB/s\n\n", memcpy_gbps);
   std::printf("| codec | bits/elem | rel L2 err | enc GB/s | dec GB/s | dec GB/s (new tensor) | enc/memcpy | dec/memcpy | enc GB/s x%lld | dec GB/s x%lld | threads for 10 Gbit/s |\n",
-              (long long)*threads, (long long)*threads);
+              (long long)f.threads, (long long)f.threads);
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Result& r : results) {
     std::printf("| %s | %.3f | %.4f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %d |\n", r.spec.c_str(),
@@ -195,6 +170,39 @@ int CodecBenchMain(int argc, char** argv) {
                 r.dec_mt, r.threads_needed);
   }
   return 0;
+}
+
+}  // namespace
+
+BenchmarkRun AddCodecBench(CLI::App& app) {
+  auto f = std::make_shared<Flags>();
+  CLI::App* cmd =
+      app.add_subcommand("codec", "bits/element, relative L2 error, encode/decode GB/s vs memcpy");
+  cmd->add_option("--codec", f->codecs, "codec spec, may be repeated (codec/codec.h)")->type_name("SPEC");
+  cmd->add_option("--tokens", f->tokens, "rows of the tensor")->type_name("N");
+  cmd->add_option("--hidden", f->hidden, "columns of the tensor (tokens * hidden <= 2^28)")->type_name("N");
+  cmd->add_option("--threads", f->threads, "threads of the _mt figures (default: all cores)")->type_name("N");
+  cmd->add_option("--outliers", f->outliers, "heavy channels (activations) or columns (gradients)")->type_name("N");
+  cmd->add_option("--seed", f->seed, "synthetic data seed")->type_name("N");
+  cmd->add_option("--min-seconds", f->min_seconds, "time each figure is repeated for (median reported)")
+      ->type_name("S");
+  cmd->add_option("--data", f->data, "activations or gradients")->type_name("KIND");
+  cmd->add_flag("--json", f->json, "one JSON object per codec instead of a table");
+  cmd->footer(
+      "Encodes and decodes a synthetic [tokens, hidden] fp32 tensor (default activations: Gaussian\n"
+      "body, --outliers heavy channels, log-normal token energy, 5% spiky tokens; --data=gradients:\n"
+      "heavy-tailed synthetic gradients, Student-t, per-row scales, outlier columns, rows are output\n"
+      "channels for BitDP; bench/synthetic_data.h) and reports (JSON keys):\n"
+      "  bits_per_element   frame bytes * 8 / elements, header and all metadata included\n"
+      "  rel_l2_error       ||x - decode(encode(x))|| / ||x||\n"
+      "  encode_gbps        GB/s of fp32 input, one thread (median of repetitions)\n"
+      "  decode_gbps        GB/s of fp32 output, one thread, into a reused output tensor\n"
+      "  decode_alloc_gbps  the same into a freshly allocated tensor (page faults included)\n"
+      "  encode_gbps_mt     the same with --threads threads (and decode_gbps_mt)\n"
+      "  memcpy_gbps        one-thread memcpy of the same fp32 buffer, measured in this run\n"
+      "  threads_for_10gbit threads needed so neither side limits a 10 Gbit/s link\n"
+      "With several --codec, the objects are in {\"results\": [...]}.");
+  return [f, cmd] { return Run(*f, *cmd); };
 }
 
 }  // namespace longhaul::bench

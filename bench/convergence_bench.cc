@@ -5,76 +5,47 @@
 #include <cstdio>
 #include <string>
 
-#include "absl/strings/str_format.h"
-#include "tools/cli/args.h"
+#include <nlohmann/json.hpp>
+
 #include "bench/benchmarks.h"
+#include "common/flags.h"
 #include "stage_runtime/pipeline.h"
 
 namespace longhaul::bench {
 namespace {
 
-constexpr char kHelp[] =
-    "usage: longhaul-bench convergence [--steps=N] [--codec=SPEC] [--bwd-codec=SPEC]\n"
-    "                                  [--schedule=1f1b|gpipe] [--stages=N] [--layers=N]\n"
-    "                                  [--hidden=N] [--heads=N] [--context=N]\n"
-    "                                  [--micro-batches=N] [--micro-batch-size=N]\n"
-    "                                  [--lr=X] [--seed=N] [--eval-every=N] [--json]\n"
-    "\n"
-    "Trains a GPT (default 4 layers, hidden 128, 4 heads, context 64, byte vocab) split into\n"
-    "--stages stages, with --codec on forward links and --bwd-codec on backward links (default:\n"
-    "fp32 when --codec=fp32, else int8), on the fortunes corpus (90% train / 10% validation).\n"
-    "Reports final_train_loss (mean of the last 10 steps), final_val_loss (16 fixed validation\n"
-    "batches, through the same forward codec), initial_train_loss and tokens_per_s.\n"
-    "Defaults: --steps=300 --codec=fp32 --schedule=1f1b --stages=4 --micro-batches=4\n"
-    "--micro-batch-size=8 --lr=3e-3 --seed=1 --eval-every=50.\n";
+struct Flags {
+  int64_t steps = 300, stages = 4, layers = 4, hidden = 128, heads = 4, context = 64;
+  int64_t micro_batches = 4, micro_batch_size = 8, seed = 1, eval_every = 50;
+  double lr = 3e-3;
+  std::string codec = "fp32", bwd_codec, schedule = "1f1b";
+  bool json = false;
+};
 
-}  // namespace
-
-int ConvergenceBenchMain(int argc, char** argv) {
-  auto args = cli::Args::Parse(argc, argv, {"steps", "codec", "bwd-codec", "schedule", "stages", "layers",
-                                       "hidden", "heads", "context", "micro-batches",
-                                       "micro-batch-size", "lr", "seed", "eval-every", "json", "help"});
+int Run(const Flags& f, const CLI::App& cmd) {
   auto fail = [](const absl::Status& s) {
     std::fprintf(stderr, "longhaul-bench convergence: %s\n", std::string(s.message()).c_str());
     return 2;
   };
-  if (!args.ok()) {
-    fail(args.status());
-    std::fputs(kHelp, stderr);
-    return 2;
-  }
-  if (args->Bool("help")) {
-    std::fputs(kHelp, stdout);
-    return 0;
-  }
+  if (f.steps < 1) return common::FlagError(cmd, "--steps must be >= 1");
+  auto schedule = stage_runtime::ParseSchedule(f.schedule);
+  if (!schedule.ok()) return common::FlagError(cmd, std::string(schedule.status().message()));
   stage_runtime::PipelineOptions o;
-  auto steps = args->Int("steps", 300), stages = args->Int("stages", 4), layers = args->Int("layers", 4);
-  auto hidden = args->Int("hidden", 128), heads = args->Int("heads", 4), context = args->Int("context", 64);
-  auto mbs = args->Int("micro-batches", 4), mbsize = args->Int("micro-batch-size", 8);
-  auto seed = args->Int("seed", 1), eval_every = args->Int("eval-every", 50);
-  auto lr = args->Double("lr", 3e-3);
-  for (const absl::Status& s : {steps.status(), stages.status(), layers.status(), hidden.status(),
-                                heads.status(), context.status(), mbs.status(), mbsize.status(),
-                                seed.status(), eval_every.status(), lr.status()}) {
-    if (!s.ok()) return fail(s);
-  }
-  if (*steps < 1) return fail(absl::InvalidArgumentError("--steps must be >= 1"));
-  auto schedule = stage_runtime::ParseSchedule(args->Str("schedule", "1f1b"));
-  if (!schedule.ok()) return fail(schedule.status());
-  o.model = {static_cast<int>(*layers), static_cast<int>(*hidden), static_cast<int>(*heads),
-             static_cast<int>(*context), 256};
-  o.stages = static_cast<int>(*stages);
-  o.micro_batches = static_cast<int>(*mbs);
-  o.micro_batch_size = static_cast<int>(*mbsize);
+  o.model = {static_cast<int>(f.layers), static_cast<int>(f.hidden), static_cast<int>(f.heads),
+             static_cast<int>(f.context), 256};
+  o.stages = static_cast<int>(f.stages);
+  o.micro_batches = static_cast<int>(f.micro_batches);
+  o.micro_batch_size = static_cast<int>(f.micro_batch_size);
   o.schedule = *schedule;
-  o.forward_codec = args->Str("codec", "fp32");
-  o.backward_codec = args->Str("bwd-codec", o.forward_codec == "fp32" ? "fp32" : "int8");
-  o.optimizer.lr = *lr;
-  o.optimizer.min_lr = *lr / 10;
-  o.optimizer.warmup_steps = static_cast<int>(std::min<int64_t>(20, *steps / 10 + 1));
-  o.optimizer.total_steps = static_cast<int>(*steps);
-  o.seed = static_cast<uint64_t>(*seed);
-  const bool json = args->Bool("json");
+  o.forward_codec = f.codec;
+  o.backward_codec = !f.bwd_codec.empty() ? f.bwd_codec : o.forward_codec == "fp32" ? "fp32" : "int8";
+  o.optimizer.lr = f.lr;
+  o.optimizer.min_lr = f.lr / 10;
+  o.optimizer.warmup_steps = static_cast<int>(std::min<int64_t>(20, f.steps / 10 + 1));
+  o.optimizer.total_steps = static_cast<int>(f.steps);
+  o.seed = static_cast<uint64_t>(f.seed);
+  const bool json = f.json;
+  const int64_t steps = f.steps;
 
   auto data = stage_runtime::TextDataset::DefaultCorpus();
   if (!data.ok()) return fail(data.status());
@@ -89,7 +60,7 @@ int ConvergenceBenchMain(int argc, char** argv) {
   double first_loss = 0, tail_sum = 0, val_loss = 0;
   int tail_n = 0;
   double train_seconds = 0;
-  for (int64_t step = 0; step < *steps; ++step) {
+  for (int64_t step = 0; step < steps; ++step) {
     std::vector<stage_runtime::Batch> b;
     for (int m = 0; m < o.micro_batches; ++m) {
       b.push_back(data->Sample(stage_runtime::Split::kTrain, o.seed, step, m, o.micro_batch_size, o.model.context));
@@ -99,15 +70,15 @@ int ConvergenceBenchMain(int argc, char** argv) {
     train_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!r.ok()) return fail(r.status());
     if (step == 0) first_loss = r->loss;
-    if (step >= *steps - 10) tail_sum += r->loss, ++tail_n;
-    const bool last = step + 1 == *steps;
-    if (last || (*eval_every > 0 && (step + 1) % *eval_every == 0)) {
+    if (step >= steps - 10) tail_sum += r->loss, ++tail_n;
+    const bool last = step + 1 == steps;
+    if (last || (f.eval_every > 0 && (step + 1) % f.eval_every == 0)) {
       auto v = (*pipe)->EvalLoss(val);
       if (!v.ok()) return fail(v.status());
       val_loss = *v;
       if (!json) {
         std::fprintf(stderr, "step %5lld/%lld  train loss %.4f  val loss %.4f  %.0f tokens/s\n",
-                     (long long)step + 1, (long long)*steps, r->loss, val_loss,
+                     (long long)step + 1, (long long)steps, r->loss, val_loss,
                      tokens_per_step * (step + 1) / train_seconds);
       }
     }
@@ -116,22 +87,59 @@ int ConvergenceBenchMain(int argc, char** argv) {
   double err = 0;
   for (const auto& l : (*pipe)->forward_links()) raw += l.raw_bytes, wire += l.wire_bytes, err += l.mean_rel_error();
   const size_t nl = (*pipe)->forward_links().size();
-  const std::string out = absl::StrFormat(
-      "{\"codec\": \"%s\", \"bwd_codec\": \"%s\", \"steps\": %d, \"stages\": %d, "
-      "\"initial_train_loss\": %.5f, \"final_train_loss\": %.5f, \"final_val_loss\": %.5f, "
-      "\"tokens_per_s\": %.1f, \"fwd_raw_bytes\": %d, \"fwd_wire_bytes\": %d, "
-      "\"fwd_mean_rel_error\": %.5f}",
-      o.forward_codec, o.backward_codec, *steps, o.stages, first_loss, tail_sum / tail_n, val_loss,
-      tokens_per_step * (*steps) / train_seconds, raw, wire, nl ? err / nl : 0.0);
+  const nlohmann::ordered_json out = {
+      {"codec", o.forward_codec},
+      {"bwd_codec", o.backward_codec},
+      {"steps", steps},
+      {"stages", o.stages},
+      {"initial_train_loss", Round(first_loss, 5)},
+      {"final_train_loss", Round(tail_sum / tail_n, 5)},
+      {"final_val_loss", Round(val_loss, 5)},
+      {"tokens_per_s", Round(tokens_per_step * steps / train_seconds, 1)},
+      {"fwd_raw_bytes", raw},
+      {"fwd_wire_bytes", wire},
+      {"fwd_mean_rel_error", Round(nl ? err / nl : 0.0, 5)},
+  };
   if (json) {
-    std::printf("%s\n", out.c_str());
+    std::printf("%s\n", out.dump().c_str());
   } else {
     std::printf("codec %s / %s: final train loss %.4f, final val loss %.4f, %.0f tokens/s, "
                 "forward links %.2fx smaller than fp32\n",
                 o.forward_codec.c_str(), o.backward_codec.c_str(), tail_sum / tail_n, val_loss,
-                tokens_per_step * (*steps) / train_seconds, wire ? static_cast<double>(raw) / wire : 0.0);
+                tokens_per_step * (steps) / train_seconds, wire ? static_cast<double>(raw) / wire : 0.0);
   }
   return 0;
+}
+
+}  // namespace
+
+BenchmarkRun AddConvergenceBench(CLI::App& app) {
+  auto f = std::make_shared<Flags>();
+  CLI::App* cmd = app.add_subcommand(
+      "convergence", "train a small GPT through the in-process pipeline with a link codec");
+  cmd->add_option("--steps", f->steps, "training steps")->type_name("N");
+  cmd->add_option("--codec", f->codec, "forward-link codec")->type_name("SPEC");
+  cmd->add_option("--bwd-codec", f->bwd_codec, "backward-link codec (empty: fp32 when --codec=fp32, else int8)")
+      ->type_name("SPEC");
+  cmd->add_option("--schedule", f->schedule, "1f1b or gpipe")->type_name("NAME");
+  cmd->add_option("--stages", f->stages, "pipeline stages")->type_name("N");
+  cmd->add_option("--layers", f->layers, "transformer layers")->type_name("N");
+  cmd->add_option("--hidden", f->hidden, "hidden size")->type_name("N");
+  cmd->add_option("--heads", f->heads, "attention heads")->type_name("N");
+  cmd->add_option("--context", f->context, "context length (tokens)")->type_name("N");
+  cmd->add_option("--micro-batches", f->micro_batches, "micro-batches per step")->type_name("N");
+  cmd->add_option("--micro-batch-size", f->micro_batch_size, "sequences per micro-batch")->type_name("N");
+  cmd->add_option("--lr", f->lr, "peak learning rate")->type_name("X");
+  cmd->add_option("--seed", f->seed, "model and data seed")->type_name("N");
+  cmd->add_option("--eval-every", f->eval_every, "validation loss every N steps (0: at the end only)")
+      ->type_name("N");
+  cmd->add_flag("--json", f->json, "one JSON object instead of progress and a summary line");
+  cmd->footer(
+      "Trains a GPT (byte vocabulary) split into --stages stages, with --codec on forward links and\n"
+      "--bwd-codec on backward links, on the fortunes corpus (90% train / 10% validation).\n"
+      "Reports final_train_loss (mean of the last 10 steps), final_val_loss (16 fixed validation\n"
+      "batches, through the same forward codec), initial_train_loss and tokens_per_s.");
+  return [f, cmd] { return Run(*f, *cmd); };
 }
 
 }  // namespace longhaul::bench

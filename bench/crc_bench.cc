@@ -6,22 +6,14 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
+#include <nlohmann/json.hpp>
+
 #include "bench/benchmarks.h"
 #include "codec/crc32c.h"
-#include "tools/cli/args.h"
+#include "common/flags.h"
 
 namespace longhaul::bench {
 namespace {
-
-constexpr char kHelp[] =
-    "usage: longhaul-bench crc [--bytes=N] [--seconds=S] [--json]\n"
-    "\n"
-    "CRC32C GB/s over a buffer of --bytes (default 4194304, a frame) for each implementation this\n"
-    "CPU runs (reference, sse42, vpclmul), alone and fused with a copy (what the receive path does),\n"
-    "next to memcpy of the same buffer. Each figure repeats for --seconds (default 0.3).\n"
-    "JSON fields: bytes, memcpy_gbps, then <path>_gbps and <path>_copy_gbps per available path.\n";
 
 using Clock = std::chrono::steady_clock;
 
@@ -39,40 +31,57 @@ double Gbps(size_t bytes, double seconds, F f) {
   return static_cast<double>(bytes) * static_cast<double>(iterations) / s / 1e9;
 }
 
-}  // namespace
+struct Flags {
+  int64_t bytes = 4 << 20;
+  double seconds = 0.3;
+  bool json = false;
+};
 
-int CrcBenchMain(int argc, char** argv) {
-  auto args = cli::Args::Parse(argc, argv, {"bytes", "seconds", "json", "help"});
-  if (std::optional<int> rc = cli::ExitForParseErrorOrHelp(args, "longhaul-bench crc", kHelp)) return *rc;
-  auto bytes = args->Int("bytes", 4 << 20);
-  auto seconds = args->Double("seconds", 0.3);
-  if (!bytes.ok() || !seconds.ok() || *bytes < 1 || *bytes > (int64_t{1} << 30) || *seconds <= 0 || *seconds > 60) {
-    std::fprintf(stderr, "longhaul-bench crc: --bytes must be in [1, 2^30] and --seconds in (0, 60]\n");
-    return 2;
+int Run(const Flags& f, const CLI::App& cmd) {
+  if (f.bytes < 1 || f.bytes > (int64_t{1} << 30) || f.seconds <= 0 || f.seconds > 60) {
+    return common::FlagError(cmd, "--bytes must be in [1, 2^30] and --seconds in (0, 60]");
   }
-  const size_t n = static_cast<size_t>(*bytes);
+  const size_t n = static_cast<size_t>(f.bytes);
   std::vector<uint8_t> src(n), dst(n);
   for (size_t i = 0; i < n; ++i) src[i] = static_cast<uint8_t>(i * 2654435761u >> 13);
   volatile uint32_t sink = 0;
-  std::vector<std::string> json = {absl::StrFormat("\"bytes\": %d", n)};
-  const double memcpy_gbps = Gbps(n, *seconds, [&] { std::memcpy(dst.data(), src.data(), n); });
-  json.push_back(absl::StrFormat("\"memcpy_gbps\": %.2f", memcpy_gbps));
-  if (!args->Bool("json")) std::printf("%zu bytes: memcpy %.2f GB/s\n", n, memcpy_gbps);
+  const double memcpy_gbps = Gbps(n, f.seconds, [&] { std::memcpy(dst.data(), src.data(), n); });
+  nlohmann::ordered_json json = {{"bytes", n}, {"memcpy_gbps", Round(memcpy_gbps, 2)}};
+  if (!f.json) std::printf("%zu bytes: memcpy %.2f GB/s\n", n, memcpy_gbps);
   const std::pair<codec::Crc32cPath, const char*> paths[] = {
       {codec::Crc32cPath::kReference, "reference"}, {codec::Crc32cPath::kSse42, "sse42"}, {codec::Crc32cPath::kVpclmul, "vpclmul"}};
   for (const auto& [path, name] : paths) {
     if (!codec::Crc32cPathAvailable(path)) {
-      if (!args->Bool("json")) std::printf("  %-9s  not available on this CPU\n", name);
+      if (!f.json) std::printf("  %-9s  not available on this CPU\n", name);
       continue;
     }
-    const double plain = Gbps(n, *seconds, [&, p = path] { sink = codec::Crc32cExtendWith(p, 0, src.data(), n); });
-    const double copy = Gbps(n, *seconds, [&, p = path] { sink = codec::Crc32cCopyExtendWith(p, 0, dst.data(), src.data(), n); });
-    json.push_back(absl::StrFormat("\"%s_gbps\": %.2f, \"%s_copy_gbps\": %.2f", name, plain, name, copy));
-    if (!args->Bool("json")) std::printf("  %-9s  %7.2f GB/s   copy + CRC %7.2f GB/s\n", name, plain, copy);
+    const double plain = Gbps(n, f.seconds, [&, p = path] { sink = codec::Crc32cExtendWith(p, 0, src.data(), n); });
+    const double copy =
+        Gbps(n, f.seconds, [&, p = path] { sink = codec::Crc32cCopyExtendWith(p, 0, dst.data(), src.data(), n); });
+    json[std::string(name) + "_gbps"] = Round(plain, 2);
+    json[std::string(name) + "_copy_gbps"] = Round(copy, 2);
+    if (!f.json) std::printf("  %-9s  %7.2f GB/s   copy + CRC %7.2f GB/s\n", name, plain, copy);
   }
   (void)sink;
-  if (args->Bool("json")) std::printf("{%s}\n", absl::StrJoin(json, ", ").c_str());
+  if (f.json) std::printf("%s\n", json.dump().c_str());
   return 0;
+}
+
+}  // namespace
+
+BenchmarkRun AddCrcBench(CLI::App& app) {
+  auto f = std::make_shared<Flags>();
+  CLI::App* cmd =
+      app.add_subcommand("crc", "CRC32C GB/s per implementation (plain and fused with a copy) vs memcpy");
+  cmd->footer(
+      "CRC32C GB/s over a buffer of --bytes for each implementation this CPU runs (reference, sse42,\n"
+      "vpclmul), alone and fused with a copy (what the receive path does), next to memcpy of the same\n"
+      "buffer.");
+  cmd->add_option("--bytes", f->bytes, "buffer size, 1..2^30 (default: a frame)")->type_name("N");
+  cmd->add_option("--seconds", f->seconds, "time each figure repeats for, (0, 60]")->type_name("S");
+  cmd->add_flag("--json", f->json,
+                "JSON: bytes, memcpy_gbps, then <path>_gbps and <path>_copy_gbps per available path");
+  return [f, cmd] { return Run(*f, *cmd); };
 }
 
 }  // namespace longhaul::bench

@@ -18,52 +18,20 @@
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "bench/benchmarks.h"
 #include "codec/codec.h"
 #include "netem/tc/network.h"
-#include "tools/cli/args.h"
-#include "tools/cli/signals.h"
+#include "common/flags.h"
+#include "common/signals.h"
 #include "tools/cluster/local_cluster.h"
 
 namespace longhaul::bench {
 namespace {
-
-constexpr char kHelp[] =
-    "usage: longhaul-bench sweep [--rates=R,...] [--codecs=C,...] [--backward=auto|SPEC] [--steps=N]\n"
-    "                            [--layers=N] [--hidden=N] [--context=N] [--micro-batches=N]\n"
-    "                            [--micro-batch-size=N] [--schedule=gpipe|1f1b] [--repeats=N]\n"
-    "                            [--shaper=auto|tc|inprocess] [--queue-ms=N] [--markdown=PATH]\n"
-    "                            [--svg=PATH] [--json]\n"
-    "\n"
-    "Trains the same job (GPT, one layer per worker process) at every link rate (Mbit/s) with every\n"
-    "forward codec, plus unshaped per codec (the compute bound), each cell --repeats times in\n"
-    "interleaved rounds, and prints the median tokens/s, the compute and link bounds, throughput /\n"
-    "min(bounds) and the speed-up over fp32 at the same rate. --backward=auto uses fp32/fp16 backward\n"
-    "links with fp32/fp16 forward links and int4 with the quantised ones (the paper compresses\n"
-    "gradients as well).\n"
-    "--shaper=tc (root; the default when running as root): the coordinator and workers run in network\n"
-    "namespaces (longhaul-netem's network, 10.79.0.0/24) and every host's access link is shaped with\n"
-    "tc tbf in both directions, each queueing up to --queue-ms of traffic (default 3000; with\n"
-    "longhaul-netem's default of 400, TCP's probes above the rate overflowed the queue: at 2 Mbit/s\n"
-    "18% of an int4 run's bytes were retransmissions). --shaper=inprocess (the default otherwise):\n"
-    "every data-plane link is shaped by the in-process token bucket. The link bound counts forward\n"
-    "+ backward bytes per step on the busiest link, except for 1f1b in-process (each direction has\n"
-    "its own bucket): the larger.\n"
-    "In tc mode each rate also gets a TCP probe through one shaped link (the goodput TCP itself\n"
-    "reaches after its headers), and the table shows the link bound at that goodput as well, the\n"
-    "bytes per step the busiest link direction carried according to its qdisc (frames plus every\n"
-    "header, ACK and window update) next to the frame bytes the bounds count, packets dropped, and\n"
-    "how busy that link was (its bytes at the rate / step time).\n"
-    "Defaults: --rates=2,10,100 --codecs=fp32,fp16,int4,tahquant --steps=4 --layers=4 --hidden=128\n"
-    "--context=32 --micro-batches=128 --micro-batch-size=1 --schedule=gpipe --repeats=3 (many small\n"
-    "micro-batches: a step's pipeline fill and drain cost (stages - 1) / (micro-batches + stages - 1)).\n";
 
 struct Run {
   std::string codec, backward;
@@ -90,6 +58,15 @@ struct Sample {
   double drops = 0;               // tc: packets dropped by all the qdiscs
 };
 
+struct Flags {
+  std::vector<double> rates = {2, 10, 100};
+  std::vector<std::string> codecs = {"fp32", "fp16", "int4", "tahquant"};
+  std::string backward = "auto", schedule = "gpipe", shaper = "auto", markdown, svg;
+  int64_t steps = 4, layers = 4, hidden = 128, context = 32, micro_batches = 128, micro_batch_size = 1;
+  int64_t repeats = 3, queue_ms = 3000;
+  bool tc = false, json = false;
+};
+
 std::string BackwardFor(const std::string& fwd, const std::string& mode) {
   if (mode != "auto") return mode;
   return fwd == "fp32" || fwd == "fp16" ? fwd : "int4";
@@ -106,82 +83,46 @@ absl::StatusOr<int64_t> FrameBytes(const std::string& spec, int64_t mbs, int64_t
   return static_cast<int64_t>(f->size());
 }
 
-}  // namespace
-
-int SweepBenchMain(int argc, char** argv) {
-  auto args = cli::Args::Parse(argc, argv, {"rates", "codecs", "backward", "steps", "layers", "hidden", "context",
-                                            "micro-batches", "micro-batch-size", "schedule", "repeats", "shaper",
-                                            "tc", "queue-ms", "markdown", "svg", "json", "help"});
-  if (std::optional<int> rc = cli::ExitForParseErrorOrHelp(args, "longhaul-bench sweep", kHelp)) return *rc;
-  std::vector<double> rates;
-  for (absl::string_view r : absl::StrSplit(args->Str("rates", "2,10,100"), ',')) {
-    double v;
-    if (!absl::SimpleAtod(r, &v) || v <= 0) {
-      std::fprintf(stderr, "longhaul-bench sweep: bad rate \"%s\"\n", std::string(r).c_str());
-      return 2;
-    }
-    rates.push_back(v);
+int RunSweep(const Flags& f, const CLI::App& cmd) {
+  const std::vector<double>& rates = f.rates;
+  for (double r : rates) {
+    if (!(r > 0)) return common::FlagError(cmd, absl::StrCat("bad rate \"", r, "\" (rates are Mbit/s > 0)"));
   }
-  const std::vector<std::string> codecs = absl::StrSplit(args->Str("codecs", "fp32,fp16,int4,tahquant"), ',');
-  const std::string backward = args->Str("backward", "auto");
-  const std::string schedule = args->Str("schedule", "gpipe");
-  if (schedule != "gpipe" && schedule != "1f1b") {
-    std::fprintf(stderr, "longhaul-bench sweep: --schedule must be gpipe or 1f1b\n");
-    return 2;
-  }
-  auto steps = args->Int("steps", 4), layers = args->Int("layers", 4), hidden = args->Int("hidden", 128);
-  auto context = args->Int("context", 32), mb = args->Int("micro-batches", 128), mbs = args->Int("micro-batch-size", 1);
-  auto repeats = args->Int("repeats", 3), queue_ms = args->Int("queue-ms", 3000);
-  for (const absl::Status& s : {steps.status(), layers.status(), hidden.status(), context.status(), mb.status(),
-                                mbs.status(), repeats.status(), queue_ms.status()}) {
-    if (!s.ok()) {
-      std::fprintf(stderr, "longhaul-bench sweep: %s\n", std::string(s.message()).c_str());
-      return 2;
-    }
-  }
-  if (*repeats < 1) {
-    std::fprintf(stderr, "longhaul-bench sweep: --repeats must be at least 1\n");
-    return 2;
-  }
-  if (*queue_ms < 1 || *queue_ms > 60000) {
-    std::fprintf(stderr, "longhaul-bench sweep: --queue-ms must be in [1, 60000]\n");
-    return 2;
-  }
-  const bool json = args->Bool("json");
-  const int stages = static_cast<int>(*layers);
-  const double tokens_per_step = static_cast<double>(*mb * *mbs * *context);
+  const std::vector<std::string>& codecs = f.codecs;
+  const std::string& backward = f.backward;
+  const std::string& schedule = f.schedule;
+  if (schedule != "gpipe" && schedule != "1f1b") return common::FlagError(cmd, "--schedule must be gpipe or 1f1b");
+  if (f.repeats < 1) return common::FlagError(cmd, "--repeats must be at least 1");
+  if (f.queue_ms < 1 || f.queue_ms > 60000) return common::FlagError(cmd, "--queue-ms must be in [1, 60000]");
+  const bool json = f.json;
+  const int stages = static_cast<int>(f.layers);
+  const double tokens_per_step = static_cast<double>(f.micro_batches * f.micro_batch_size * f.context);
 
   std::map<std::string, std::pair<int64_t, int64_t>> frame;  // codec -> (forward, backward) bytes
   for (const std::string& c : codecs) {
-    auto f = FrameBytes(c, *mbs, *context, *hidden);
-    auto b = FrameBytes(BackwardFor(c, backward), *mbs, *context, *hidden);
-    if (!f.ok() || !b.ok()) {
-      std::fprintf(stderr, "longhaul-bench sweep: codec %s: %s\n", c.c_str(),
-                   std::string((f.ok() ? b.status() : f.status()).message()).c_str());
-      return 2;
+    auto fb = FrameBytes(c, f.micro_batch_size, f.context, f.hidden);
+    auto bb = FrameBytes(BackwardFor(c, backward), f.micro_batch_size, f.context, f.hidden);
+    if (!fb.ok() || !bb.ok()) {
+      return common::FlagError(cmd, absl::StrCat("codec ", c, ": ", (fb.ok() ? bb.status() : fb.status()).message()));
     }
-    frame[c] = {*f, *b};
+    frame[c] = {*fb, *bb};
   }
 
-  const std::string shaper = args->Bool("tc") ? "tc" : args->Str("shaper", "auto");
+  const std::string shaper = f.tc ? "tc" : f.shaper;
   if (shaper != "auto" && shaper != "tc" && shaper != "inprocess") {
-    std::fprintf(stderr, "longhaul-bench sweep: --shaper must be auto, tc or inprocess\n");
-    return 2;
+    return common::FlagError(cmd, "--shaper must be auto, tc or inprocess");
   }
   const bool tc = shaper == "tc" || (shaper == "auto" && geteuid() == 0);
   if (!json) std::fprintf(stderr, "shaping links with %s\n", tc ? "tc tbf in network namespaces" : "the in-process shaper");
   std::unique_ptr<netem::Network> net;
   netem::Topology topo;
   if (tc) {
-    if (geteuid() != 0) {
-      std::fprintf(stderr, "longhaul-bench sweep: --shaper=tc needs root (network namespaces and tc)\n");
-      return 2;
-    }
+    if (geteuid() != 0) return common::FlagError(cmd, "--shaper=tc needs root (network namespaces and tc)");
     topo.name = "lhsw";
     topo.subnet = "10.79.0";
     topo.hosts.push_back({"coord"});
     for (int i = 0; i < stages; ++i) topo.hosts.push_back({absl::StrCat("w", i)});
-    for (netem::HostSpec& h : topo.hosts) h.queue_ms = static_cast<double>(*queue_ms);
+    for (netem::HostSpec& h : topo.hosts) h.queue_ms = static_cast<double>(f.queue_ms);
     net = std::make_unique<netem::Network>(topo, netem::RunCommand);
     (void)net->Down();  // leftovers of an interrupted run
     if (absl::Status s = net->Up(); !s.ok()) {
@@ -199,10 +140,10 @@ int SweepBenchMain(int argc, char** argv) {
   cluster::Cluster cl(1);
   // Ctrl-C / SIGTERM: stop the cluster's processes and remove the namespaces before leaving (the
   // main thread may be waiting on a job for minutes).
-  if (cli::InstallTerminationHandlers()) {
+  if (common::InstallTerminationHandlers()) {
     std::thread([&cl, n = net.get()] {
-      const int sig = cli::WaitForTerminationSignal();
-      std::fprintf(stderr, "longhaul-bench sweep: %s: stopping the cluster%s\n", cli::SignalName(sig),
+      const int sig = common::WaitForTerminationSignal();
+      std::fprintf(stderr, "longhaul-bench sweep: %s: stopping the cluster%s\n", common::SignalName(sig),
                    n ? " and removing the network namespaces" : "");
       cl.SignalAll(SIGTERM);
       absl::SleepFor(absl::Seconds(2));
@@ -234,7 +175,7 @@ int SweepBenchMain(int argc, char** argv) {
         "name: sweep-%s-%g\nmodel: {layers: %d, hidden: %d, heads: 4, context: %d}\nstages: %d\n"
         "micro_batches: %d\nmicro_batch_size: %d\nschedule: %s\ncodecs: {forward: \"%s\", backward: \"%s\"}\n"
         "steps: %d\nlinks: {rate_mbit: %g}\n",
-        c, rate, *layers, *hidden, *context, stages, *mb, *mbs, schedule, c, BackwardFor(c, backward), *steps,
+        c, rate, f.layers, f.hidden, f.context, stages, f.micro_batches, f.micro_batch_size, schedule, c, BackwardFor(c, backward), f.steps,
         inproc_rate);
     absl::StatusOr<uint64_t> job = cl.Submit(yaml);
     if (!job.ok()) return job.status();
@@ -262,7 +203,7 @@ int SweepBenchMain(int argc, char** argv) {
   std::map<std::pair<double, std::string>, std::vector<Sample>> samples;  // (rate, codec) -> jobs
   std::map<double, std::vector<double>> goodput;                           // rate -> TCP Mbit/s (tc)
   auto where = [](double rate) { return rate > 0 ? absl::StrCat(rate, " Mbit/s") : std::string("unshaped"); };
-  for (int64_t rep = 0; rep < *repeats; ++rep) {
+  for (int64_t rep = 0; rep < f.repeats; ++rep) {
     for (double rate : all_rates) {
       if (tc && rate > 0) {
         // What TCP itself gets through one shaped link at this rate (about 2 s of traffic).
@@ -282,7 +223,7 @@ int SweepBenchMain(int argc, char** argv) {
       for (const std::string& c : codecs) {
         if (!json) {
           std::fprintf(stderr, "round %lld/%lld: %s, %s...\n", static_cast<long long>(rep + 1),
-                       static_cast<long long>(*repeats), where(rate).c_str(), c.c_str());
+                       static_cast<long long>(f.repeats), where(rate).c_str(), c.c_str());
         }
         absl::StatusOr<Sample> t = run(c, rate);
         if (!t.ok()) {
@@ -315,10 +256,10 @@ int SweepBenchMain(int argc, char** argv) {
       const std::vector<Sample>& cell = samples[{rate, c}];
       Run r{c, BackwardFor(c, backward), rate, median_of(cell, &Sample::tokens_per_s),
             median_of(samples[{0, c}], &Sample::tokens_per_s)};
-      r.wire_bytes_per_step = median_of(cell, &Sample::busiest_link_bytes) / static_cast<double>(*steps);
+      r.wire_bytes_per_step = median_of(cell, &Sample::busiest_link_bytes) / static_cast<double>(f.steps);
       r.drops = median_of(cell, &Sample::drops);
       const double busiest = static_cast<double>(sum_directions ? frame[c].first + frame[c].second
-                                                                : std::max(frame[c].first, frame[c].second)) * *mb;
+                                                                : std::max(frame[c].first, frame[c].second)) * f.micro_batches;
       r.link_bound = tokens_per_step / (busiest / (rate * 1e6 / 8));
       r.frame_bytes_per_step = busiest;
       r.goodput_mbit = tc ? median(goodput[rate]) : rate;
@@ -355,26 +296,34 @@ int SweepBenchMain(int argc, char** argv) {
                           base > 0 ? absl::StrFormat("%.2fx", r.tokens_per_s / base) : "-");
   }
   if (json) {
-    std::vector<std::string> rows;
+    nlohmann::ordered_json rows = nlohmann::ordered_json::array();
     for (const Run& r : runs) {
-      rows.push_back(absl::StrFormat(
-          "{\"rate_mbit\": %g, \"forward\": \"%s\", \"backward\": \"%s\", \"tokens_per_s\": %.1f, "
-          "\"compute_bound\": %.1f, \"link_bound\": %.1f, \"tcp_goodput_mbit\": %.3f, \"goodput_link_bound\": %.1f, "
-          "\"fraction_of_bound\": %.3f, \"fraction_of_goodput_bound\": %.3f, \"frame_bytes_per_step\": %.0f, "
-          "\"wire_bytes_per_step\": %.0f, \"drops\": %.0f, \"link_busy\": %.3f, \"speedup_vs_fp32\": %.3f}",
-          r.rate, r.codec, r.backward, r.tokens_per_s, r.compute_bound, r.link_bound, r.goodput_mbit,
-          r.goodput_link_bound, r.fraction, r.goodput_fraction, r.frame_bytes_per_step,
-          r.wire_bytes_per_step, r.drops, tc ? link_busy(r) : 0.0,
-          fp32_at(r.rate) > 0 ? r.tokens_per_s / fp32_at(r.rate) : 0.0));
+      rows.push_back({
+          {"rate_mbit", r.rate},
+          {"forward", r.codec},
+          {"backward", r.backward},
+          {"tokens_per_s", Round(r.tokens_per_s, 1)},
+          {"compute_bound", Round(r.compute_bound, 1)},
+          {"link_bound", Round(r.link_bound, 1)},
+          {"tcp_goodput_mbit", Round(r.goodput_mbit, 3)},
+          {"goodput_link_bound", Round(r.goodput_link_bound, 1)},
+          {"fraction_of_bound", Round(r.fraction, 3)},
+          {"fraction_of_goodput_bound", Round(r.goodput_fraction, 3)},
+          {"frame_bytes_per_step", Round(r.frame_bytes_per_step, 0)},
+          {"wire_bytes_per_step", Round(r.wire_bytes_per_step, 0)},
+          {"drops", Round(r.drops, 0)},
+          {"link_busy", Round(tc ? link_busy(r) : 0.0, 3)},
+          {"speedup_vs_fp32", Round(fp32_at(r.rate) > 0 ? r.tokens_per_s / fp32_at(r.rate) : 0.0, 3)},
+      });
     }
-    std::printf("{\"runs\": [\n  %s\n]}\n", absl::StrJoin(rows, ",\n  ").c_str());
+    std::printf("%s\n", nlohmann::ordered_json{{"runs", rows}}.dump(2).c_str());
   } else {
     std::printf("%s", md.c_str());
   }
-  if (args->Has("markdown")) {
-    std::ofstream(args->Str("markdown", "")) << md;
+  if (!f.markdown.empty()) {
+    std::ofstream(f.markdown) << md;
   }
-  if (args->Has("svg")) {
+  if (!f.svg.empty()) {
     // tokens/s against log(rate), one polyline per codec.
     const double W = 640, H = 400, L = 70, B = 50, T = 30, R = 140;
     double ymax = 1;
@@ -410,9 +359,56 @@ int SweepBenchMain(int argc, char** argv) {
                             col, codecs[ci], BackwardFor(codecs[ci], backward));
     }
     svg += "</svg>\n";
-    std::ofstream(args->Str("svg", "")) << svg;
+    std::ofstream(f.svg) << svg;
   }
   return 0;
+}
+
+}  // namespace
+
+BenchmarkRun AddSweepBench(CLI::App& app) {
+  auto f = std::make_shared<Flags>();
+  CLI::App* cmd = app.add_subcommand(
+      "sweep", "a local cluster trained at several link rates and codecs (throughput table)");
+  cmd->add_option("--rates", f->rates, "link rates in Mbit/s, comma-separated")->type_name("R,...")->delimiter(',');
+  cmd->add_option("--codecs", f->codecs, "forward codecs, comma-separated")->type_name("C,...")->delimiter(',');
+  cmd->add_option("--backward", f->backward, "backward codec, or auto (see below)")->type_name("auto|SPEC");
+  cmd->add_option("--steps", f->steps, "training steps per job")->type_name("N");
+  cmd->add_option("--layers", f->layers, "transformer layers, one per worker process (stage)")->type_name("N");
+  cmd->add_option("--hidden", f->hidden, "hidden size")->type_name("N");
+  cmd->add_option("--context", f->context, "context length (tokens)")->type_name("N");
+  cmd->add_option("--micro-batches", f->micro_batches, "micro-batches per step")->type_name("N");
+  cmd->add_option("--micro-batch-size", f->micro_batch_size, "sequences per micro-batch")->type_name("N");
+  cmd->add_option("--schedule", f->schedule, "pipeline schedule")->type_name("gpipe|1f1b");
+  cmd->add_option("--repeats", f->repeats, "jobs per cell, in interleaved rounds (median reported)")->type_name("N");
+  cmd->add_option("--shaper", f->shaper, "auto: tc as root, else inprocess")->type_name("auto|tc|inprocess");
+  cmd->add_flag("--tc", f->tc, "the same as --shaper=tc")->group("");
+  cmd->add_option("--queue-ms", f->queue_ms, "tc: each direction's tbf queue, in ms of traffic at the rate, 1..60000")
+      ->type_name("N");
+  cmd->add_option("--markdown", f->markdown, "also write the table here")->type_name("PATH");
+  cmd->add_option("--svg", f->svg, "also plot tokens/s against the rate here")->type_name("PATH");
+  cmd->add_flag("--json", f->json, "{\"runs\": [...]}, one object per (rate, codec), instead of the table");
+  cmd->footer(
+      "Trains the same job (GPT, one layer per worker process) at every link rate with every forward\n"
+      "codec, plus unshaped per codec (the compute bound), each cell --repeats times in interleaved\n"
+      "rounds, and prints the median tokens/s, the compute and link bounds, throughput / min(bounds)\n"
+      "and the speed-up over fp32 at the same rate. --backward=auto uses fp32/fp16 backward links with\n"
+      "fp32/fp16 forward links and int4 with the quantised ones (the paper compresses gradients as\n"
+      "well). Many small micro-batches: a step's pipeline fill and drain cost\n"
+      "(stages - 1) / (micro-batches + stages - 1).\n"
+      "--shaper=tc (root): the coordinator and workers run in network namespaces (longhaul-netem's\n"
+      "network, 10.79.0.0/24) and every host's access link is shaped with tc tbf in both directions,\n"
+      "each queueing up to --queue-ms of traffic (with longhaul-netem's default of 400, TCP's probes\n"
+      "above the rate overflowed the queue: at 2 Mbit/s 18% of an int4 run's bytes were\n"
+      "retransmissions). --shaper=inprocess: every data-plane link is shaped by the in-process token\n"
+      "bucket. The link bound counts forward + backward bytes per step on the busiest link, except for\n"
+      "1f1b in-process (each direction has its own bucket): the larger.\n"
+      "In tc mode each rate also gets a TCP probe through one shaped link (the goodput TCP itself\n"
+      "reaches after its headers), and the table shows the link bound at that goodput as well, the\n"
+      "bytes per step the busiest link direction carried according to its qdisc (frames plus every\n"
+      "header, ACK and window update) next to the frame bytes the bounds count, packets dropped, and\n"
+      "how busy that link was (its bytes at the rate / step time).");
+  return [f, cmd] { return RunSweep(*f, *cmd); };
 }
 
 }  // namespace longhaul::bench

@@ -2,14 +2,10 @@
 // stream -> StageLinkService reassembly, CRC check and decode -> Inbox) between two processes,
 // against a plain TCP socket between the same two processes in the same run.
 //
-// The receiving process is this binary re-executed with --serve (posix_spawn, not fork, so it
-// starts with a clean gRPC and LibTorch): it listens on a gRPC port and a TCP port, prints both on
-// stdout, consumes whatever arrives, and exits when its stdin closes.
-#include <fcntl.h>
-#include <signal.h>
-#include <spawn.h>
+// The receiving process is this binary re-executed with --serve (Boost.Process: fork and exec, so
+// it starts with a clean gRPC and LibTorch): it listens on a gRPC port and a TCP port, prints both
+// on stdout, consumes whatever arrives, and exits when its stdin closes.
 #include <sys/resource.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -20,7 +16,13 @@
 #include <thread>
 #include <vector>
 
+#include <boost/process/args.hpp>
+#include <boost/process/child.hpp>
+#include <boost/process/exe.hpp>
+#include <boost/process/io.hpp>
+#include <boost/process/pipe.hpp>
 #include <grpcpp/grpcpp.h>
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include "absl/strings/str_cat.h"
@@ -28,30 +30,16 @@
 #include "bench/benchmarks.h"
 #include "codec/codec.h"
 #include "netem/tcp_probe.h"
-#include "tools/cli/args.h"
-#include "worker/link.h"
-
-extern char** environ;
+#include "common/allocator.h"
+#include "common/flags.h"
+#include "worker/inbox.h"
+#include "worker/link_sender.h"
+#include "worker/link_service.h"
 
 namespace longhaul::bench {
 namespace {
 
-constexpr char kHelp[] =
-    "usage: longhaul-bench transport [--bytes=N] [--frame-bytes=N] [--codec=SPEC] [--streams=N] [--json]\n"
-    "\n"
-    "Streams --bytes of fp32 tensor data (frames of --frame-bytes, default 4 MiB, encoded with\n"
-    "--codec, default fp32) from this process to a second process over the real gRPC data plane,\n"
-    "then the same number of bytes over one plain TCP socket, and prints both goodputs (payload\n"
-    "bits per second) and their ratio. Defaults: --bytes=1073741824.\n"
-    "--streams: gRPC streams (TCP connections) the link is striped over, 1-8: the job spec's\n"
-    "links.streams. Default 2, what a fast link (datacenter, loopback) should be given: one\n"
-    "stream's threads cap a link near 30 Gbit/s. Jobs default to 1, right for rate-limited WAN\n"
-    "links (docs/training-job.md); --streams=1 measures that.\n"
-    "Also reports the CPU time both processes used in each phase (user + system, all threads), as\n"
-    "CPU seconds per GiB: on a machine with few cores both paths are CPU-bound and this is what\n"
-    "decides the ratio.\n"
-    "JSON fields: bytes, frame_bytes, codec, streams, wire_bytes, grpc_gbps, tcp_gbps, ratio,\n"
-    "grpc_seconds, tcp_seconds, grpc_cpu_s_per_gib, tcp_cpu_s_per_gib.\n";
+namespace bp = boost::process;
 
 using Clock = std::chrono::steady_clock;
 
@@ -90,7 +78,7 @@ int Serve() {
   int gport = 0;
   b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &gport);
   ConfigureLonghaulServer(&b);
-  b.RegisterService(&svc);
+  b.RegisterCallbackGenericService(&svc);
   auto server = b.BuildAndStart();
 
   absl::StatusOr<netem::TcpSink> sink = netem::TcpSink::Listen("127.0.0.1", 0);
@@ -113,77 +101,68 @@ int Serve() {
   _exit(0);
 }
 
-}  // namespace
+struct Flags {
+  int64_t bytes = int64_t{1} << 30, frame_bytes = 4 << 20, streams = 2;
+  std::string codec = "fp32";
+  bool json = false, serve = false;
+};
 
-int TransportBenchMain(int argc, char** argv) {
-  auto args = cli::Args::Parse(argc, argv, {"bytes", "frame-bytes", "codec", "streams", "json", "serve", "help"});
-  if (std::optional<int> rc = cli::ExitForParseErrorOrHelp(args, "longhaul-bench transport", kHelp)) return *rc;
-  worker::TuneAllocatorForLargeFrames();  // as longhaul-worker does
-  if (args->Bool("serve")) return Serve();
-  auto bytes = args->Int("bytes", int64_t{1} << 30), frame = args->Int("frame-bytes", 4 << 20);
-  auto streams = args->Int("streams", 2);
-  if (!bytes.ok() || !frame.ok() || *bytes < 4 || *frame < 4 || *frame > (256 << 20)) {
-    std::fprintf(stderr, "longhaul-bench transport: --bytes and --frame-bytes need positive integers "
-                         "(frames at most 256 MiB)\n");
-    return 2;
+int Run(const Flags& f, const CLI::App& cmd) {
+  common::TuneAllocatorForLargeFrames();  // as longhaul-worker does
+  if (f.serve) return Serve();
+  if (f.bytes < 4 || f.frame_bytes < 4 || f.frame_bytes > (256 << 20)) {
+    return common::FlagError(cmd, "--bytes and --frame-bytes need positive integers (frames at most 256 MiB)");
   }
-  if (!streams.ok() || *streams < 1 || *streams > worker::kMaxStripes) {
-    std::fprintf(stderr, "longhaul-bench transport: --streams must be 1..%d\n", worker::kMaxStripes);
-    return 2;
+  if (f.streams < 1 || f.streams > worker::kMaxStripes) {
+    return common::FlagError(cmd, absl::StrCat("--streams must be 1..", worker::kMaxStripes));
   }
-  auto codec = codec::MakeCodec(args->Str("codec", "fp32"));
-  if (!codec.ok()) {
-    std::fprintf(stderr, "longhaul-bench transport: %s\n", std::string(codec.status().message()).c_str());
-    return 2;
-  }
-  const bool json = args->Bool("json");
+  auto codec = codec::MakeCodec(f.codec);
+  if (!codec.ok()) return common::FlagError(cmd, std::string(codec.status().message()));
+  const bool json = f.json;
 
   // The receiver: this binary with --serve, stdin and stdout on pipes.
-  int in[2], out[2];
-  if (pipe(in) != 0 || pipe(out) != 0) return 1;
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, in[0], 0);
-  posix_spawn_file_actions_adddup2(&fa, out[1], 1);
-  posix_spawn_file_actions_addclose(&fa, in[1]);
-  posix_spawn_file_actions_addclose(&fa, out[0]);
-  std::string self = "/proc/self/exe";
-  std::vector<char*> cargv = {self.data(), const_cast<char*>("transport"), const_cast<char*>("--serve"), nullptr};
-  pid_t child;
-  if (posix_spawn(&child, self.c_str(), &fa, nullptr, cargv.data(), environ) != 0) {
-    std::fprintf(stderr, "longhaul-bench transport: cannot start the receiver process\n");
+  bp::opstream child_in;
+  bp::ipstream child_out;
+  std::error_code ec;
+  bp::child child(bp::exe = "/proc/self/exe", bp::args = {"transport", "--serve"}, bp::std_in < child_in,
+                  bp::std_out > child_out, ec);
+  if (ec) {
+    std::fprintf(stderr, "longhaul-bench transport: cannot start the receiver process: %s\n", ec.message().c_str());
     return 1;
   }
-  close(in[0]);
-  close(out[1]);
-  FILE* child_out = fdopen(out[0], "r");
   int gport = 0, tport = 0;
-  if (std::fscanf(child_out, "%d %d", &gport, &tport) != 2) {
+  if (!(child_out >> gport >> tport)) {
     std::fprintf(stderr, "longhaul-bench transport: the receiver process did not start\n");
     return 1;
   }
 
-  const int64_t elems = *frame / 4;
-  const int64_t frames = (*bytes + *frame - 1) / *frame;
+  const int64_t elems = f.frame_bytes / 4;
+  const int64_t frames = (f.bytes + f.frame_bytes - 1) / f.frame_bytes;
   torch::Tensor t = torch::randn({elems});
   worker::SenderOptions o;
   o.target = absl::StrCat("127.0.0.1:", gport);
   o.peer = "bench receiver";
   o.job_id = 1;
   o.queue_capacity = 4;
-  o.streams = static_cast<int>(*streams);
+  o.streams = static_cast<int>(f.streams);
   auto sender = worker::LinkSender::Start(o, codec->get());
   if (!sender.ok()) {
     std::fprintf(stderr, "longhaul-bench transport: %s\n", std::string(sender.status().message()).c_str());
     return 1;
   }
-  const double c0 = CpuSeconds(child);
+  const double c0 = CpuSeconds(child.id());
   const auto g0 = Clock::now();
   absl::Status st;
-  for (int64_t i = 0; i < frames && st.ok(); ++i) st = (*sender)->Send(1, static_cast<int>(i), v1::DIRECTION_FORWARD, t, false);
+  for (int64_t i = 0; i < frames && st.ok(); ++i) {
+    stage_runtime::LinkMessage m;
+    m.step = 1;
+    m.micro_batch = static_cast<int>(i);
+    m.tensor = t;
+    st = (*sender)->Send(std::move(m), false);
+  }
   if (st.ok()) st = (*sender)->Finish();
   const double grpc_s = std::chrono::duration<double>(Clock::now() - g0).count();
-  const double c1 = CpuSeconds(child);
+  const double c1 = CpuSeconds(child.id());
   const int64_t grpc_bytes = frames * elems * 4;
   const int64_t wire = (*sender)->stats().wire_bytes;
   if (!st.ok()) {
@@ -191,10 +170,9 @@ int TransportBenchMain(int argc, char** argv) {
     return 1;
   }
   const absl::StatusOr<double> tcp = netem::TimedTcpSend("127.0.0.1", tport, grpc_bytes);
-  const double c2 = CpuSeconds(child);
-  close(in[1]);
-  int ws;
-  waitpid(child, &ws, 0);
+  const double c2 = CpuSeconds(child.id());
+  child_in.pipe().close();  // the receiver's stdin: it exits
+  child.wait(ec);
   if (!tcp.ok()) {
     std::fprintf(stderr, "longhaul-bench transport: TCP run failed: %s\n", std::string(tcp.status().message()).c_str());
     return 1;
@@ -204,12 +182,21 @@ int TransportBenchMain(int argc, char** argv) {
   const double gib = grpc_bytes / 1073741824.0;
   const double grpc_cpu = (c1 - c0) / gib, tcp_cpu = (c2 - c1) / gib;
   if (json) {
-    std::printf("{\"bytes\": %lld, \"frame_bytes\": %lld, \"codec\": \"%s\", \"streams\": %d, \"wire_bytes\": %lld, "
-                "\"grpc_gbps\": %.4f, \"tcp_gbps\": %.4f, \"ratio\": %.4f, \"grpc_seconds\": %.4f, "
-                "\"tcp_seconds\": %.4f, \"grpc_cpu_s_per_gib\": %.3f, \"tcp_cpu_s_per_gib\": %.3f}\n",
-                static_cast<long long>(grpc_bytes), static_cast<long long>(elems * 4), (*codec)->spec().c_str(),
-                (*sender)->streams(), static_cast<long long>(wire), grpc_gbps, tcp_gbps, grpc_gbps / tcp_gbps, grpc_s, tcp_s, grpc_cpu,
-                tcp_cpu);
+    const nlohmann::ordered_json out = {
+        {"bytes", grpc_bytes},
+        {"frame_bytes", elems * 4},
+        {"codec", (*codec)->spec()},
+        {"streams", (*sender)->streams()},
+        {"wire_bytes", wire},
+        {"grpc_gbps", Round(grpc_gbps, 4)},
+        {"tcp_gbps", Round(tcp_gbps, 4)},
+        {"ratio", Round(grpc_gbps / tcp_gbps, 4)},
+        {"grpc_seconds", Round(grpc_s, 4)},
+        {"tcp_seconds", Round(tcp_s, 4)},
+        {"grpc_cpu_s_per_gib", Round(grpc_cpu, 3)},
+        {"tcp_cpu_s_per_gib", Round(tcp_cpu, 3)},
+    };
+    std::printf("%s\n", out.dump().c_str());
   } else {
     std::printf("payload %.2f GiB in frames of %.1f MiB (%s), %d gRPC stream(s)\n", grpc_bytes / 1073741824.0,
                 elems * 4 / 1048576.0, (*codec)->spec().c_str(), (*sender)->streams());
@@ -218,6 +205,37 @@ int TransportBenchMain(int argc, char** argv) {
     std::printf("  ratio gRPC/TCP:  %8.3f\n", grpc_gbps / tcp_gbps);
   }
   return 0;
+}
+
+}  // namespace
+
+BenchmarkRun AddTransportBench(CLI::App& app) {
+  auto f = std::make_shared<Flags>();
+  CLI::App* cmd = app.add_subcommand(
+      "transport", "goodput of the gRPC data plane vs a plain TCP socket, two processes");
+  cmd->add_option("--bytes", f->bytes, "payload bytes to stream, each way")->type_name("N");
+  cmd->add_option("--frame-bytes", f->frame_bytes, "bytes of fp32 tensor per frame (at most 256 MiB)")
+      ->type_name("N");
+  cmd->add_option("--codec", f->codec, "codec of the frames")->type_name("SPEC");
+  cmd->add_option("--streams", f->streams,
+                  absl::StrCat("gRPC streams (TCP connections) the link is striped over, 1..", worker::kMaxStripes,
+                               ": the job spec's links.streams"))
+      ->type_name("N");
+  cmd->add_flag("--json", f->json, "one JSON object instead of a summary");
+  cmd->add_flag("--serve", f->serve, "run as the receiving process (started by this benchmark)")->group("");
+  cmd->footer(
+      "Streams --bytes of fp32 tensor data (frames of --frame-bytes, encoded with --codec) from this\n"
+      "process to a second process over the real gRPC data plane, then the same number of bytes over\n"
+      "one plain TCP socket, and prints both goodputs (payload bits per second) and their ratio.\n"
+      "--streams defaults to 2, what a fast link (datacenter, loopback) should be given: one stream's\n"
+      "threads cap a link near 30 Gbit/s. Jobs default to 1, right for rate-limited WAN links\n"
+      "(docs/training-job.md); --streams=1 measures that.\n"
+      "Also reports the CPU time both processes used in each phase (user + system, all threads), as\n"
+      "CPU seconds per GiB: on a machine with few cores both paths are CPU-bound and this is what\n"
+      "decides the ratio.\n"
+      "JSON fields: bytes, frame_bytes, codec, streams, wire_bytes, grpc_gbps, tcp_gbps, ratio,\n"
+      "grpc_seconds, tcp_seconds, grpc_cpu_s_per_gib, tcp_cpu_s_per_gib.");
+  return [f, cmd] { return Run(*f, *cmd); };
 }
 
 }  // namespace longhaul::bench

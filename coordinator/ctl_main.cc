@@ -2,22 +2,20 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
 #include <grpcpp/grpcpp.h>
 #include <nlohmann/json.hpp>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
-#include "coordinator/coordinator.h"
+#include "coordinator/states.h"
 #include "longhaul/v1/control_plane.grpc.pb.h"
 #include "proto/channel_config.h"
-#include "tools/cli/args.h"
-#include "tools/cli/read_file.h"
+#include "common/flags.h"
+#include "common/read_file.h"
 
 namespace {
 
@@ -25,24 +23,6 @@ namespace v1 = longhaul::v1;
 using longhaul::coordinator::IsTerminal;
 using longhaul::coordinator::JobStateName;
 using longhaul::coordinator::WorkerStateName;
-
-constexpr char kUsage[] =
-    "usage: longhaulctl [--coordinator=HOST:PORT] <command> [args]\n"
-    "\n"
-    "commands:\n"
-    "  workers [--json]                     list registered workers and their state\n"
-    "  submit JOB.yaml [--steps=N] [--watch] [--summary-json=PATH]\n"
-    "                                       submit a job spec; an invalid spec is rejected with\n"
-    "                                       every problem listed. --watch follows it like `watch`\n"
-    "  status [JOB] [--json]                one job in detail, or a table of all jobs\n"
-    "  watch JOB [--summary-json=PATH]      live progress (step, loss, tokens/s, compression,\n"
-    "                                       ETA) until the job ends, then a summary; exit status 0\n"
-    "                                       only if the job succeeded\n"
-    "  cancel JOB                           stop a pending or running job\n"
-    "\n"
-    "The coordinator address defaults to $LONGHAUL_COORDINATOR, else localhost:7400.\n"
-    "A job spec's keys and defaults are documented in coordinator/job_spec.h; an example is\n"
-    "deploy/jobs/demo.yaml.\n";
 
 int Fail(const std::string& msg, int code = 1) {
   std::fprintf(stderr, "longhaulctl: %s\n", msg.c_str());
@@ -162,7 +142,7 @@ class Ctl {
   }
 
   int Submit(const std::string& path, int64_t steps, bool watch, const std::string& summary) {
-    absl::StatusOr<std::string> yaml = longhaul::cli::ReadFile(path);
+    absl::StatusOr<std::string> yaml = longhaul::common::ReadFile(path);
     if (!yaml.ok()) return Fail(std::string(yaml.status().message()));
     v1::SubmitJobRequest req;
     req.set_spec_yaml(*yaml);
@@ -181,8 +161,9 @@ class Ctl {
     return watch ? Watch(resp.job_id(), summary) : 0;
   }
 
-  int Status(const std::vector<std::string>& pos, bool json) {
-    if (pos.empty()) {
+  // `job` empty: every job.
+  int Status(const std::vector<uint64_t>& job, bool json) {
+    if (job.empty()) {
       v1::ListJobsResponse r;
       grpc::Status s = stub_->ListJobs(Ctx(10).get(), {}, &r);
       if (!s.ok()) return RpcFail("status", s, addr_);
@@ -200,10 +181,8 @@ class Ctl {
       }
       return 0;
     }
-    uint64_t id;
-    if (!absl::SimpleAtoi(pos[0], &id)) return Fail(absl::StrCat("\"", pos[0], "\" is not a job id"), 2);
     v1::GetJobRequest req;
-    req.set_job_id(id);
+    req.set_job_id(job[0]);
     v1::JobStatus j;
     grpc::Status s = stub_->GetJob(Ctx(10).get(), req, &j);
     if (!s.ok()) return RpcFail("status", s, addr_);
@@ -321,44 +300,61 @@ class Ctl {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::StatusOr<longhaul::cli::Args> args = longhaul::cli::Args::Parse(
-      argc - 1, argv + 1, {"coordinator", "json", "steps", "watch", "summary-json", "help"}, /*allow_positional=*/true);
-  if (!args.ok()) {
-    std::fprintf(stderr, "longhaulctl: %s\n\n%s", std::string(args.status().message()).c_str(), kUsage);
-    return 2;
+  std::string coordinator = "localhost:7400";
+  CLI::App app{"The command-line client of the coordinator.", "longhaulctl"};
+  app.option_defaults()->always_capture_default();
+  app.add_option("--coordinator", coordinator, "coordinator address (else $LONGHAUL_COORDINATOR, else the default)")
+      ->type_name("HOST:PORT")
+      ->envname("LONGHAUL_COORDINATOR");
+  // --coordinator may also follow the command (`longhaulctl submit job.yaml --coordinator=...`).
+  app.fallthrough();
+  app.require_subcommand(1);
+
+  bool json = false;
+  CLI::App* workers = app.add_subcommand("workers", "list registered workers and their state");
+  workers->add_flag("--json", json, "machine-readable output");
+
+  std::string spec, summary;
+  int64_t steps = 0;
+  bool watch = false;
+  CLI::App* submit = app.add_subcommand(
+      "submit", "submit a job spec; an invalid spec is rejected with every problem listed");
+  submit->add_option("spec", spec, "the job spec")->type_name("JOB.yaml")->required();
+  submit->add_option("--steps", steps, "train this many steps instead of the spec's (0: the spec's)")->type_name("N");
+  submit->add_flag("--watch", watch, "then follow the job like `watch`");
+  submit->add_option("--summary-json", summary, "with --watch (implied): write the final summary here as JSON")
+      ->type_name("PATH");
+
+  std::vector<uint64_t> status_job;
+  CLI::App* status = app.add_subcommand("status", "one job in detail, or a table of all jobs");
+  status->add_option("job", status_job, "the job id (none: all jobs)")
+      ->type_name("JOB")
+      ->expected(0, 1)
+      ->default_str("");
+  status->add_flag("--json", json, "machine-readable output");
+
+  uint64_t job = 0;
+  CLI::App* watch_cmd = app.add_subcommand(
+      "watch", "live progress (step, loss, tokens/s, compression, ETA) until the job ends, then a summary;\n"
+               "exit status 0 only if the job succeeded");
+  watch_cmd->add_option("job", job, "the job id")->type_name("JOB")->required();
+  watch_cmd->add_option("--summary-json", summary, "write the final summary here as JSON")->type_name("PATH");
+
+  CLI::App* cancel = app.add_subcommand("cancel", "stop a pending or running job");
+  cancel->add_option("job", job, "the job id")->type_name("JOB")->required();
+
+  // After the subcommands, which would inherit it.
+  app.footer(
+      "A job spec's keys and defaults are documented in coordinator/job_spec.h; an example is\n"
+      "deploy/jobs/demo.yaml. `longhaulctl COMMAND --help` shows a command's flags.");
+  if (std::optional<int> rc = longhaul::common::ParseFlags(app, argc, argv)) return *rc;
+  Ctl ctl(coordinator);
+  if (workers->parsed()) return ctl.Workers(json);
+  if (submit->parsed()) {
+    if (steps < 0) return longhaul::common::FlagError(app, "--steps needs a non-negative integer (0: the spec's)");
+    return ctl.Submit(spec, steps, watch || !summary.empty(), summary);
   }
-  const std::vector<std::string>& pos = args->Positional();
-  if (args->Bool("help") || pos.empty() || pos[0] == "help") {
-    std::fputs(kUsage, pos.empty() && !args->Bool("help") ? stderr : stdout);
-    return pos.empty() && !args->Bool("help") ? 2 : 0;
-  }
-  const char* env = std::getenv("LONGHAUL_COORDINATOR");
-  Ctl ctl(args->Str("coordinator", env && *env ? env : "localhost:7400"));
-  const std::string& cmd = pos[0];
-  const std::vector<std::string> rest(pos.begin() + 1, pos.end());
-  auto job_id = [&](uint64_t* id) {
-    return rest.size() == 1 && absl::SimpleAtoi(rest[0], id);
-  };
-  if (cmd == "workers") return ctl.Workers(args->Bool("json"));
-  if (cmd == "submit") {
-    if (rest.size() != 1) return Fail("usage: longhaulctl submit JOB.yaml [--steps=N] [--watch] [--summary-json=PATH]", 2);
-    absl::StatusOr<int64_t> steps = args->Int("steps", 0);
-    if (!steps.ok() || *steps < 0) return Fail("--steps needs a positive integer", 2);
-    return ctl.Submit(rest[0], *steps, args->Bool("watch") || args->Has("summary-json"), args->Str("summary-json", ""));
-  }
-  if (cmd == "status") {
-    if (rest.size() > 1) return Fail("usage: longhaulctl status [JOB] [--json]", 2);
-    return ctl.Status(rest, args->Bool("json"));
-  }
-  uint64_t id = 0;
-  if (cmd == "watch") {
-    if (!job_id(&id)) return Fail("usage: longhaulctl watch JOB [--summary-json=PATH]", 2);
-    return ctl.Watch(id, args->Str("summary-json", ""));
-  }
-  if (cmd == "cancel") {
-    if (!job_id(&id)) return Fail("usage: longhaulctl cancel JOB", 2);
-    return ctl.Cancel(id);
-  }
-  std::fprintf(stderr, "longhaulctl: unknown command \"%s\"\n\n%s", cmd.c_str(), kUsage);
-  return 2;
+  if (status->parsed()) return ctl.Status(status_job, json);
+  if (watch_cmd->parsed()) return ctl.Watch(job, summary);
+  return ctl.Cancel(job);
 }

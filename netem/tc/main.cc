@@ -4,40 +4,24 @@
 
 #include <atomic>
 #include <cerrno>
-#include <cstring>
-#include <csignal>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "common/flags.h"
+#include "common/read_file.h"
+#include "common/signals.h"
 #include "netem/tc/network.h"
 #include "netem/tcp_probe.h"
-#include "tools/cli/read_file.h"
-#include "tools/cli/signals.h"
 
 namespace {
-
-constexpr char kUsage[] =
-    "usage: longhaul-netem <command> ...\n"
-    "\n"
-    "  up TOPOLOGY.yaml             create the namespaces, veths, bridge and tc qdiscs (root only);\n"
-    "                               on failure or Ctrl-C everything built so far is removed\n"
-    "  down TOPOLOGY.yaml           remove them (idempotent)\n"
-    "  exec TOPOLOGY.yaml HOST -- COMMAND [ARGS...]\n"
-    "                               run a command inside HOST's namespace (e.g. a worker with\n"
-    "                               --listen=<its address>:7500 --coordinator=<address>:7400)\n"
-    "  hosts TOPOLOGY.yaml          list hosts, namespaces and addresses\n"
-    "  sink --port=P                accept TCP connections, count bytes, answer the count\n"
-    "  source --to=HOST:PORT --bytes=N\n"
-    "                               send N bytes to a sink, print the goodput in Mbit/s\n"
-    "\n"
-    "Topology file: netem/tc/network.h (hosts with rate_mbit, delay_ms, jitter_ms, loss, queue_ms:\n"
-    "the tbf queue in ms of traffic, default 400, beyond which packets are dropped). tc netem\n"
-    "(delay/loss) is used when the kernel has it; `up` says when it does not, and then delay, jitter\n"
-    "and loss belong in the job spec's links: section (in-process shaper).\n";
 
 int Fail(const std::string& m, int code = 1) {
   std::fprintf(stderr, "longhaul-netem: %s\n", m.c_str());
@@ -45,18 +29,11 @@ int Fail(const std::string& m, int code = 1) {
 }
 
 absl::StatusOr<longhaul::netem::Topology> Load(const std::string& path) {
-  absl::StatusOr<std::string> yaml = longhaul::cli::ReadFile(path);
+  absl::StatusOr<std::string> yaml = longhaul::common::ReadFile(path);
   if (!yaml.ok()) return yaml.status();
   auto t = longhaul::netem::ParseTopology(*yaml);
   if (!t.ok()) return absl::InvalidArgumentError(path + ":\n" + std::string(t.status().message()));
   return t;
-}
-
-bool FlagValue(const std::string& arg, const std::string& name, std::string* v) {
-  const std::string p = "--" + name + "=";
-  if (arg.rfind(p, 0) != 0) return false;
-  *v = arg.substr(p.size());
-  return true;
 }
 
 int Sink(int port) {
@@ -67,46 +44,71 @@ int Sink(int port) {
   return 1;
 }
 
-int Source(const std::string& to, int64_t bytes) {
-  std::vector<std::string> hp = absl::StrSplit(to, ':');
-  int port;
-  if (hp.size() != 2 || !absl::SimpleAtoi(hp[1], &port)) return Fail("source: --to needs HOST:PORT", 2);
+int Source(const std::string& host, int port, int64_t bytes) {
   // The sink may still be starting: retry the connection for up to 5 s.
-  absl::StatusOr<double> s = longhaul::netem::TimedTcpSend(hp[0], port, bytes, absl::Seconds(5));
+  absl::StatusOr<double> s = longhaul::netem::TimedTcpSend(host, port, bytes, absl::Seconds(5));
   if (!s.ok()) return Fail("source: " + std::string(s.status().message()));
-  std::printf("{\"bytes\": %lld, \"seconds\": %.4f, \"mbit_per_s\": %.3f}\n", static_cast<long long>(bytes), *s,
-              bytes * 8 / *s / 1e6);
+  // Rounded: more digits would be noise.
+  const nlohmann::ordered_json out = {{"bytes", bytes},
+                                      {"seconds", std::round(*s * 1e4) / 1e4},
+                                      {"mbit_per_s", std::round(bytes * 8 / *s / 1e3) / 1e3}};
+  std::printf("%s\n", out.dump().c_str());
   return 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<std::string> a(argv + 1, argv + argc);
-  if (a.empty() || a[0] == "--help" || a[0] == "-h" || a[0] == "help") {
-    std::fputs(kUsage, a.empty() ? stderr : stdout);
-    return a.empty() ? 2 : 0;
-  }
-  const std::string cmd = a[0];
-  if (cmd == "sink") {
-    std::string v;
-    int port = 0;
-    if (a.size() != 2 || !FlagValue(a[1], "port", &v) || !absl::SimpleAtoi(v, &port)) return Fail("usage: sink --port=P", 2);
-    return Sink(port);
-  }
-  if (cmd == "source") {
-    std::string to, b;
-    int64_t bytes = 0;
-    for (size_t i = 1; i < a.size(); ++i) {
-      if (!FlagValue(a[i], "to", &to) && !FlagValue(a[i], "bytes", &b)) return Fail("unknown argument " + a[i], 2);
+  CLI::App app{
+      "Builds emulated slow networks from network namespaces + veth + a bridge + tc, runs commands\n"
+      "inside them, and measures a link.",
+      "longhaul-netem"};
+  app.require_subcommand(1);
+  std::string topology, host, to;
+  std::vector<std::string> command;
+  int port = 0;
+  int64_t bytes = 0;
+  auto add_topology = [&topology](CLI::App* c) {
+    c->add_option("topology", topology, "the topology file")->type_name("TOPOLOGY.yaml")->required();
+    return c;
+  };
+  CLI::App* up = add_topology(app.add_subcommand(
+      "up", "create the namespaces, veths, bridge and tc qdiscs (root only); on failure or Ctrl-C\n"
+            "everything built so far is removed"));
+  CLI::App* down = add_topology(app.add_subcommand("down", "remove them (root only; idempotent)"));
+  CLI::App* hosts = add_topology(app.add_subcommand("hosts", "list hosts, namespaces and addresses"));
+  CLI::App* exec = add_topology(app.add_subcommand(
+      "exec", "run a command inside HOST's namespace: exec TOPOLOGY.yaml HOST -- COMMAND [ARGS...]\n"
+              "(e.g. a worker with --listen=<its address>:7500 --coordinator=<address>:7400)"));
+  exec->add_option("host", host, "a host of the topology")->type_name("HOST")->required();
+  exec->add_option("command", command, "the command and its arguments, after --")->type_name("COMMAND")->required();
+  CLI::App* sink = app.add_subcommand("sink", "accept TCP connections, count bytes, answer the count");
+  sink->add_option("--port", port, "TCP port to listen on")->type_name("P")->required();
+  CLI::App* source = app.add_subcommand(
+      "source", "send N bytes to a sink, print the goodput in Mbit/s (JSON: bytes, seconds, mbit_per_s)");
+  source->add_option("--to", to, "the sink")->type_name("HOST:PORT")->required();
+  source->add_option("--bytes", bytes, "bytes to send")->type_name("N")->required();
+  // After the subcommands: their help shows their own flags only.
+  app.footer(
+      "Topology file: netem/tc/network.h (hosts with rate_mbit, delay_ms, jitter_ms, loss, queue_ms:\n"
+      "the tbf queue in ms of traffic, default 400, beyond which packets are dropped). tc netem\n"
+      "(delay/loss) is used when the kernel has it; `up` says when it does not, and then delay, jitter\n"
+      "and loss belong in the job spec's links: section (in-process shaper).");
+  if (std::optional<int> rc = longhaul::common::ParseFlags(app, argc, argv)) return *rc;
+
+  if (sink->parsed()) return Sink(port);
+  if (source->parsed()) {
+    const std::vector<std::string> hp = absl::StrSplit(to, ':');
+    int to_port;
+    if (hp.size() != 2 || !absl::SimpleAtoi(hp[1], &to_port)) {
+      return longhaul::common::FlagError(app, "--to needs HOST:PORT");
     }
-    if (to.empty() || !absl::SimpleAtoi(b, &bytes) || bytes <= 0) return Fail("usage: source --to=HOST:PORT --bytes=N", 2);
-    return Source(to, bytes);
+    if (bytes <= 0) return longhaul::common::FlagError(app, "--bytes needs a positive integer");
+    return Source(hp[0], to_port, bytes);
   }
-  if (a.size() < 2) return Fail("usage: " + cmd + " TOPOLOGY.yaml ...", 2);
-  absl::StatusOr<longhaul::netem::Topology> t = Load(a[1]);
+  absl::StatusOr<longhaul::netem::Topology> t = Load(topology);
   if (!t.ok()) return Fail(std::string(t.status().message()), 2);
-  if (cmd == "hosts") {
+  if (hosts->parsed()) {
     for (const auto& h : t->hosts) {
       std::printf("%-8s namespace %-14s address %-15s rate %g Mbit/s delay %g ms jitter %g ms loss %g queue %g ms\n",
                   h.name.c_str(), t->Namespace(h.name).c_str(), t->Address(h.name).c_str(), h.rate_mbit, h.delay_ms,
@@ -114,31 +116,32 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
-  if (cmd == "exec") {
-    if (a.size() < 5 || a[3] != "--") return Fail("usage: exec TOPOLOGY.yaml HOST -- COMMAND [ARGS...]", 2);
-    if (t->Address(a[2]).empty()) return Fail("no host \"" + a[2] + "\" in " + a[1], 2);
-    std::vector<std::string> args = {"ip", "netns", "exec", t->Namespace(a[2])};
-    args.insert(args.end(), a.begin() + 4, a.end());
+  if (exec->parsed()) {
+    if (t->Address(host).empty()) return Fail("no host \"" + host + "\" in " + topology, 2);
+    // Not a child process: `ip netns exec` replaces this one, so the command's exit status, signals
+    // and terminal are the caller's.
+    std::vector<std::string> args = {"ip", "netns", "exec", t->Namespace(host)};
+    args.insert(args.end(), command.begin(), command.end());
     std::vector<char*> cargs;
     for (std::string& s : args) cargs.push_back(s.data());
     cargs.push_back(nullptr);
     execvp("ip", cargs.data());
     return Fail("cannot run ip: " + std::string(std::strerror(errno)));
   }
-  if (cmd != "up" && cmd != "down") return Fail("unknown command \"" + cmd + "\"\n\n" + kUsage, 2);
+  const std::string cmd = up->parsed() ? "up" : "down";
   if (geteuid() != 0) return Fail(cmd + " needs root (network namespaces and tc); run it with sudo", 1);
   longhaul::netem::Network net(*t, longhaul::netem::RunCommand);
-  if (cmd == "down") {
+  if (down->parsed()) {
     absl::Status s = net.Down();
     if (!s.ok()) return Fail(std::string(s.message()));
     std::printf("removed %s\n", t->name.c_str());
     return 0;
   }
   // Ctrl-C / SIGTERM during `up`: stop between steps and roll back.
-  longhaul::cli::InstallTerminationHandlers();
+  longhaul::common::InstallTerminationHandlers();
   static std::atomic<bool> stop{false};
   std::thread([] {
-    longhaul::cli::WaitForTerminationSignal();
+    longhaul::common::WaitForTerminationSignal();
     stop = true;
   }).detach();
   absl::Status s = net.Up([] { return stop.load(); });

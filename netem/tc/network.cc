@@ -2,8 +2,6 @@
 
 #include <fcntl.h>
 #include <sched.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,6 +13,12 @@
 #include <set>
 #include <thread>
 
+#include <boost/filesystem/path.hpp>
+#include <boost/process/args.hpp>
+#include <boost/process/child.hpp>
+#include <boost/process/io.hpp>
+#include <boost/process/pipe.hpp>
+#include <boost/process/search_path.hpp>
 #include <yaml-cpp/yaml.h>
 
 #include "absl/strings/numbers.h"
@@ -25,11 +29,11 @@
 #include "netem/shaper.h"
 #include "netem/tcp_probe.h"
 
-extern char** environ;
-
 namespace longhaul::netem {
 
 namespace {
+
+namespace bp = boost::process;
 
 // The tbf arguments for `mbit`: burst at least one MTU (plus slack) and ~1 ms of traffic; the
 // latency bounds the queue (`queue_ms` of traffic at the rate).
@@ -138,53 +142,44 @@ absl::StatusOr<Topology> ParseTopology(const std::string& yaml) {
 
 namespace {
 
-// Runs argv with stderr captured (for the error message) and stdout captured into *out, or
-// discarded when out is null.
-absl::Status Spawn(const std::vector<std::string>& argv, std::string* out) {
-  int err[2], so[2] = {-1, -1};
-  if (pipe(err) != 0) return absl::InternalError("pipe failed");
-  if (out != nullptr && pipe(so) != 0) {
-    close(err[0]);
-    close(err[1]);
-    return absl::InternalError("pipe failed");
-  }
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, err[1], 2);
-  if (out != nullptr) {
-    posix_spawn_file_actions_adddup2(&fa, so[1], 1);
-    posix_spawn_file_actions_addclose(&fa, so[0]);
-  } else {
-    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-  }
-  posix_spawn_file_actions_addclose(&fa, err[0]);
-  std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  pid_t pid;
-  const int rc = posix_spawnp(&pid, args[0], &fa, nullptr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  close(err[1]);
-  if (out != nullptr) close(so[1]);
-  if (rc != 0) {
-    close(err[0]);
-    if (out != nullptr) close(so[0]);
-    return absl::NotFoundError(absl::StrCat("cannot run ", argv[0], ": ", std::strerror(rc)));
-  }
-  // stdout first (tc's output is small; its stderr is only written on failure, after stdout).
+constexpr size_t kMaxStdout = 1 << 20;  // tc -s of one qdisc is a few hundred bytes
+constexpr size_t kMaxStderr = 64 << 10;  // an error message
+
+// Reads `in` to its end, keeping the first `cap` bytes; the rest is read and dropped, so the child
+// never blocks on a full pipe.
+std::string Drain(bp::ipstream& in, size_t cap) {
+  std::string kept;
   char buf[4096];
-  ssize_t n;
-  if (out != nullptr) {
-    while ((n = read(so[0], buf, sizeof(buf))) > 0 && out->size() < (1 << 20)) out->append(buf, static_cast<size_t>(n));
-    close(so[0]);
+  for (;;) {
+    in.read(buf, sizeof(buf));
+    const size_t n = static_cast<size_t>(in.gcount());
+    if (n == 0) return kept;
+    kept.append(buf, std::min(n, cap - std::min(cap, kept.size())));
   }
+}
+
+// Runs argv (argv[0] looked up in PATH) with stderr captured for the error message and stdout
+// captured into *out, or discarded when out is null. Both pipes are read at the same time (stderr
+// on a second thread), so a child that fills one while we wait on the other cannot deadlock.
+absl::Status Spawn(const std::vector<std::string>& argv, std::string* out) {
+  if (argv.empty()) return absl::InvalidArgumentError("no command to run");
+  const boost::filesystem::path exe =
+      argv[0].find('/') == std::string::npos ? bp::search_path(argv[0]) : boost::filesystem::path(argv[0]);
+  if (exe.empty()) return absl::NotFoundError(absl::StrCat("cannot run ", argv[0], ": not found in PATH"));
+  const std::vector<std::string> args(argv.begin() + 1, argv.end());
+  bp::ipstream out_pipe, err_pipe;
+  std::error_code ec;
+  bp::child child = out != nullptr ? bp::child(exe, bp::args(args), bp::std_out > out_pipe, bp::std_err > err_pipe, ec)
+                                   : bp::child(exe, bp::args(args), bp::std_out > bp::null, bp::std_err > err_pipe, ec);
+  if (ec) return absl::NotFoundError(absl::StrCat("cannot run ", argv[0], ": ", ec.message()));
   std::string msg;
-  while ((n = read(err[0], buf, sizeof(buf))) > 0) msg.append(buf, static_cast<size_t>(n));
-  close(err[0]);
-  int st = 0;
-  waitpid(pid, &st, 0);
-  if (WIFEXITED(st) && WEXITSTATUS(st) == 0) return absl::OkStatus();
+  std::thread err_reader([&] { msg = Drain(err_pipe, kMaxStderr); });
+  if (out != nullptr) *out = Drain(out_pipe, kMaxStdout);
+  err_reader.join();
+  child.wait(ec);
+  if (!ec && child.exit_code() == 0) return absl::OkStatus();
   while (!msg.empty() && (msg.back() == '\n' || msg.back() == ' ')) msg.pop_back();
+  if (ec) msg = absl::StrCat("cannot wait for it: ", ec.message());
   return absl::InternalError(absl::StrCat("`", absl::StrJoin(argv, " "), "` failed: ", msg));
 }
 

@@ -2,6 +2,7 @@
 // when running as root (skipped with the reason otherwise; CI on these machines runs as root).
 #include "netem/tc/network.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -107,6 +108,54 @@ TEST(TopologyTest, QdiscCountersAreParsedFromTcOutput) {
   EXPECT_FALSE(broken.Counters().ok());
 }
 
+// The runners of ip and tc: stdout and stderr are read at the same time, so a child that fills its
+// stderr pipe while we read its stdout (or the reverse) finishes.
+TEST(RunCommandTest, ReadsBothPipesAtOnceAndCapsStdout) {
+  absl::StatusOr<std::string> out =
+      RunCommandOutput({"sh", "-c", "head -c 300000 /dev/zero | tr '\\0' e >&2; echo hello"});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*out, "hello\n");
+  absl::StatusOr<std::string> big = RunCommandOutput({"sh", "-c", "head -c 3000000 /dev/zero"});
+  ASSERT_TRUE(big.ok()) << big.status();  // the rest is read and dropped: no SIGPIPE, exit status 0
+  EXPECT_EQ(big->size(), size_t{1} << 20);
+  EXPECT_TRUE(RunCommand({"true"}).ok());
+}
+
+TEST(RunCommandTest, FailuresCarryTheCommandAndItsStderr) {
+  absl::Status s = RunCommand({"sh", "-c", "echo doomed >&2; exit 3"});
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("`sh -c echo doomed >&2; exit 3` failed: doomed"), std::string::npos) << s;
+  absl::Status missing = RunCommand({"longhaul-no-such-command"});
+  EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound) << missing;
+  EXPECT_NE(missing.message().find("longhaul-no-such-command"), std::string::npos) << missing;
+}
+
+// cluster::Process and Cluster::Run, which the tests and the sweep start processes with.
+TEST(ProcessTest, LogsExitCodesAndSignals) {
+  char dir[] = "/tmp/longhaul-process-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string log = absl::StrCat(dir, "/p.log");
+  auto p = cluster::Process::Spawn({"/bin/sh", "-c", "echo out; echo err >&2; exit 3"}, log);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ((*p)->Wait(absl::Seconds(10)), 3);
+  EXPECT_FALSE((*p)->running());
+  // A second process appends to the same log.
+  auto q = cluster::Process::Spawn({"/bin/sh", "-c", "echo again; exec sleep 60"}, log);
+  ASSERT_TRUE(q.ok()) << q.status();
+  EXPECT_TRUE((*q)->running());
+  EXPECT_EQ((*q)->Wait(absl::Milliseconds(100)), -1);
+  (*q)->Signal(SIGTERM);
+  EXPECT_EQ((*q)->Wait(absl::Seconds(10)), 128 + SIGTERM);
+  auto [rc, text] = cluster::Cluster::Run(absl::StrCat("cat ", log));
+  EXPECT_EQ(rc, 0);
+  EXPECT_EQ(text, "out\nerr\nagain\n");
+  EXPECT_FALSE(cluster::Process::Spawn({"/no/such/binary"}, log).ok());
+  auto [rc2, text2] = cluster::Cluster::Run("echo a; echo b >&2; exit 4");
+  EXPECT_EQ(rc2, 4);
+  EXPECT_EQ(text2, "a\nb\n");
+  std::filesystem::remove_all(dir);
+}
+
 std::string Tool() { return cluster::Cluster::Bin("longhaul-netem"); }
 
 TEST(TcNetworkTest, ShapedLinkDeliversNinetyToHundredPercentOfTheRateAndDownCleansUp) {
@@ -134,10 +183,12 @@ TEST(TcNetworkTest, ShapedLinkDeliversNinetyToHundredPercentOfTheRateAndDownClea
       absl::StrCat(Tool(), " exec ", topo, " a -- ", Tool(), " source --to=10.78.0.3:5001 --bytes=8000000"));
   (*sink)->Signal(SIGKILL);
   ASSERT_EQ(src_rc, 0) << src_out;
-  const size_t at = src_out.find("\"mbit_per_s\": ");
+  // One JSON object on stdout: {"bytes": ..., "seconds": ..., "mbit_per_s": ...}.
+  const size_t at = src_out.find("\"mbit_per_s\":");
   ASSERT_NE(at, std::string::npos) << src_out;
   double mbit = 0;
-  ASSERT_TRUE(absl::SimpleAtod(src_out.substr(at + 14, src_out.find('}', at) - at - 14), &mbit)) << src_out;
+  const std::string value = src_out.substr(at + 13, src_out.find('}', at) - at - 13);
+  ASSERT_TRUE(absl::SimpleAtod(value, &mbit)) << src_out;  // spaces allowed
   EXPECT_GE(mbit, 0.9 * 40) << src_out;
   EXPECT_LE(mbit, 1.0 * 40) << src_out;
 

@@ -1,40 +1,48 @@
 #include "tools/cluster/local_cluster.h"
 
-#include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 
+#include <boost/process/args.hpp>
+#include <boost/process/child.hpp>
+#include <boost/process/exe.hpp>
+#include <boost/process/io.hpp>
+#include <boost/process/pipe.hpp>
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
-extern char** environ;
-
 namespace longhaul::cluster {
 
+namespace bp = boost::process;
+
 absl::StatusOr<std::unique_ptr<Process>> Process::Spawn(const std::vector<std::string>& argv, const std::string& log) {
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  auto p = std::make_unique<Process>();
-  const int rc = posix_spawn(&p->pid_, args[0], &fa, nullptr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  if (rc != 0) return absl::InternalError(absl::StrCat("spawn ", argv[0], ": ", std::strerror(rc)));
-  return p;
+  if (argv.empty()) return absl::InvalidArgumentError("no command to run");
+  // Appended to (a restarted coordinator keeps its log) and close-on-exec: the child gets it only
+  // as its stdout and stderr.
+  std::FILE* f = std::fopen(log.c_str(), "ae");
+  if (f == nullptr) return absl::InternalError(absl::StrCat("cannot open ", log, ": ", std::strerror(errno)));
+  std::error_code ec;
+  auto child = std::make_unique<bp::child>(bp::exe = argv[0],
+                                           bp::args = std::vector<std::string>(argv.begin() + 1, argv.end()),
+                                           (bp::std_out & bp::std_err) > f, ec);
+  std::fclose(f);
+  if (ec) return absl::InternalError(absl::StrCat("cannot start ", argv[0], ": ", ec.message()));
+  return std::make_unique<Process>(std::move(child));
 }
+
+Process::Process(std::unique_ptr<bp::child> child) : child_(std::move(child)) {}
 
 Process::~Process() {
   if (running()) {
@@ -43,19 +51,18 @@ Process::~Process() {
   }
 }
 
+pid_t Process::pid() const { return child_->id(); }
+
 void Process::Signal(int sig) {
-  if (!reaped_) kill(pid_, sig);
+  if (!reaped_) kill(child_->id(), sig);
 }
 
 bool Process::running() {
   if (reaped_) return false;
-  int st;
-  if (waitpid(pid_, &st, WNOHANG) == pid_) {
-    reaped_ = true;
-    status_ = st;
-    return false;
-  }
-  return true;
+  std::error_code ec;
+  if (child_->running(ec)) return true;
+  reaped_ = true;
+  return false;
 }
 
 int Process::Wait(absl::Duration timeout) {
@@ -64,7 +71,8 @@ int Process::Wait(absl::Duration timeout) {
     if (absl::Now() > end) return -1;
     absl::SleepFor(absl::Milliseconds(20));
   }
-  return WIFEXITED(status_) ? WEXITSTATUS(status_) : 128 + WTERMSIG(status_);
+  const int status = child_->native_exit_code();
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
 Cluster::Cluster(int threads) : threads_(threads) {
@@ -232,14 +240,15 @@ absl::StatusOr<std::string> Cluster::WorkerOf(uint64_t job, int stage) {
 }
 
 std::pair<int, std::string> Cluster::Run(const std::string& cmd) {
-  std::string out;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return {-1, "popen failed"};
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  const int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+  bp::ipstream out;
+  std::error_code ec;
+  bp::child c(bp::exe = "/bin/sh", bp::args = std::vector<std::string>{"-c", cmd}, (bp::std_out & bp::std_err) > out,
+              ec);
+  if (ec) return {-1, absl::StrCat("cannot run /bin/sh: ", ec.message())};
+  std::string text{std::istreambuf_iterator<char>(out), std::istreambuf_iterator<char>()};
+  c.wait(ec);
+  const int status = c.native_exit_code();
+  return {!ec && WIFEXITED(status) ? WEXITSTATUS(status) : -1, text};
 }
 
 void Cluster::DumpLogs() {

@@ -14,6 +14,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -24,23 +25,31 @@
 #include "absl/time/time.h"
 #include "longhaul/v1/control_plane.grpc.pb.h"
 
+namespace boost::process {
+class child;
+}  // namespace boost::process
+
 namespace longhaul::cluster {
 
+// A child process (on Boost.Process) with its stdout and stderr appended to a log file.
+// Threading: Signal() may be called from any thread; the rest from one thread at a time.
 class Process {
  public:
-  // Starts `argv[0]` with its output in `log`.
+  // Starts `argv[0]` (a path; PATH is not searched) with its output appended to `log`.
   static absl::StatusOr<std::unique_ptr<Process>> Spawn(const std::vector<std::string>& argv, const std::string& log);
-  ~Process();
+  explicit Process(std::unique_ptr<boost::process::child> child);
+  ~Process();  // SIGKILL if still running
+  // Sends `sig` unless the process has been reaped (its pid may belong to another one by then).
   void Signal(int sig);
   // Waits for exit; returns the exit code (128 + signal when killed), or -1 on timeout.
   int Wait(absl::Duration timeout);
+  // Reaps the process once it has exited.
   bool running();
-  pid_t pid() const { return pid_; }
+  pid_t pid() const;
 
  private:
-  pid_t pid_ = -1;
-  int status_ = -1;
-  bool reaped_ = false;
+  std::unique_ptr<boost::process::child> child_;
+  std::atomic<bool> reaped_{false};
 };
 
 class Cluster {
