@@ -1,7 +1,9 @@
-// The copy-free chunk wire form against protobuf's own encoder and parser: what we send must be a
-// valid TensorFrameChunk, and what we parse must agree with protobuf on any valid encoding.
+// The copy-free chunk wire form against protobuf's own encoder and parser (what we send must be a
+// valid TensorFrameChunk, and what we parse must agree with protobuf on any valid encoding), the
+// acks, the MessageKind <-> Direction mapping, and turning a reassembled frame into a LinkMessage.
 #include "worker/chunk_wire.h"
 
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -9,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include "codec/codec.h"
+#include "worker/link_receiver.h"
 #include "worker/link_wire.h"
 
 namespace longhaul::worker {
@@ -223,6 +226,40 @@ TEST(LinkWire, EveryMessageKindHasItsDirection) {
   EXPECT_EQ(ToDirection(MessageKind::kGradient), v1::DIRECTION_BACKWARD);
   EXPECT_FALSE(ToMessageKind(v1::DIRECTION_UNSPECIFIED).ok());
   EXPECT_FALSE(ToMessageKind(static_cast<v1::Direction>(42)).ok());
+}
+
+TEST(DecodeInFrame, TensorAndNormFramesBecomeLinkMessages) {
+  v1::TensorFrameChunk first;
+  first.set_step(4);
+  first.set_micro_batch(2);
+  first.set_direction(v1::DIRECTION_BACKWARD);
+  auto codec = codec::MakeCodec("fp32");
+  const torch::Tensor x = torch::randn({3, 5});
+  absl::StatusOr<stage_runtime::LinkMessage> g =
+      DecodeInFrame(first, std::make_shared<std::string>(*(*codec)->Encode(x)));
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->kind, stage_runtime::MessageKind::kGradient);
+  EXPECT_EQ(g->step, 4u);
+  EXPECT_EQ(g->micro_batch, 2);
+  EXPECT_TRUE(torch::equal(g->tensor, x));
+
+  first.set_direction(v1::DIRECTION_NORM_PARTIAL);
+  const double v = 12.5;
+  auto bytes = std::make_shared<std::string>(sizeof(v), '\0');
+  std::memcpy(bytes->data(), &v, sizeof(v));
+  absl::StatusOr<stage_runtime::LinkMessage> n = DecodeInFrame(first, bytes);
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ(n->kind, stage_runtime::MessageKind::kNormPartial);
+  EXPECT_EQ(n->value, v);
+  EXPECT_FALSE(n->tensor.defined());
+
+  const double negative = -1;
+  std::memcpy(bytes->data(), &negative, sizeof(negative));
+  absl::StatusOr<stage_runtime::LinkMessage> bad = DecodeInFrame(first, bytes);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("norm frame carries -1"), std::string::npos) << bad.status();
+  first.set_direction(v1::DIRECTION_UNSPECIFIED);
+  EXPECT_FALSE(DecodeInFrame(first, bytes).ok());
 }
 
 TEST(SharedFrameDecode, Fp32AliasesTheFrameOthersCopy) {
