@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "codec/spec.h"
+#include "stage_runtime/model_presets.h"
 
 namespace longhaul::coordinator {
 
@@ -43,6 +44,8 @@ v1::JobSpec DefaultJobSpec() {
   s.set_data_dir("/usr/share/games/fortunes");
   s.set_val_fraction(0.1);
   s.set_codec_threads(1);
+  s.set_precision("fp32");
+  s.set_data_format("text");
   return s;
 }
 
@@ -135,7 +138,21 @@ absl::StatusOr<v1::JobSpec> ParseJobSpec(const std::string& yaml, int64_t steps_
   top.Field<std::string>("name", [&](std::string v) { s.set_name(v); })
       .Map("model", [&](MapReader& m) {
         v1::ModelSpec* ms = s.mutable_model();
-        m.Field<int>("layers", [&](int v) { ms->set_layers(v); })
+        // A preset first sets every size; sizes given next to it override its values.
+        m.Field<std::string>("preset", [&](std::string v) {
+           const stage_runtime::ModelPreset* p = stage_runtime::FindModelPreset(v);
+           if (p == nullptr) {
+             problems.push_back(absl::StrCat("model.preset: \"", v, "\" is not one of ", stage_runtime::ModelPresetNames()));
+             return;
+           }
+           ms->set_preset(v);
+           ms->set_layers(p->layers);
+           ms->set_hidden(p->hidden);
+           ms->set_heads(p->heads);
+           ms->set_context(p->context);
+           ms->set_vocab(p->vocab);
+         })
+            .Field<int>("layers", [&](int v) { ms->set_layers(v); })
             .Field<int>("hidden", [&](int v) { ms->set_hidden(v); })
             .Field<int>("heads", [&](int v) { ms->set_heads(v); })
             .Field<int>("context", [&](int v) { ms->set_context(v); })
@@ -168,7 +185,8 @@ absl::StatusOr<v1::JobSpec> ParseJobSpec(const std::string& yaml, int64_t steps_
             .Field<std::string>("dir", [&](std::string v) { s.set_checkpoint_dir(v); });
       })
       .Map("data", [&](MapReader& m) {
-        m.Field<std::string>("corpus", [&](std::string v) { s.set_data_dir(v); })
+        m.Field<std::string>("format", [&](std::string v) { s.set_data_format(v); })
+            .Field<std::string>("corpus", [&](std::string v) { s.set_data_dir(v); })
             .Field<double>("val_fraction", [&](double v) { s.set_val_fraction(v); });
       })
       .Map("links", [&](MapReader& m) {
@@ -181,7 +199,8 @@ absl::StatusOr<v1::JobSpec> ParseJobSpec(const std::string& yaml, int64_t steps_
             .Field<double>("retransmit_ms", [&](double v) { l->set_retransmit_ms(v); })
             .Field<int>("streams", [&](int v) { l->set_streams(v); });
       })
-      .Field<int>("codec_threads", [&](int v) { s.set_codec_threads(v); });
+      .Field<int>("codec_threads", [&](int v) { s.set_codec_threads(v); })
+      .Field<std::string>("precision", [&](std::string v) { s.set_precision(v); });
   top.CheckUnknown();
   if (optimizer_name != "adamw") problems.push_back(absl::StrCat("optimizer.name: \"", optimizer_name, "\" is not supported (adamw)"));
   if (steps_override > 0) s.set_steps(steps_override);
@@ -207,7 +226,16 @@ absl::Status ValidateJobSpec(const v1::JobSpec& s) {
   if (m.heads() > 0 && m.hidden() % m.heads() != 0) {
     p.push_back(absl::StrCat("model.hidden: ", m.hidden(), " is not divisible by model.heads (", m.heads(), ")"));
   }
-  if (m.vocab() != 256) p.push_back(absl::StrCat("model.vocab: ", m.vocab(), " (the byte-level tokenizer needs 256)"));
+  if (s.data_format() == "text") {
+    if (m.vocab() < 256) p.push_back(absl::StrCat("model.vocab: ", m.vocab(), " (byte-level text needs at least 256)"));
+  } else if (s.data_format() == "tokens-u16") {
+    range("model.vocab", m.vocab(), 1, 65536);  // every token is checked against it on the workers
+  } else {
+    p.push_back(absl::StrCat("data.format: \"", s.data_format(), "\" is not text or tokens-u16"));
+  }
+  if (s.precision() != "fp32" && s.precision() != "bf16") {
+    p.push_back(absl::StrCat("precision: \"", s.precision(), "\" is not fp32 or bf16"));
+  }
   range("stages", s.stages(), 1, 1024);
   if (s.stages() > m.layers() && m.layers() >= 1) {
     p.push_back(absl::StrCat("stages: ", s.stages(), " stages need at least as many layers (model.layers is ", m.layers(), ")"));
@@ -238,7 +266,7 @@ absl::Status ValidateJobSpec(const v1::JobSpec& s) {
   if (!(s.val_fraction() > 0 && s.val_fraction() < 1)) {
     p.push_back(absl::StrCat("data.val_fraction: ", s.val_fraction(), " must be in (0, 1)"));
   }
-  if (s.data_dir().empty()) p.push_back("data.corpus: must name a directory on the workers");
+  if (s.data_dir().empty()) p.push_back("data.corpus: must name a file or directory on the workers");
   range("links.rate_mbit", s.links().rate_mbit(), 0, 1e6);
   range("links.burst_bytes", static_cast<double>(s.links().burst_bytes()), 0, 1 << 30);
   range("links.delay_ms", s.links().delay_ms(), 0, 60000);

@@ -6,7 +6,9 @@
 //
 // The YAML schema (every key optional, defaults in brackets; see deploy/jobs/demo.yaml):
 //   name [job]
-//   model: {layers [4], hidden [128], heads [4], context [64], vocab [256]}
+//   model: {preset [none], layers [4], hidden [128], heads [4], context [64], vocab [256]}
+//                         preset: gpt2-small | gpt2-medium | gpt2-large | gpt2-xl sets every size
+//                         (vocab 50257, context 1024); sizes given next to it override it
 //   stages [4]            pipeline stages, one worker each, 1..layers
 //   schedule [1f1b]       1f1b | gpipe
 //   micro_batches [4], micro_batch_size [8]
@@ -15,8 +17,12 @@
 //               beta2 [0.95], eps [1e-8], weight_decay [0.1], clip_norm [1.0]}
 //   steps [300], seed [1]
 //   checkpoint: {interval [0 = at the end only], dir [<worker data dir>/jobs/<id>]}
-//   data: {corpus [/usr/share/games/fortunes], val_fraction [0.1]}
-//   links: {rate_mbit [0 = unshaped], burst_bytes [0 = one 1 MiB chunk], delay_ms [0], jitter_ms [0],
+//   precision [fp32]      fp32 | bf16 (matrix products and attention in bf16, fp32 master weights)
+//   data: {format [text], corpus [/usr/share/games/fortunes], val_fraction [0.1]}
+//                         text: byte-level (vocab >= 256), corpus a file or a directory;
+//                         tokens-u16: corpus a directory with train.bin and val.bin (longhaul-data
+//                         prepare), every token < model.vocab; val_fraction is for text only
+//   links: {rate_mbit [0 = unshaped], burst_bytes [0 = about 1 ms of traffic], delay_ms [0], jitter_ms [0],
 //           loss [0, probability per chunk], retransmit_ms [0 = max(200, 3 x delay_ms)],
 //           streams [1]}
 //           in-process emulation by every link's sender (netem/shaper.h); streams: gRPC streams

@@ -16,12 +16,14 @@ using stage_runtime::LinkMessage;
 
 absl::StatusOr<std::unique_ptr<LinkSender>> LinkSender::Start(const SenderOptions& o,
                                                               const codec::Codec* codec) {
-  if (o.streams < 0 || o.streams > kMaxStripes) {
+  if (o.streams < 1 || o.streams > kMaxStripes) {
     return absl::InvalidArgumentError(absl::StrCat("link to ", o.peer, ": streams must be 1..", kMaxStripes));
   }
+  if (o.profile.shaped() && o.streams != 1) {  // ResolveLinkSpec (link_settings.h) says so for job specs
+    return absl::InvalidArgumentError(absl::StrCat("link to ", o.peer, ": a link shaped in-process has one stream"));
+  }
   std::unique_ptr<LinkSender> s(new LinkSender(o, codec));
-  int n = std::max(1, o.streams);
-  if (o.profile.shaped()) n = 1;  // the in-process shaper emulates one link
+  const int n = o.streams;
   for (int i = 0; i < n; ++i) {
     auto st = std::make_unique<Stripe>();
     st->channel = grpc::CreateCustomChannel(o.target, grpc::InsecureChannelCredentials(), LonghaulChannelArgs());
@@ -36,9 +38,7 @@ absl::StatusOr<std::unique_ptr<LinkSender>> LinkSender::Start(const SenderOption
     s->encoded_.push_back(std::make_unique<common::BoundedQueue<Encoded>>(kEncodedAhead));
   }
   if (o.profile.shaped()) {
-    netem::LinkProfile prof = o.profile;
-    if (prof.burst_bytes <= 0) prof.burst_bytes = netem::DefaultBurstBytes(prof.rate_bytes_per_s);
-    s->shaper_ = std::make_unique<netem::LinkShaper>(prof, o.clock);
+    s->shaper_ = std::make_unique<netem::LinkShaper>(o.profile, o.clock);  // it applies the profile's defaults
   }
   // The delay line's thread exists before the sender thread, which checks for it.
   const netem::LinkProfile& pr = o.profile;

@@ -53,16 +53,16 @@ struct SenderOptions {
   std::string peer;    // for messages
   uint64_t job_id = 0;
   int from_stage = 0;
-  // In-process link emulation (rate, delay, jitter, loss); unshaped by default. A zero burst means
-  // netem::DefaultBurstBytes (about 1 ms of traffic, as tc tbf gets).
+  // In-process link emulation (rate, delay, jitter, loss); unshaped by default. Its zero fields
+  // mean what netem::LinkProfile says (a burst of about 1 ms of traffic, as tc tbf gets).
   netem::LinkProfile profile;
   size_t queue_capacity = 8;
   int codec_threads = 1;
-  // gRPC streams (each on its own TCP connection) the link is striped over, 1..kMaxStripes (0 is
-  // taken as 1). Striping lets a fast link (datacenter, loopback) use more cores than one stream's
-  // chain of threads; on a rate-limited link it hurts (the flows compete for the bottleneck and the
-  // receiver takes frames in turn, so the slower flow sets the pace). A link shaped in-process
-  // always uses 1.
+  // gRPC streams (each on its own TCP connection) the link is striped over, 1..kMaxStripes.
+  // Striping lets a fast link (datacenter, loopback) use more cores than one stream's chain of
+  // threads; on a rate-limited link it hurts (the flows compete for the bottleneck and the receiver
+  // takes frames in turn, so the slower flow sets the pace). A link shaped in-process must use 1
+  // (worker::ResolveLinkSpec turns a job spec's links section into these settings).
   int streams = 1;
   absl::Duration connect_timeout = absl::Seconds(30);
   common::Clock* clock = common::RealClock();

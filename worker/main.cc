@@ -9,6 +9,7 @@
 #include "common/flags.h"
 #include "common/log.h"
 #include "common/signals.h"
+#include "stage_runtime/executor.h"
 #include "worker/worker.h"
 
 int main(int argc, char** argv) {
@@ -29,12 +30,12 @@ int main(int argc, char** argv) {
   app.add_option("--name", o.name, "worker name, unique among live workers (empty: HOSTNAME-PORT)")
       ->type_name("NAME");
   app.add_option("--region", o.region, "region label used by placement")->type_name("NAME");
-  app.add_option("--device", o.device, "cpu; cuda:N once GPU stages land")->type_name("DEV");
+  app.add_option("--device", o.device, "where the stage computes: cpu, cuda or cuda:N")->type_name("DEV");
   app.add_option("--data-dir", o.data_dir, "checkpoints and job files")->type_name("DIR");
   app.add_option("--threads", threads, "LibTorch intra-op threads (0: all cores)")->type_name("N");
   if (std::optional<int> rc = longhaul::common::ParseFlags(app, argc, argv)) return *rc;
-  if (o.device != "cpu") {
-    return longhaul::common::FlagError(app, "--device=" + o.device + ": only cpu stages exist in this build");
+  if (absl::StatusOr<torch::Device> d = longhaul::stage_runtime::ParseDevice(o.device); !d.ok()) {
+    return longhaul::common::FlagError(app, "--device=" + o.device + ": " + std::string(d.status().message()));
   }
   if (threads < 0) return longhaul::common::FlagError(app, "--threads needs a non-negative integer");
   longhaul::common::TuneAllocatorForLargeFrames();

@@ -38,6 +38,9 @@ absl::StatusOr<PipelineOptions> ToPipelineOptions(const v1::JobSpec& spec) {
   o.optimizer.clip_norm = os.clip_norm();
   o.seed = spec.seed();
   o.codec_threads = spec.codec_threads();
+  absl::StatusOr<stage_runtime::Precision> precision = stage_runtime::ParsePrecision(spec.precision());
+  if (!precision.ok()) return precision.status();
+  o.precision = *precision;
   if (absl::Status s = o.model.Validate(); !s.ok()) return s;
   if (o.codec_threads < 1) return absl::InvalidArgumentError("codec_threads must be >= 1");
   return o;
@@ -51,9 +54,11 @@ std::string PeerName(const v1::StagePeer& p, int stage) {
 
 }  // namespace
 
-StageRunner::StageRunner(v1::StageAssignment assignment, std::string data_dir, ProgressFn progress)
+StageRunner::StageRunner(v1::StageAssignment assignment, std::string data_dir, torch::Device device,
+                         ProgressFn progress)
     : a_(std::move(assignment)),
       data_dir_(std::move(data_dir)),
+      device_(device),
       progress_(std::move(progress)),
       first_(a_.stage() == 0),
       last_(a_.stage() == a_.spec().stages() - 1) {
@@ -107,12 +112,13 @@ absl::Status StageRunner::Setup() {
   opt_ = *o;
   const v1::JobSpec& spec = a_.spec();
   if (first_ || last_) {
-    absl::StatusOr<stage_runtime::TextDataset> ds = stage_runtime::TextDataset::FromDirectory(spec.data_dir(), spec.val_fraction());
+    absl::StatusOr<std::unique_ptr<stage_runtime::Dataset>> ds = stage_runtime::OpenDataset(
+        {spec.data_format(), spec.data_dir(), opt_.model.vocab, spec.val_fraction()}, opt_.model.context);
     if (!ds.ok()) return absl::Status(ds.status().code(), absl::StrCat("data: ", ds.status().message()));
-    data_ = std::make_unique<stage_runtime::TextDataset>(std::move(*ds));
+    data_ = std::move(*ds);
   }
   stage_runtime::StageSpec ss{opt_.model, {a_.layer_begin(), a_.layer_end()}, first_, last_,
-                              opt_.seed, opt_.micro_batches, opt_.optimizer};
+                              opt_.seed, opt_.micro_batches, opt_.optimizer, device_, opt_.precision};
   absl::StatusOr<std::unique_ptr<stage_runtime::StageExecutor>> e = stage_runtime::StageExecutor::Create(ss);
   if (!e.ok()) return e.status();
   exec_ = std::move(*e);

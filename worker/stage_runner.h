@@ -30,8 +30,9 @@ class StageRunner {
  public:
   using ProgressFn = std::function<void(const v1::StepProgress&)>;
 
-  // `data_dir` is the worker's data directory (checkpoints go under it unless the spec names one).
-  StageRunner(v1::StageAssignment assignment, std::string data_dir, ProgressFn progress);
+  // `data_dir` is the worker's data directory (checkpoints go under it unless the spec names one);
+  // `device` where the stage computes.
+  StageRunner(v1::StageAssignment assignment, std::string data_dir, torch::Device device, ProgressFn progress);
   ~StageRunner();
 
   // The inbox for frames sent by `from_stage`, or an error if that stage is not a neighbour.
@@ -55,13 +56,14 @@ class StageRunner {
 
   const v1::StageAssignment a_;
   const std::string data_dir_;
+  const torch::Device device_;
   ProgressFn progress_;
   const bool first_, last_;
   std::shared_ptr<Inbox> from_prev_, from_next_;  // null at the ends
   stage_runtime::PipelineOptions opt_;
   std::unique_ptr<codec::Codec> fwd_codec_, bwd_codec_;
   std::unique_ptr<stage_runtime::StageExecutor> exec_;
-  std::unique_ptr<stage_runtime::TextDataset> data_;
+  std::unique_ptr<stage_runtime::Dataset> data_;
   std::unique_ptr<GrpcLink> prev_, next_;  // null at the ends
   std::unique_ptr<stage_runtime::StageLoop> loop_;
   std::string checkpoint_path_;

@@ -7,12 +7,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "tools/cli/log.h"
+#include "common/log.h"
 
 namespace longhaul::worker {
 
 absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& o) {
-  std::unique_ptr<Worker> w(new Worker(o));
+  absl::StatusOr<torch::Device> device = stage_runtime::ParseDevice(o.device);
+  if (!device.ok()) return device.status();
+  std::unique_ptr<Worker> w(new Worker(o, *device));
   std::error_code ec;
   std::filesystem::create_directories(o.data_dir, ec);
   if (ec) return absl::InvalidArgumentError(absl::StrCat("--data-dir ", o.data_dir, ": ", ec.message()));
@@ -22,7 +24,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& o) {
   int port = 0;
   b.AddListeningPort(o.listen, grpc::InsecureServerCredentials(), &port);
   ConfigureLonghaulServer(&b);
-  b.RegisterService(w->link_service_.get());
+  b.RegisterCallbackGenericService(w->link_service_.get());
   w->server_ = b.BuildAndStart();
   if (!w->server_ || port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", o.listen, " (address in use or invalid?)"));
@@ -41,7 +43,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& o) {
   }
   w->coord_channel_ = grpc::CreateCustomChannel(o.coordinator, grpc::InsecureChannelCredentials(), LonghaulChannelArgs());
   w->coord_ = v1::Coordinator::NewStub(w->coord_channel_);
-  cli::Log(absl::StrCat("worker ", w->opt_.name), absl::StrCat("listening on ", w->address_, ", coordinator ", o.coordinator));
+  common::Log(absl::StrCat("worker ", w->opt_.name), absl::StrCat("listening on ", w->address_, ", coordinator ", o.coordinator));
   return w;
 }
 
@@ -70,7 +72,7 @@ void Worker::Run() {
     backoff = std::min(backoff * 2, absl::Seconds(5));
   }
   JoinFinishedJob();
-  cli::Log(who, "stopped");
+  common::Log(who, "stopped");
 }
 
 bool Worker::RunSession() {
@@ -86,7 +88,7 @@ bool Worker::RunSession() {
   rctx.set_wait_for_ready(true);
   grpc::Status gs = coord_->Register(&rctx, req, &resp);
   if (!gs.ok()) {
-    cli::Log(who, absl::StrCat("cannot register with ", opt_.coordinator, ": ", gs.error_message(), " (retrying)"));
+    common::Log(who, absl::StrCat("cannot register with ", opt_.coordinator, ": ", gs.error_message(), " (retrying)"));
     return false;
   }
   grpc::ClientContext ctx;
@@ -102,7 +104,7 @@ bool Worker::RunSession() {
     absl::MutexLock l(&write_mu_);
     session_ = stream.get();
   }
-  cli::Log(who, absl::StrCat("registered as worker ", resp.worker_id()));
+  common::Log(who, absl::StrCat("registered as worker ", resp.worker_id()));
   auto heartbeat = [this, id = resp.worker_id()]() {
     v1::WorkerMessage m;
     m.set_worker_id(id);
@@ -146,7 +148,7 @@ bool Worker::RunSession() {
     shutting_down = shutdown_;
   }
   if (!shutting_down) {
-    cli::Log(who, absl::StrCat("lost the coordinator (", end.error_message(), "); reconnecting"));
+    common::Log(who, absl::StrCat("lost the coordinator (", end.error_message(), "); reconnecting"));
     // The coordinator failed this worker's job when the session broke; stop it here too.
     absl::MutexLock l(&mu_);
     if (job_ && !job_done_) job_->Cancel(absl::UnavailableError("lost the coordinator"));
@@ -166,10 +168,10 @@ void Worker::StartJob(const v1::StageAssignment& a) {
       f->set_stage(a.stage());
       f->set_error(absl::StrCat("worker ", opt_.name, " is busy with job ", job_->job_id()));
     } else {
-      cli::Log(who, absl::StrCat("job ", a.job_id(), ": stage ", a.stage(), " of ", a.spec().stages(),
+      common::Log(who, absl::StrCat("job ", a.job_id(), ": stage ", a.stage(), " of ", a.spec().stages(),
                                  " (layers ", a.layer_begin(), "..", a.layer_end() - 1, ")"));
       const uint64_t id = worker_id_;
-      job_ = std::make_shared<StageRunner>(a, opt_.data_dir, [this, id](const v1::StepProgress& p) {
+      job_ = std::make_shared<StageRunner>(a, opt_.data_dir, device_, [this, id](const v1::StepProgress& p) {
         v1::WorkerMessage m;
         m.set_worker_id(id);
         *m.mutable_progress() = p;
@@ -180,7 +182,7 @@ void Worker::StartJob(const v1::StageAssignment& a) {
         v1::WorkerMessage m;
         m.set_worker_id(id);
         *m.mutable_finished() = runner->Run();
-        cli::Log(who, absl::StrCat("job ", runner->job_id(), " stage ", runner->stage(),
+        common::Log(who, absl::StrCat("job ", runner->job_id(), " stage ", runner->stage(),
                                    m.finished().ok() ? " finished" : " failed: ", m.finished().error()));
         Send(m);
         absl::MutexLock l(&mu_);
@@ -206,7 +208,7 @@ void Worker::JoinFinishedJob() {
 void Worker::CancelJob(uint64_t job_id, const std::string& reason) {
   absl::MutexLock l(&mu_);
   if (job_ && job_->job_id() == job_id) {
-    cli::Log(absl::StrCat("worker ", opt_.name), absl::StrCat("job ", job_id, " cancelled: ", reason));
+    common::Log(absl::StrCat("worker ", opt_.name), absl::StrCat("job ", job_id, " cancelled: ", reason));
     job_->Cancel(absl::CancelledError(absl::StrCat("cancelled by the coordinator: ", reason)));
   }
 }

@@ -24,7 +24,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "longhaul/v1/control_plane.grpc.pb.h"
-#include "worker/link.h"
+#include "worker/link_service.h"
 #include "worker/stage_runner.h"
 
 namespace longhaul::worker {
@@ -35,7 +35,7 @@ struct WorkerOptions {
   std::string advertise_host = "";   // host others use to reach us; "" = the listen host, or 127.0.0.1 for 0.0.0.0
   std::string name;                  // "" = hostname-port
   std::string region = "local";
-  std::string device = "cpu";
+  std::string device = "cpu";        // cpu, cuda, cuda:N (stage_runtime::ParseDevice)
   std::string data_dir = "/tmp/longhaul-worker";
 };
 
@@ -56,7 +56,7 @@ class Worker : public InboxRouter {
   absl::StatusOr<std::shared_ptr<Inbox>> Find(uint64_t job_id, int from_stage, absl::Duration wait) override;
 
  private:
-  explicit Worker(const WorkerOptions& o) : opt_(o) {}
+  Worker(const WorkerOptions& o, torch::Device device) : opt_(o), device_(device) {}
   bool RunSession();  // one registration + session; false when the coordinator was unreachable
   void StartJob(const v1::StageAssignment& a);
   void CancelJob(uint64_t job_id, const std::string& reason);
@@ -64,6 +64,7 @@ class Worker : public InboxRouter {
   bool Send(const v1::WorkerMessage& m);
 
   WorkerOptions opt_;
+  const torch::Device device_;  // where stages compute (opt_.device, parsed)
   std::string address_;
   std::unique_ptr<StageLinkService> link_service_;
   std::unique_ptr<grpc::Server> server_;

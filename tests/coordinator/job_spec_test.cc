@@ -58,7 +58,7 @@ codec_threads: 2
 
 TEST(JobSpecTest, ListsEveryProblem) {
   absl::StatusOr<v1::JobSpec> s = ParseJobSpec(R"(
-model: {layers: 2, hidden: 100, heads: 3, vocab: 50000}
+model: {layers: 2, hidden: 100, heads: 3, vocab: 100}
 stages: 3
 schedule: round-robin
 micro_batches: many
@@ -79,6 +79,44 @@ colour: blue
         "links.streams", "colour (line 11): unknown key"}) {
     EXPECT_NE(m.find(want), std::string::npos) << "missing \"" << want << "\" in:\n" << m;
   }
+}
+
+TEST(JobSpecTest, PresetsPrecisionAndTokenData) {
+  absl::StatusOr<v1::JobSpec> s = ParseJobSpec(R"(
+model: {preset: gpt2-medium, context: 256}
+stages: 4
+precision: bf16
+data: {format: tokens-u16, corpus: /data/owt}
+)");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->model().preset(), "gpt2-medium");
+  EXPECT_EQ(s->model().layers(), 24);
+  EXPECT_EQ(s->model().hidden(), 1024);
+  EXPECT_EQ(s->model().heads(), 16);
+  EXPECT_EQ(s->model().context(), 256);  // given next to the preset: overrides it
+  EXPECT_EQ(s->model().vocab(), 50257);
+  EXPECT_EQ(s->precision(), "bf16");
+  EXPECT_EQ(s->data_format(), "tokens-u16");
+  // Defaults: fp32, byte-level text.
+  absl::StatusOr<v1::JobSpec> d = ParseJobSpec("name: plain\n");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->precision(), "fp32");
+  EXPECT_EQ(d->data_format(), "text");
+
+  absl::StatusOr<v1::JobSpec> bad = ParseJobSpec(R"(
+model: {preset: gpt5}
+precision: fp8
+data: {format: parquet}
+)");
+  ASSERT_FALSE(bad.ok());
+  const std::string m(bad.status().message());
+  for (const char* want : {"model.preset: \"gpt5\" is not one of gpt2-small", "precision: \"fp8\"",
+                           "data.format: \"parquet\""}) {
+    EXPECT_NE(m.find(want), std::string::npos) << "missing \"" << want << "\" in:\n" << m;
+  }
+  // Token data: the vocab is the tokenizer's (up to 65536 for uint16 tokens).
+  EXPECT_FALSE(ParseJobSpec("model: {vocab: 70000}\ndata: {format: tokens-u16, corpus: /d}\n").ok());
+  EXPECT_TRUE(ParseJobSpec("model: {vocab: 8000}\ndata: {format: tokens-u16, corpus: /d}\n").ok());
 }
 
 TEST(JobSpecTest, SyntaxErrorsAndShapesAreClear) {

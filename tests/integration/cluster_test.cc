@@ -181,7 +181,9 @@ TEST_F(ClusterTest, StatusSurvivesCoordinatorRestartAndWorkersExitCleanly) {
   absl::StatusOr<std::vector<v1::WorkerStatus>> ws = c_.Workers();
   ASSERT_TRUE(ws.ok());
   for (const auto& w : *ws) {
-    if (w.info().name() == "w0") EXPECT_EQ(w.state(), v1::WORKER_STATE_DEAD);
+    if (w.info().name() == "w0") {
+      EXPECT_EQ(w.state(), v1::WORKER_STATE_DEAD);
+    }
   }
 }
 

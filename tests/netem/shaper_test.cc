@@ -8,7 +8,7 @@ namespace {
 // Sends `total` bytes in `chunk`-byte writes through a bucket on a fake clock and returns the rate
 // achieved (bytes per fake second).
 double AchievedRate(double rate, int64_t burst, int64_t chunk, int64_t total) {
-  FakeClock clock;
+  common::FakeClock clock;
   TokenBucket b(rate, burst, &clock);
   const absl::Time t0 = clock.Now();
   for (int64_t sent = 0; sent < total; sent += chunk) b.Acquire(chunk);
@@ -25,7 +25,7 @@ TEST(TokenBucketTest, DeliversBetweenNinetyAndHundredPercentOfTheRate) {
 }
 
 TEST(TokenBucketTest, BurstIsFreeThenRateApplies) {
-  FakeClock clock;
+  common::FakeClock clock;
   TokenBucket b(1000, 5000, &clock);
   EXPECT_EQ(b.Acquire(5000), absl::ZeroDuration());
   EXPECT_EQ(b.Acquire(1000), absl::Seconds(1));
@@ -35,7 +35,7 @@ TEST(TokenBucketTest, BurstIsFreeThenRateApplies) {
 }
 
 TEST(TokenBucketTest, UnlimitedNeverWaits) {
-  FakeClock clock;
+  common::FakeClock clock;
   TokenBucket b(0, 0, &clock);
   for (int i = 0; i < 100; ++i) EXPECT_EQ(b.Acquire(1 << 30), absl::ZeroDuration());
   EXPECT_EQ(clock.total_slept(), absl::ZeroDuration());
@@ -48,7 +48,7 @@ namespace longhaul::netem {
 namespace {
 
 TEST(LinkShaperTest, DelayAndJitterStayInTheirBoundsAndDeliveryIsInOrder) {
-  FakeClock clock;
+  common::FakeClock clock;
   LinkProfile p;
   p.delay = absl::Milliseconds(40);
   p.jitter = absl::Milliseconds(10);
@@ -72,7 +72,7 @@ TEST(LinkShaperTest, DelayAndJitterStayInTheirBoundsAndDeliveryIsInOrder) {
 }
 
 TEST(LinkShaperTest, LossAddsRetransmissionDelayAtTheConfiguredRate) {
-  FakeClock clock;
+  common::FakeClock clock;
   LinkProfile p;
   p.delay = absl::Milliseconds(20);
   p.loss = 0.05;
@@ -93,7 +93,7 @@ TEST(LinkShaperTest, LossAddsRetransmissionDelayAtTheConfiguredRate) {
 }
 
 TEST(LinkShaperTest, ALossHoldsBackTheChunksBehindIt) {
-  FakeClock clock;
+  common::FakeClock clock;
   LinkProfile p;
   p.delay = absl::Milliseconds(10);
   p.loss = 0.5;
@@ -112,7 +112,7 @@ TEST(LinkShaperTest, ALossHoldsBackTheChunksBehindIt) {
 }
 
 TEST(LinkShaperTest, RateStillHoldsWithDelay) {
-  FakeClock clock;
+  common::FakeClock clock;
   LinkProfile p;
   p.rate_bytes_per_s = MbitToBytesPerSecond(50);
   p.burst_bytes = 64 << 10;
