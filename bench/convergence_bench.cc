@@ -1,6 +1,7 @@
-// longhaul-bench convergence: trains the same small GPT on the default corpus with the in-process
-// pipeline (same seed, same data order) and reports final train/validation loss and tokens/s, so
-// compressed links can be compared with an uncompressed run.
+// longhaul-bench convergence: trains the same GPT with the in-process pipeline (the workers' step
+// loop; same seed, same data order) and reports final train/validation loss and tokens/s, so
+// compressed links can be compared with an uncompressed run. Small byte-level models on the CPU by
+// default; GPT-2 presets, token files, bf16 and GPUs by flags.
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -9,6 +10,7 @@
 
 #include "bench/benchmarks.h"
 #include "common/flags.h"
+#include "stage_runtime/model_presets.h"
 #include "stage_runtime/pipeline.h"
 
 namespace longhaul::bench {
@@ -18,7 +20,10 @@ struct Flags {
   int64_t steps = 300, stages = 4, layers = 4, hidden = 128, heads = 4, context = 64;
   int64_t micro_batches = 4, micro_batch_size = 8, seed = 1, eval_every = 50;
   double lr = 3e-3;
+  int64_t vocab = 256, val_batches = 16, codec_threads = 1;
   std::string codec = "fp32", bwd_codec, schedule = "1f1b";
+  std::string preset, data_format = "text", corpus = stage_runtime::kDefaultCorpusDir;
+  std::string device = "cpu", precision = "fp32";
   bool json = false;
 };
 
@@ -32,7 +37,21 @@ int Run(const Flags& f, const CLI::App& cmd) {
   if (!schedule.ok()) return common::FlagError(cmd, std::string(schedule.status().message()));
   stage_runtime::PipelineOptions o;
   o.model = {static_cast<int>(f.layers), static_cast<int>(f.hidden), static_cast<int>(f.heads),
-             static_cast<int>(f.context), 256};
+             static_cast<int>(f.context), static_cast<int>(f.vocab)};
+  if (!f.preset.empty()) {
+    // The preset's shape; --context (and --vocab for token data) still apply when given.
+    const stage_runtime::ModelPreset* p = stage_runtime::FindModelPreset(f.preset);
+    if (p == nullptr) return common::FlagError(cmd, "--preset must be one of " + stage_runtime::ModelPresetNames());
+    o.model = {p->layers, p->hidden, p->heads, cmd.count("--context") ? static_cast<int>(f.context) : p->context,
+               cmd.count("--vocab") ? static_cast<int>(f.vocab) : p->vocab};
+  }
+  auto device = stage_runtime::ParseDevice(f.device);
+  if (!device.ok()) return common::FlagError(cmd, "--device: " + std::string(device.status().message()));
+  auto precision = stage_runtime::ParsePrecision(f.precision);
+  if (!precision.ok()) return common::FlagError(cmd, "--precision: " + std::string(precision.status().message()));
+  o.device = *device;
+  o.precision = *precision;
+  o.codec_threads = static_cast<int>(f.codec_threads);
   o.stages = static_cast<int>(f.stages);
   o.micro_batches = static_cast<int>(f.micro_batches);
   o.micro_batch_size = static_cast<int>(f.micro_batch_size);
@@ -47,13 +66,14 @@ int Run(const Flags& f, const CLI::App& cmd) {
   const bool json = f.json;
   const int64_t steps = f.steps;
 
-  auto data = stage_runtime::TextDataset::DefaultCorpus();
-  if (!data.ok()) return fail(data.status());
+  auto opened = stage_runtime::OpenDataset({f.data_format, f.corpus, o.model.vocab, 0.1}, o.model.context);
+  if (!opened.ok()) return fail(opened.status());
+  const stage_runtime::Dataset* data = opened->get();
   auto pipe = stage_runtime::InProcessPipeline::Create(o);
   if (!pipe.ok()) return fail(pipe.status());
 
   std::vector<stage_runtime::Batch> val;
-  for (int i = 0; i < 16; ++i) {
+  for (int i = 0; i < f.val_batches; ++i) {
     val.push_back(data->Sample(stage_runtime::Split::kValidation, o.seed, 0, i, o.micro_batch_size, o.model.context));
   }
   const int64_t tokens_per_step = static_cast<int64_t>(o.micro_batches) * o.micro_batch_size * o.model.context;
@@ -89,6 +109,15 @@ int Run(const Flags& f, const CLI::App& cmd) {
   const size_t nl = (*pipe)->forward_links().size();
   const nlohmann::ordered_json out = {
       {"codec", o.forward_codec},
+      {"model", f.preset.empty() ? "custom" : f.preset},
+      {"layers", o.model.layers},
+      {"hidden", o.model.hidden},
+      {"context", o.model.context},
+      {"vocab", o.model.vocab},
+      {"data", f.data_format + ":" + f.corpus},
+      {"device", f.device},
+      {"precision", f.precision},
+      {"tokens_per_step", tokens_per_step},
       {"bwd_codec", o.backward_codec},
       {"steps", steps},
       {"stages", o.stages},
@@ -133,12 +162,25 @@ BenchmarkRun AddConvergenceBench(CLI::App& app) {
   cmd->add_option("--seed", f->seed, "model and data seed")->type_name("N");
   cmd->add_option("--eval-every", f->eval_every, "validation loss every N steps (0: at the end only)")
       ->type_name("N");
+  cmd->add_option("--vocab", f->vocab, "vocabulary (256 for bytes; the tokenizer's for token files)")->type_name("N");
+  cmd->add_option("--preset", f->preset, "a GPT-2 shape instead of --layers/--hidden/--heads: " +
+                                             stage_runtime::ModelPresetNames() + " (--context, --vocab still apply)")
+      ->type_name("NAME");
+  cmd->add_option("--data-format", f->data_format, "text (bytes of --corpus) or tokens-u16 (train.bin/val.bin in --corpus)")
+      ->type_name("FORMAT");
+  cmd->add_option("--corpus", f->corpus, "text file or directory, or the token files' directory")->type_name("PATH");
+  cmd->add_option("--device", f->device, "cpu, cuda or cuda:N (every stage on it)")->type_name("DEV");
+  cmd->add_option("--precision", f->precision, "fp32 or bf16 (bf16 matrix products, fp32 master weights)")
+      ->type_name("NAME");
+  cmd->add_option("--codec-threads", f->codec_threads, "threads per encode/decode")->type_name("N");
+  cmd->add_option("--val-batches", f->val_batches, "fixed validation micro-batches for the validation loss")
+      ->type_name("N");
   cmd->add_flag("--json", f->json, "one JSON object instead of progress and a summary line");
   cmd->footer(
-      "Trains a GPT (byte vocabulary) split into --stages stages, with --codec on forward links and\n"
-      "--bwd-codec on backward links, on the fortunes corpus (90% train / 10% validation).\n"
-      "Reports final_train_loss (mean of the last 10 steps), final_val_loss (16 fixed validation\n"
-      "batches, through the same forward codec), initial_train_loss and tokens_per_s.");
+      "Trains a GPT split into --stages stages, with --codec on forward links and --bwd-codec on\n"
+      "backward links, by default byte-level on the fortunes corpus (90% train / 10% validation).\n"
+      "Reports final_train_loss (mean of the last 10 steps), final_val_loss (--val-batches fixed\n"
+      "validation batches, through the same forward codec), initial_train_loss and tokens_per_s.");
   return [f, cmd] { return Run(*f, *cmd); };
 }
 

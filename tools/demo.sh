@@ -19,10 +19,12 @@ usage: ./longhaul.sh demo [options]
   --run-dir DIR        where logs, the coordinator's state file and checkpoints go
                        (default build/demo-runs/<time>)
   --threads N          LibTorch threads per worker (default 1: 4 workers share this machine)
+  --device DEV[,DEV..] where the workers compute: cpu (default), cuda:0, or a list dealt to the
+                       workers in turn (cuda:0,cuda:1,...); workers may share a GPU
 USAGE
 }
 
-steps=0; summary=""; rate=""; spec="$ROOT/deploy/jobs/demo.yaml"; run_dir=""; threads=1
+steps=0; summary=""; rate=""; spec="$ROOT/deploy/jobs/demo.yaml"; run_dir=""; threads=1; devices="cpu"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --steps) steps="$2"; shift 2 ;;
@@ -37,6 +39,8 @@ while [[ $# -gt 0 ]]; do
     --run-dir=*) run_dir="${1#*=}"; shift ;;
     --threads) threads="$2"; shift 2 ;;
     --threads=*) threads="${1#*=}"; shift ;;
+    --device) devices="$2"; shift 2 ;;
+    --device=*) devices="${1#*=}"; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "demo: unknown option '$1'" >&2; usage >&2; exit 2 ;;
   esac
@@ -82,8 +86,10 @@ export LONGHAUL_COORDINATOR="$addr"
 echo "demo: coordinator on $addr"
 
 workers=$(sed -n 's/^stages: *\([0-9]*\).*/\1/p' "$job_spec"); workers=${workers:-4}
+IFS=, read -r -a device_list <<<"$devices"
 for i in $(seq 0 $((workers - 1))); do
-  "$BIN/longhaul-worker" --coordinator="$addr" --listen=127.0.0.1:0 --name="worker-$i" \
+  dev="${device_list[$((i % ${#device_list[@]}))]}"
+  "$BIN/longhaul-worker" --coordinator="$addr" --listen=127.0.0.1:0 --name="worker-$i" --device="$dev" \
     --region=local --threads="$threads" --data-dir="$run_dir/worker-$i" >"$run_dir/worker-$i.log" 2>&1 &
   pids+=($!)
 done

@@ -13,7 +13,7 @@ PACKAGES=(
   libabsl-dev libopenblas0-pthread prometheus-cpp-dev libboost-dev
   libsqlite3-dev sqlite3 libgtest-dev libgmock-dev nlohmann-json3-dev libyaml-cpp-dev
   clang
-  libcli11-dev libboost-filesystem-dev
+  libcli11-dev libboost-filesystem-dev libsentencepiece-dev
   fortunes fortunes-min
   iproute2
 )
