@@ -370,8 +370,14 @@ BenchmarkRun AddSweepBench(CLI::App& app) {
   auto f = std::make_shared<Flags>();
   CLI::App* cmd = app.add_subcommand(
       "sweep", "a local cluster trained at several link rates and codecs (throughput table)");
-  cmd->add_option("--rates", f->rates, "link rates in Mbit/s, comma-separated")->type_name("R,...")->delimiter(',');
-  cmd->add_option("--codecs", f->codecs, "forward codecs, comma-separated")->type_name("C,...")->delimiter(',');
+  cmd->add_option("--rates", f->rates, "link rates in Mbit/s, comma-separated")
+      ->type_name("R,...")
+      ->delimiter(',')
+      ->default_str("2,10,100");
+  cmd->add_option("--codecs", f->codecs, "forward codecs, comma-separated")
+      ->type_name("C,...")
+      ->delimiter(',')
+      ->default_str("fp32,fp16,int4,tahquant");
   cmd->add_option("--backward", f->backward, "backward codec, or auto (see below)")->type_name("auto|SPEC");
   cmd->add_option("--steps", f->steps, "training steps per job")->type_name("N");
   cmd->add_option("--layers", f->layers, "transformer layers, one per worker process (stage)")->type_name("N");
@@ -382,7 +388,7 @@ BenchmarkRun AddSweepBench(CLI::App& app) {
   cmd->add_option("--schedule", f->schedule, "pipeline schedule")->type_name("gpipe|1f1b");
   cmd->add_option("--repeats", f->repeats, "jobs per cell, in interleaved rounds (median reported)")->type_name("N");
   cmd->add_option("--shaper", f->shaper, "auto: tc as root, else inprocess")->type_name("auto|tc|inprocess");
-  cmd->add_flag("--tc", f->tc, "the same as --shaper=tc")->group("");
+  cmd->add_flag("--tc", f->tc, "the same as --shaper=tc");
   cmd->add_option("--queue-ms", f->queue_ms, "tc: each direction's tbf queue, in ms of traffic at the rate, 1..60000")
       ->type_name("N");
   cmd->add_option("--markdown", f->markdown, "also write the table here")->type_name("PATH");
