@@ -29,7 +29,7 @@ USAGE
 }
 
 OFFLINE_DEBS="$ROOT/.deps/gpu/debs"
-OFFLINE_PREFIX="$ROOT/.deps/gpu/prefix"
+OFFLINE_PREFIX="$ROOT/.deps/gpu-prefix"
 # A machine without a package registry (the offline GPU machine, docs/gpu.md) carries the .deb
 # files fetched by tools/gpu/fetch-debs.sh; they are unpacked into a prefix instead of installed.
 offline() { compgen -G "$OFFLINE_DEBS/*.deb" >/dev/null; }

@@ -20,7 +20,7 @@ cd "$ROOT"
 export LONGHAUL_JOBS="${LONGHAUL_JOBS:-$(nproc)}"
 DATA=/var/tmp/longhaul/fortunes-sp
 # The offline prefix's libraries, for the binaries started directly below.
-[[ -d .deps/gpu/prefix ]] && export LD_LIBRARY_PATH=".deps/gpu/prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+[[ -d "$ROOT/.deps/gpu-prefix" ]] && export LD_LIBRARY_PATH="$ROOT/.deps/gpu-prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 for step in "${steps[@]}"; do
   echo "== $step ($(date -u +%H:%M:%S))"
