@@ -1,0 +1,390 @@
+// longhaul-bench stage: forward + backward + optimizer step of one pipeline stage (a
+// stage_runtime::StageExecutor) on one device, reported as tokens/s, achieved TFLOP/s, MFU against
+// the device's datasheet peak, and against one matrix product of the stage's largest shape timed in
+// the same run (the ceiling this device and LibTorch actually reach).
+//
+// Threading: one thread drives the executor (as a worker's compute thread does); LibTorch uses its
+// own intra-op threads on the CPU and its CUDA stream on a GPU. The clock is read only after the
+// device is synchronised, so queued GPU work is never mistaken for finished work.
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#ifdef LONGHAUL_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
+#include "absl/strings/str_cat.h"
+#include "bench/benchmarks.h"
+#include "common/flags.h"
+#include "common/torch_status.h"
+#include "stage_runtime/executor.h"
+#include "stage_runtime/model_presets.h"
+
+namespace longhaul::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using stage_runtime::Precision;
+
+constexpr char kFlopsFormula[] =
+    "flops_per_token = 6*N + 12*L*H*T, N = the stage's matrix-multiply weights (12*H^2 per block, "
+    "+ H*V for the LM head with --last; embeddings and biases excluded), L = blocks, H = hidden, "
+    "T = context; forward + backward = 3 x forward (PaLM / nanoGPT MFU count, causal mask not "
+    "discounted)";
+
+struct Flags {
+  std::string device = "auto", preset = "gpt2-small", precision = "fp32";
+  int64_t layers = 12, micro_batch_size = 8;
+  int64_t hidden = 0, heads = 0, context = 0, vocab = 0;  // 0: the preset's
+  int64_t warmup = 3, iters = 10, seed = 1;
+  double peak_tflops = 0;  // 0: from the device name
+  bool first = false, last = false, json = false;
+};
+
+// A datasheet peak (dense, no sparsity) for the device and precision; tflops 0 when not known.
+struct Peak {
+  double tflops = 0;
+  std::string source;
+};
+
+// fp32 peaks are the non-tensor-core figures: LibTorch leaves TF32 off for matrix products by
+// default, and this benchmark does not turn it on.
+Peak DatasheetPeak(const std::string& name, Precision p) {
+  const bool bf16 = p == Precision::kBf16;
+  const char* what = bf16 ? "bf16 dense tensor core" : "fp32 without TF32";
+  auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
+  if (has("H100") || has("H200")) {
+    const char* chip = has("H200") ? "H200" : "H100";
+    if (has("PCIe")) return {bf16 ? 756.0 : 51.0, absl::StrCat(chip, " PCIe datasheet, ", what)};
+    if (has("NVL")) return {bf16 ? 835.0 : 60.0, absl::StrCat(chip, " NVL datasheet, ", what)};
+    return {bf16 ? 989.0 : 67.0, absl::StrCat(chip, " SXM datasheet, ", what)};
+  }
+  if (has("A100")) return {bf16 ? 312.0 : 19.5, absl::StrCat("A100 datasheet, ", what)};
+  return {0, "unknown"};
+}
+
+std::string CpuModelName() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("model name", 0) == 0) {
+      const size_t colon = line.find(':');
+      if (colon != std::string::npos && colon + 2 <= line.size()) return line.substr(colon + 2);
+    }
+  }
+  return "cpu";
+}
+
+std::string DeviceName(const torch::Device& d) {
+  if (!d.is_cuda()) return CpuModelName();
+#ifdef LONGHAUL_WITH_CUDA
+  return at::cuda::getDeviceProperties(d.index())->name;
+#else
+  return "unknown (built without the CUDA parts, LONGHAUL_WITH_CUDA)";
+#endif
+}
+
+void Synchronize(const torch::Device& d) {
+  if (d.is_cuda()) torch::cuda::synchronize(d.index());
+}
+
+// The CUDA allocator's statistics exist once it has allocated on the device (the executor's
+// weights), and only for LibTorch's own allocator: where they throw, the figure is "unknown".
+void ResetPeakMemory(const torch::Device& d) {
+#ifdef LONGHAUL_WITH_CUDA
+  try {
+    if (d.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(d.index());
+  } catch (const c10::Error&) {
+  }
+#endif
+}
+
+// Peak bytes and where the figure comes from; nullopt where this build cannot read it.
+std::pair<std::optional<int64_t>, std::string> PeakMemory(const torch::Device& d) {
+  if (d.is_cuda()) {
+#ifdef LONGHAUL_WITH_CUDA
+    // allocated_bytes[0] is the aggregate over all pools (StatType::AGGREGATE == 0; the enum
+    // moved namespaces between LibTorch 1.13 and 2.x, the index did not).
+    try {
+      const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(d.index());
+      return {stats.allocated_bytes[0].peak,
+              "CUDA caching allocator: peak allocated bytes (weights, optimizer state, activations)"};
+    } catch (const c10::Error& e) {
+      return {std::nullopt, absl::StrCat("unknown (CUDA allocator statistics: ", e.what_without_backtrace(), ")")};
+    }
+#else
+    return {std::nullopt, "unknown (built without the CUDA parts, LONGHAUL_WITH_CUDA)"};
+#endif
+  }
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return {int64_t{u.ru_maxrss} * 1024, "max RSS of the whole process (getrusage)"};
+}
+
+double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+// TFLOP/s of [m, k] x [k, n] products in `dtype`: after a warm-up, batches of products sized to
+// about 50 ms each (so a GPU's launch and synchronisation cost is amortised), median of up to 5
+// batches or of what fits in about 1 s.
+double MatmulTflops(const torch::Device& d, torch::ScalarType dtype, int64_t m, int64_t k, int64_t n) {
+  const auto opts = torch::TensorOptions().device(d).dtype(dtype);
+  const torch::Tensor a = torch::randn({m, k}, opts), b = torch::randn({k, n}, opts);
+  torch::Tensor c = torch::matmul(a, b);
+  Synchronize(d);
+  auto t0 = Clock::now();
+  c = torch::matmul(a, b);
+  Synchronize(d);
+  const double one = std::max(1e-7, Seconds(t0, Clock::now()));
+  const int per_batch = static_cast<int>(std::clamp(0.05 / one, 1.0, 10000.0));
+  std::vector<double> per_product;
+  const auto start = Clock::now();
+  while (per_product.size() < 5 && (per_product.empty() || Seconds(start, Clock::now()) < 1.0)) {
+    t0 = Clock::now();
+    for (int i = 0; i < per_batch; ++i) c = torch::matmul(a, b);
+    Synchronize(d);
+    per_product.push_back(Seconds(t0, Clock::now()) / per_batch);
+  }
+  std::sort(per_product.begin(), per_product.end());
+  return 2.0 * m * k * n / per_product[per_product.size() / 2] / 1e12;
+}
+
+int Run(const Flags& f, const CLI::App& cmd) {
+  // Input checks: exit status 2 with the problem named. FlagError names the command from the app
+  // it is given down to the parsed subcommand, so it gets the root: "longhaul-bench stage: ...".
+  auto bad = [&cmd](const std::string& message) { return common::FlagError(*cmd.get_parent(), message); };
+  const stage_runtime::ModelPreset* preset = stage_runtime::FindModelPreset(f.preset);
+  if (!preset) {
+    return bad(absl::StrCat("unknown --preset \"", f.preset, "\" (",
+                                               stage_runtime::ModelPresetNames(), ")"));
+  }
+  if (f.layers < 1) return bad("--layers must be >= 1");
+  if (f.micro_batch_size < 1) return bad("--micro-batch-size must be >= 1");
+  if (f.iters < 1) return bad("--iters must be >= 1");
+  if (f.warmup < 0) return bad("--warmup must be >= 0");
+  if (f.peak_tflops < 0) return bad("--peak-tflops must be >= 0");
+  if (f.hidden < 0 || f.heads < 0 || f.context < 0 || f.vocab < 0) {
+    return bad("--hidden, --heads, --context and --vocab must be >= 1 (0: the preset's)");
+  }
+  auto precision = stage_runtime::ParsePrecision(f.precision);
+  if (!precision.ok()) return bad(std::string(precision.status().message()));
+  const std::string device_flag =
+      f.device != "auto" ? f.device : torch::cuda::is_available() ? "cuda:0" : "cpu";
+  auto device = stage_runtime::ParseDevice(device_flag);
+  if (!device.ok()) return bad(std::string(device.status().message()));
+
+  stage_runtime::StageSpec spec;
+  spec.model.hidden = static_cast<int>(f.hidden ? f.hidden : preset->hidden);
+  spec.model.heads = static_cast<int>(f.heads ? f.heads : preset->heads);
+  spec.model.context = static_cast<int>(f.context ? f.context : preset->context);
+  spec.model.vocab = static_cast<int>(f.vocab ? f.vocab : preset->vocab);
+  const bool custom = spec.model.hidden != preset->hidden || spec.model.heads != preset->heads ||
+                      spec.model.vocab != preset->vocab;
+  const int layers = static_cast<int>(f.layers);
+  // The stage's blocks sit where such a stage would in the preset's model (first: at the start,
+  // last: at the end, middle: in the middle); only the blocks' names and the initialisation scale
+  // depend on it. A stage with more blocks than the preset has is taken from a deeper model.
+  spec.model.layers = f.first && f.last ? layers : std::max(layers, preset->layers);
+  const int begin = f.first ? 0 : f.last ? spec.model.layers - layers : (spec.model.layers - layers) / 2;
+  spec.layers = {begin, begin + layers};
+  spec.first = f.first;
+  spec.last = f.last;
+  spec.seed = static_cast<uint64_t>(f.seed);
+  spec.device = *device;
+  spec.precision = *precision;
+  if (absl::Status s = spec.model.Validate(); !s.ok()) return bad(std::string(s.message()));
+
+  // Measurement failures (out of memory, ...): exit status 1.
+  auto fail = [](const absl::Status& s) {
+    std::fprintf(stderr, "longhaul-bench stage: %s\n", std::string(s.message()).c_str());
+    return 1;
+  };
+  const int64_t B = f.micro_batch_size, T = spec.model.context, H = spec.model.hidden;
+  const std::string device_name = DeviceName(spec.device);
+  auto exec = stage_runtime::StageExecutor::Create(spec);
+  if (!exec.ok()) return fail(exec.status());
+  int64_t params = 0, matmul_params = 0;
+  for (const auto& kv : (*exec)->model()->named_parameters()) {
+    params += kv.value().numel();
+    // Linear weights are the 2-D parameters other than the embedding tables (lookups, no FLOPs).
+    if (kv.value().dim() == 2 && kv.key() != "wte.weight" && kv.key() != "wpe.weight") {
+      matmul_params += kv.value().numel();
+    }
+  }
+
+  // Random inputs made on the device once, so no host-to-device copy is timed.
+  torch::Tensor input, labels, grad;
+  absl::Status made = CatchTorch("make inputs", [&]() -> absl::Status {
+    const auto on = torch::TensorOptions().device(spec.device);
+    input = f.first ? torch::randint(spec.model.vocab, {B, T}, on.dtype(torch::kLong))
+                    : torch::randn({B, T, H}, on.dtype(torch::kFloat32));
+    if (f.last) {
+      labels = torch::randint(spec.model.vocab, {B, T}, on.dtype(torch::kLong));
+    } else {
+      grad = torch::randn({B, T, H}, on.dtype(torch::kFloat32));
+    }
+    return absl::OkStatus();
+  });
+  if (!made.ok()) return fail(made);
+
+  ResetPeakMemory(spec.device);
+  std::vector<double> times;
+  for (int64_t i = 0; i < f.warmup + f.iters; ++i) {
+    Synchronize(spec.device);
+    const auto t0 = Clock::now();
+    auto out = (*exec)->Forward(0, input, labels);
+    if (!out.ok()) return fail(out.status());
+    auto back = (*exec)->Backward(0, grad);
+    if (!back.ok()) return fail(back.status());
+    if (absl::Status s = (*exec)->Step(1.0); !s.ok()) return fail(s);
+    Synchronize(spec.device);
+    if (i >= f.warmup) times.push_back(Seconds(t0, Clock::now()));
+  }
+  const auto [peak_memory, memory_source] = PeakMemory(spec.device);
+  std::sort(times.begin(), times.end());
+  const double median = times.size() % 2 ? times[times.size() / 2]
+                                         : (times[times.size() / 2 - 1] + times[times.size() / 2]) / 2;
+
+  const int64_t flops_per_token = 6 * matmul_params + 12 * int64_t{layers} * H * T;
+  const double tokens_per_s = static_cast<double>(B * T) / median;
+  const double tflops = static_cast<double>(flops_per_token) * tokens_per_s / 1e12;
+  const Peak peak = f.peak_tflops > 0 ? Peak{f.peak_tflops, "--peak-tflops"} : DatasheetPeak(device_name, *precision);
+
+  // Reference: the block's largest product (the MLP's c_fc, [B*T, H] x [H, 4H]) alone.
+  const torch::ScalarType compute = *precision == Precision::kBf16 ? torch::kBFloat16 : torch::kFloat32;
+  double matmul_tflops = 0;
+  absl::Status mm = CatchTorch("matmul reference", [&]() -> absl::Status {
+    matmul_tflops = MatmulTflops(spec.device, compute, B * T, H, 4 * H);
+    return absl::OkStatus();
+  });
+  if (!mm.ok()) return fail(mm);
+  const std::string matmul_shape = absl::StrCat("[", B * T, " x ", H, "] x [", H, " x ", 4 * H, "] ",
+                                                stage_runtime::PrecisionName(*precision));
+
+  const std::string role = f.first && f.last ? "whole model" : f.first ? "first stage" : f.last ? "last stage" : "middle stage";
+  if (f.json) {
+    nlohmann::ordered_json out = {
+        {"device", device_flag},
+        {"device_name", device_name},
+        {"preset", custom ? std::string("custom") : f.preset},
+        {"stage", role},
+        {"layers", layers},
+        {"hidden", H},
+        {"heads", spec.model.heads},
+        {"context", T},
+        {"vocab", spec.model.vocab},
+        {"micro_batch_size", B},
+        {"precision", stage_runtime::PrecisionName(*precision)},
+        {"params", params},
+        {"matmul_params", matmul_params},
+        {"warmup", f.warmup},
+        {"iters", f.iters},
+        {"torch_threads", torch::get_num_threads()},
+        {"tokens_per_s", Round(tokens_per_s, 1)},
+        {"tflops", Round(tflops, 4)},
+    };
+    if (peak.tflops > 0) {
+      out["peak_tflops"] = peak.tflops;
+      out["mfu"] = Round(tflops / peak.tflops, 4);
+    } else {
+      out["peak_tflops"] = "unknown";
+    }
+    out["peak_source"] = peak.source;
+    out["matmul_tflops"] = Round(matmul_tflops, 4);
+    out["matmul_shape"] = matmul_shape;
+    out["flops_formula"] = kFlopsFormula;
+    out["flops_per_token"] = flops_per_token;
+    out["peak_memory_bytes"] = peak_memory ? nlohmann::ordered_json(*peak_memory) : nlohmann::ordered_json();
+    out["peak_memory_source"] = memory_source;
+    out["iter_seconds_median"] = Round(median, 6);
+    out["iter_seconds_min"] = Round(times.front(), 6);
+    std::printf("%s\n", out.dump().c_str());
+    return 0;
+  }
+  std::printf("%s on %s (%s), %d threads\n", role.c_str(), device_flag.c_str(), device_name.c_str(),
+              torch::get_num_threads());
+  std::printf("  shape          %s: %d blocks, hidden %lld, %d heads, context %lld, vocab %d; micro-batch %lld, %s\n",
+              custom ? "custom" : f.preset.c_str(), layers, (long long)H, spec.model.heads, (long long)T,
+              spec.model.vocab, (long long)B, stage_runtime::PrecisionName(*precision));
+  std::printf("  parameters     %.2f M (%.2f M in matrix products)\n", params / 1e6, matmul_params / 1e6);
+  std::printf("  iteration      median %.4f s, min %.4f s (forward + backward + AdamW step; %lld timed after %lld warm-up)\n",
+              median, times.front(), (long long)f.iters, (long long)f.warmup);
+  std::printf("  tokens/s       %.1f (%lld tokens per iteration / median)\n", tokens_per_s, (long long)(B * T));
+  std::printf("  achieved       %.3f TFLOP/s (6*N + 12*L*H*T FLOPs per token)\n", tflops);
+  if (peak.tflops > 0) {
+    std::printf("  peak           %.1f TFLOP/s (%s): MFU %.1f%%\n", peak.tflops, peak.source.c_str(),
+                100 * tflops / peak.tflops);
+  } else {
+    std::printf("  peak           unknown for this device (--peak-tflops sets it): no MFU\n");
+  }
+  std::printf("  matmul         %.3f TFLOP/s (one %s product, measured now%s)\n", matmul_tflops,
+              matmul_shape.c_str(),
+              peak.tflops > 0 ? absl::StrCat(": ", static_cast<int>(100 * matmul_tflops / peak.tflops + 0.5), "% of peak").c_str() : "");
+  if (peak_memory) {
+    std::printf("  peak memory    %.3f GiB, %s\n", *peak_memory / 1073741824.0, memory_source.c_str());
+  } else {
+    std::printf("  peak memory    %s\n", memory_source.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+BenchmarkRun AddStageBench(CLI::App& app) {
+  auto f = std::make_shared<Flags>();
+  CLI::App* cmd = app.add_subcommand(
+      "stage", "one pipeline stage's forward + backward + step: tokens/s, TFLOP/s, MFU, memory");
+  cmd->add_option("--device", f->device, "cpu, cuda or cuda:N; auto: cuda:0 when a GPU is usable, else cpu")
+      ->type_name("DEVICE");
+  cmd->add_option("--preset", f->preset, "model shape: " + stage_runtime::ModelPresetNames())->type_name("NAME");
+  cmd->add_option("--layers", f->layers, "transformer blocks in the stage (>= 1)")->type_name("N");
+  cmd->add_option("--micro-batch-size", f->micro_batch_size, "sequences per micro-batch (B)")->type_name("N");
+  cmd->add_option("--precision", f->precision, "fp32 or bf16 (matrix products and attention in bf16, fp32 master weights)")
+      ->type_name("NAME");
+  cmd->add_option("--hidden", f->hidden, "hidden size (0: the preset's)")->type_name("N");
+  cmd->add_option("--heads", f->heads, "attention heads (0: the preset's)")->type_name("N");
+  cmd->add_option("--context", f->context, "tokens per sequence, T (0: the preset's, 1024 for GPT-2)")->type_name("N");
+  cmd->add_option("--vocab", f->vocab, "vocabulary, used with --first/--last (0: the preset's)")->type_name("N");
+  cmd->add_flag("--first", f->first, "first stage: token ids in, with the embeddings");
+  cmd->add_flag("--last", f->last, "last stage: with the final LayerNorm, LM head and loss");
+  cmd->add_option("--warmup", f->warmup, "untimed iterations first")->type_name("N");
+  cmd->add_option("--iters", f->iters, "timed iterations (>= 1)")->type_name("N");
+  cmd->add_option("--seed", f->seed, "weight initialisation seed")->type_name("N");
+  cmd->add_option("--peak-tflops", f->peak_tflops, "peak TFLOP/s for MFU (0: from the device name, see below)")
+      ->type_name("X");
+  cmd->add_flag("--json", f->json, "one JSON object instead of lines of text");
+  cmd->footer(
+      "Builds one stage (stage_runtime::StageExecutor) of --layers GPT-2 blocks; without --first and\n"
+      "--last a middle stage: input hidden states [B, T, H], no embeddings or LM head. Random input,\n"
+      "output gradient (and labels with --last) are made on the device once; each iteration is\n"
+      "Forward + Backward + Step (AdamW), timed between device synchronisations. Reports (JSON keys):\n"
+      "  tokens_per_s         B*T / median iteration time\n"
+      "  tflops               flops_per_token * tokens_per_s, flops_per_token = 6*N + 12*L*H*T with\n"
+      "                       N the stage's matrix-multiply weights (12*H^2 per block, + H*V for the LM\n"
+      "                       head with --last), L blocks: forward + backward = 3 x forward, the\n"
+      "                       PaLM / nanoGPT count (stated in flops_formula)\n"
+      "  peak_tflops, mfu     datasheet dense peak from the device name: H100/H200 SXM bf16 989, fp32\n"
+      "                       67 (TF32 stays off); PCIe 756/51; NVL 835/60; A100 bf16 312, fp32 19.5;\n"
+      "                       --peak-tflops overrides; otherwise \"unknown\" and no mfu key\n"
+      "  matmul_tflops        one [B*T, H] x [H, 4H] product in the stage's precision on the same\n"
+      "                       device, measured in this run: the ceiling next to the peak\n"
+      "  peak_memory_bytes    CUDA: the caching allocator's peak allocated bytes; CPU: the process's\n"
+      "                       max RSS; null when this build cannot read it\n"
+      "  iter_seconds_median, iter_seconds_min\n"
+      "  preset               --preset, or \"custom\" when --hidden, --heads or --vocab change its shape\n"
+      "Bad flags (unknown preset, unusable device, --layers < 1, ...) exit with status 2, a failure\n"
+      "while measuring (out of memory, ...) with 1.");
+  return [f, cmd] { return Run(*f, *cmd); };
+}
+
+}  // namespace longhaul::bench
