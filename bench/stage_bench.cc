@@ -160,9 +160,8 @@ double MatmulTflops(const torch::Device& d, torch::ScalarType dtype, int64_t m, 
 }
 
 int Run(const Flags& f, const CLI::App& cmd) {
-  // Input checks: exit status 2 with the problem named. FlagError names the command from the app
-  // it is given down to the parsed subcommand, so it gets the root: "longhaul-bench stage: ...".
-  auto bad = [&cmd](const std::string& message) { return common::FlagError(*cmd.get_parent(), message); };
+  // Input checks: "longhaul-bench stage: <problem>" and exit status 2.
+  auto bad = [&cmd](const std::string& message) { return common::FlagError(cmd, message); };
   const stage_runtime::ModelPreset* preset = stage_runtime::FindModelPreset(f.preset);
   if (!preset) {
     return bad(absl::StrCat("unknown --preset \"", f.preset, "\" (",
