@@ -4,6 +4,7 @@
 // the reason (ctest lists them as skipped). bf16 on the CPU is covered by the runtime tests.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <filesystem>
 
 #include "stage_runtime/pipeline.h"
@@ -105,24 +106,34 @@ TEST(GpuStages, ACheckpointWrittenOnTheGpuResumesOnTheCpu) {
   Train(*gpu, gpu_o, 3);
   const std::string dir = ::testing::TempDir() + "/gpu-ck";
   std::filesystem::remove_all(dir);
-  ASSERT_TRUE(gpu->SaveCheckpoint(dir).ok());
+  std::fprintf(stderr, "trained 3 steps on the GPU\n");
+  absl::Status saved = gpu->SaveCheckpoint(dir);
+  ASSERT_TRUE(saved.ok()) << saved;
   auto cpu = Make(cpu_o);
   ASSERT_TRUE(cpu);
-  ASSERT_TRUE(cpu->LoadCheckpoint(dir).ok());
+  std::fprintf(stderr, "saved; loading on the CPU\n");
+  absl::Status loaded_cpu = cpu->LoadCheckpoint(dir);
+  ASSERT_TRUE(loaded_cpu.ok()) << loaded_cpu;
+  std::fprintf(stderr, "loaded; comparing\n");
   for (int s = 0; s < 4; ++s) {
     EXPECT_EQ(cpu->stage(s).step(), 3);
     auto a = gpu->stage(s).model()->named_parameters();
     auto b = cpu->stage(s).model()->named_parameters();
     ASSERT_EQ(a.size(), b.size());
     for (const auto& kv : a) {
-      EXPECT_TRUE(torch::equal(kv.value().cpu(), b[kv.key()])) << "stage " << s << " " << kv.key();
+      const torch::Tensor* other = b.find(kv.key());
+      ASSERT_NE(other, nullptr) << kv.key();
+      EXPECT_TRUE(torch::equal(kv.value().cpu(), *other)) << "stage " << s << " " << kv.key();
     }
   }
+  std::fprintf(stderr, "compared; the reverse\n");
   // And back: the CPU pipeline's checkpoint loads on the GPU.
   const std::string dir2 = dir + "-back";
   ASSERT_TRUE(cpu->SaveCheckpoint(dir2).ok());
   auto gpu2 = Make(gpu_o);
-  ASSERT_TRUE(gpu2->LoadCheckpoint(dir2).ok());
+  ASSERT_TRUE(gpu2);
+  absl::Status loaded = gpu2->LoadCheckpoint(dir2);
+  ASSERT_TRUE(loaded.ok()) << loaded;
   EXPECT_TRUE(torch::equal(gpu2->stage(0).model()->named_parameters()["wte.weight"].cpu(),
                            cpu->stage(0).model()->named_parameters()["wte.weight"]));
 }
