@@ -77,7 +77,7 @@ struct LinkProfile {
 // chunk arrives: send time + delay + jitter + one retransmission timeout per loss event. Like TCP,
 // the link delivers in order, so a chunk never arrives before the one sent before it (a loss holds
 // back everything behind it: head-of-line blocking). The sender keeps the chunk in a delay line
-// until then (worker/link.cc), so latency does not reduce throughput.
+// until then (worker/link_sender.cc), so latency does not reduce throughput.
 class LinkShaper {
  public:
   LinkShaper(const LinkProfile& p, common::Clock* clock = common::RealClock());

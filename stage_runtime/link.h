@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include <torch/torch.h>
 
@@ -40,6 +41,23 @@ struct LinkMessage {
   torch::Tensor tensor;  // activations and gradients
   double value = 0;      // norms
 };
+
+// The two shapes of message: a tensor (activation, gradient) and a scalar (a norm).
+inline LinkMessage TensorMessage(uint64_t step, int micro_batch, MessageKind kind, torch::Tensor t) {
+  LinkMessage m;
+  m.step = step;
+  m.micro_batch = micro_batch;
+  m.kind = kind;
+  m.tensor = std::move(t);
+  return m;
+}
+inline LinkMessage ValueMessage(uint64_t step, MessageKind kind, double value) {
+  LinkMessage m;
+  m.step = step;
+  m.kind = kind;
+  m.value = value;
+  return m;
+}
 
 // Counters of a link's sending direction: raw = fp32 bytes of the tensors, wire = frame bytes.
 struct LinkStats {

@@ -65,21 +65,13 @@ absl::StatusOr<double> StageLoop::ExchangeNorms(uint64_t step) {
   }
   double total = sq;
   if (!first_) {
-    LinkMessage partial;
-    partial.step = step;
-    partial.kind = MessageKind::kNormPartial;
-    partial.value = sq;
-    if (absl::Status s = prev_->Send(std::move(partial), false); !s.ok()) return s;
+    if (absl::Status s = prev_->Send(ValueMessage(step, MessageKind::kNormPartial, sq), false); !s.ok()) return s;
     absl::StatusOr<LinkMessage> m = Expect(*prev_, step, 0, MessageKind::kNormTotal);
     if (!m.ok()) return m.status();
     total = m->value;
   }
   if (!last_) {
-    LinkMessage t;
-    t.step = step;
-    t.kind = MessageKind::kNormTotal;
-    t.value = total;
-    if (absl::Status s = next_->Send(std::move(t), false); !s.ok()) return s;
+    if (absl::Status s = next_->Send(ValueMessage(step, MessageKind::kNormTotal, total), false); !s.ok()) return s;
   }
   return total;
 }
@@ -114,12 +106,8 @@ absl::StatusOr<StepResult> StageLoop::Step(const std::vector<Batch>& batches) {
         loss_sum += out->item<double>();
         continue;
       }
-      LinkMessage m;
-      m.step = step;
-      m.micro_batch = op.micro_batch;
-      m.kind = MessageKind::kActivation;
-      m.tensor = out->detach();
-      if (absl::Status s = next_->Send(std::move(m), measure); !s.ok()) return s;
+      const LinkMessage m = TensorMessage(step, op.micro_batch, MessageKind::kActivation, out->detach());
+      if (absl::Status s = next_->Send(m, measure); !s.ok()) return s;
     } else {
       torch::Tensor g;
       if (!last_) {
@@ -130,12 +118,8 @@ absl::StatusOr<StepResult> StageLoop::Step(const std::vector<Batch>& batches) {
       absl::StatusOr<torch::Tensor> gin = exec_->Backward(op.micro_batch, g);
       if (!gin.ok()) return gin.status();
       if (first_) continue;
-      LinkMessage m;
-      m.step = step;
-      m.micro_batch = op.micro_batch;
-      m.kind = MessageKind::kGradient;
-      m.tensor = gin->detach();
-      if (absl::Status s = prev_->Send(std::move(m), measure); !s.ok()) return s;
+      const LinkMessage m = TensorMessage(step, op.micro_batch, MessageKind::kGradient, gin->detach());
+      if (absl::Status s = prev_->Send(m, measure); !s.ok()) return s;
     }
   }
   absl::StatusOr<double> total = ExchangeNorms(step);

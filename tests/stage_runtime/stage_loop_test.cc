@@ -21,21 +21,12 @@ std::unique_ptr<codec::Codec> Codec(const char* spec) {
   return std::move(*c);
 }
 
-LinkMessage Tensor(uint64_t step, int mb, MessageKind kind, torch::Tensor t) {
-  LinkMessage m;
-  m.step = step;
-  m.micro_batch = mb;
-  m.kind = kind;
-  m.tensor = std::move(t);
-  return m;
-}
-
 TEST(InProcessLink, CarriesWhatTheCodecDecodesAndCountsFrames) {
   auto fwd = Codec("int8"), bwd = Codec("fp32");
   auto [up, down] = InProcessLink::Pair(0, fwd.get(), bwd.get(), 4, 1);
   torch::manual_seed(1);
   const torch::Tensor x = torch::randn({2, 8, 64});
-  ASSERT_TRUE(up->Send(Tensor(0, 0, MessageKind::kActivation, x), /*measure_error=*/true).ok());
+  ASSERT_TRUE(up->Send(TensorMessage(0, 0, MessageKind::kActivation, x), /*measure_error=*/true).ok());
   absl::StatusOr<LinkMessage> got = down->Receive(absl::Seconds(5));
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(got->kind, MessageKind::kActivation);
@@ -52,7 +43,7 @@ TEST(InProcessLink, CarriesWhatTheCodecDecodesAndCountsFrames) {
   EXPECT_EQ(down->stats().frames, 0);  // counters are per sending direction
 
   // The other direction, fp32: exact.
-  ASSERT_TRUE(down->Send(Tensor(0, 0, MessageKind::kGradient, x), false).ok());
+  ASSERT_TRUE(down->Send(TensorMessage(0, 0, MessageKind::kGradient, x), false).ok());
   got = up->Receive(absl::Seconds(5));
   ASSERT_TRUE(got.ok());
   EXPECT_TRUE(torch::equal(got->tensor, x));
@@ -62,9 +53,7 @@ TEST(InProcessLink, CarriesWhatTheCodecDecodesAndCountsFrames) {
 TEST(InProcessLink, FinishDrainsThenReportsTheClose) {
   auto c = Codec("fp32");
   auto [up, down] = InProcessLink::Pair(2, c.get(), c.get(), 4, 1);
-  LinkMessage norm;
-  norm.kind = MessageKind::kNormTotal;
-  norm.value = 2.5;
+  const LinkMessage norm = ValueMessage(0, MessageKind::kNormTotal, 2.5);
   ASSERT_TRUE(up->Send(norm, false).ok());
   ASSERT_TRUE(up->Finish().ok());
   absl::StatusOr<LinkMessage> m = down->Receive(absl::Seconds(5));
@@ -109,7 +98,7 @@ TEST(StageLoop, AnOutOfOrderMessageIsDataLossNamingThePeer) {
   auto exec = Executor(o, 1);
   StageLoop loop(o, 1, exec.get(), down.get(), nullptr);
   // Stage 1 expects micro-batch 0's activation of step 0; stage "0" sends micro-batch 1's.
-  ASSERT_TRUE(up->Send(Tensor(0, 1, MessageKind::kActivation, torch::zeros({2, 8, 32})), false).ok());
+  ASSERT_TRUE(up->Send(TensorMessage(0, 1, MessageKind::kActivation, torch::zeros({2, 8, 32})), false).ok());
   std::vector<Batch> batches(2);
   for (Batch& b : batches) b.labels = torch::zeros({2, 8}, torch::kLong);
   absl::StatusOr<StepResult> r = loop.Step(batches);
