@@ -1,5 +1,5 @@
-// longhaul-bench stage: forward + backward + optimizer step of one pipeline stage (a
-// stage_runtime::StageExecutor) on one device, reported as tokens/s, achieved TFLOP/s, MFU against
+// longhaul-bench stage: what one pipeline stage (a stage_runtime::StageExecutor) does per optimizer
+// step on one device -- forward + backward of --micro-batches micro-batches, then one AdamW step -- reported as tokens/s, achieved TFLOP/s, MFU against
 // the device's datasheet peak, and against one matrix product of the stage's largest shape timed in
 // the same run (the ceiling this device and LibTorch actually reach).
 //
@@ -47,6 +47,7 @@ constexpr char kFlopsFormula[] =
 struct Flags {
   std::string device = "auto", preset = "gpt2-small", precision = "fp32";
   int64_t layers = 12, micro_batch_size = 8;
+  int64_t micro_batches = 4;  // the job's default: the stage runtime steps once per this many
   int64_t hidden = 0, heads = 0, context = 0, vocab = 0;  // 0: the preset's
   int64_t warmup = 3, iters = 10, seed = 1;
   double peak_tflops = 0;  // 0: from the device name
@@ -169,6 +170,7 @@ int Run(const Flags& f, const CLI::App& cmd) {
   }
   if (f.layers < 1) return bad("--layers must be >= 1");
   if (f.micro_batch_size < 1) return bad("--micro-batch-size must be >= 1");
+  if (f.micro_batches < 1 || f.micro_batches > 1024) return bad("--micro-batches must be in 1..1024");
   if (f.iters < 1) return bad("--iters must be >= 1");
   if (f.warmup < 0) return bad("--warmup must be >= 0");
   if (f.peak_tflops < 0) return bad("--peak-tflops must be >= 0");
@@ -199,6 +201,7 @@ int Run(const Flags& f, const CLI::App& cmd) {
   spec.first = f.first;
   spec.last = f.last;
   spec.seed = static_cast<uint64_t>(f.seed);
+  spec.micro_batches = static_cast<int>(f.micro_batches);
   spec.device = *device;
   spec.precision = *precision;
   if (absl::Status s = spec.model.Validate(); !s.ok()) return bad(std::string(s.message()));
@@ -237,25 +240,41 @@ int Run(const Flags& f, const CLI::App& cmd) {
   if (!made.ok()) return fail(made);
 
   ResetPeakMemory(spec.device);
-  std::vector<double> times;
+  // One iteration = what the stage does per optimizer step: M micro-batches, each forward then
+  // backward (one micro-batch's activations alive at a time, as at the steady state of a 1F1B
+  // schedule on this stage), then one Step. The device is also synchronised just before the step,
+  // so the step's own time can be reported (the extra synchronisation costs microseconds).
+  std::vector<double> times, step_times;
   for (int64_t i = 0; i < f.warmup + f.iters; ++i) {
     Synchronize(spec.device);
     const auto t0 = Clock::now();
-    auto out = (*exec)->Forward(0, input, labels);
-    if (!out.ok()) return fail(out.status());
-    auto back = (*exec)->Backward(0, grad);
-    if (!back.ok()) return fail(back.status());
+    for (int mb = 0; mb < static_cast<int>(f.micro_batches); ++mb) {
+      auto out = (*exec)->Forward(mb, input, labels);
+      if (!out.ok()) return fail(out.status());
+      auto back = (*exec)->Backward(mb, grad);
+      if (!back.ok()) return fail(back.status());
+    }
+    Synchronize(spec.device);
+    const auto t1 = Clock::now();
     if (absl::Status s = (*exec)->Step(1.0); !s.ok()) return fail(s);
     Synchronize(spec.device);
-    if (i >= f.warmup) times.push_back(Seconds(t0, Clock::now()));
+    const auto t2 = Clock::now();
+    if (i >= f.warmup) {
+      times.push_back(Seconds(t0, t2));
+      step_times.push_back(Seconds(t1, t2));
+    }
   }
   const auto [peak_memory, memory_source] = PeakMemory(spec.device);
   std::sort(times.begin(), times.end());
-  const double median = times.size() % 2 ? times[times.size() / 2]
-                                         : (times[times.size() / 2 - 1] + times[times.size() / 2]) / 2;
+  std::sort(step_times.begin(), step_times.end());
+  auto median_of = [](const std::vector<double>& v) {
+    return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+  };
+  const double median = median_of(times), step_median = median_of(step_times);
+  const int64_t tokens_per_iter = f.micro_batches * B * T;
 
   const int64_t flops_per_token = 6 * matmul_params + 12 * int64_t{layers} * H * T;
-  const double tokens_per_s = static_cast<double>(B * T) / median;
+  const double tokens_per_s = static_cast<double>(tokens_per_iter) / median;
   const double tflops = static_cast<double>(flops_per_token) * tokens_per_s / 1e12;
   const Peak peak = f.peak_tflops > 0 ? Peak{f.peak_tflops, "--peak-tflops"} : DatasheetPeak(device_name, *precision);
 
@@ -283,6 +302,9 @@ int Run(const Flags& f, const CLI::App& cmd) {
         {"context", T},
         {"vocab", spec.model.vocab},
         {"micro_batch_size", B},
+        {"micro_batches", f.micro_batches},
+        {"tokens_per_iter", tokens_per_iter},
+        {"iteration", "micro_batches x (forward + backward) + one AdamW step; tokens_per_iter = micro_batches * B * T"},
         {"precision", stage_runtime::PrecisionName(*precision)},
         {"params", params},
         {"matmul_params", matmul_params},
@@ -307,18 +329,22 @@ int Run(const Flags& f, const CLI::App& cmd) {
     out["peak_memory_source"] = memory_source;
     out["iter_seconds_median"] = Round(median, 6);
     out["iter_seconds_min"] = Round(times.front(), 6);
+    out["step_seconds"] = Round(step_median, 6);  // the optimizer step alone, median
+    out["step_fraction"] = Round(step_median / median, 4);
     std::printf("%s\n", out.dump().c_str());
     return 0;
   }
   std::printf("%s on %s (%s), %d threads\n", role.c_str(), device_flag.c_str(), device_name.c_str(),
               torch::get_num_threads());
-  std::printf("  shape          %s: %d blocks, hidden %lld, %d heads, context %lld, vocab %d; micro-batch %lld, %s\n",
+  std::printf("  shape          %s: %d blocks, hidden %lld, %d heads, context %lld, vocab %d; %lld micro-batches of %lld, %s\n",
               custom ? "custom" : f.preset.c_str(), layers, (long long)H, spec.model.heads, (long long)T,
-              spec.model.vocab, (long long)B, stage_runtime::PrecisionName(*precision));
+              spec.model.vocab, (long long)f.micro_batches, (long long)B, stage_runtime::PrecisionName(*precision));
   std::printf("  parameters     %.2f M (%.2f M in matrix products)\n", params / 1e6, matmul_params / 1e6);
-  std::printf("  iteration      median %.4f s, min %.4f s (forward + backward + AdamW step; %lld timed after %lld warm-up)\n",
-              median, times.front(), (long long)f.iters, (long long)f.warmup);
-  std::printf("  tokens/s       %.1f (%lld tokens per iteration / median)\n", tokens_per_s, (long long)(B * T));
+  std::printf("  iteration      median %.4f s, min %.4f s (%lld x (forward + backward) + one AdamW step; %lld timed after %lld warm-up)\n",
+              median, times.front(), (long long)f.micro_batches, (long long)f.iters, (long long)f.warmup);
+  std::printf("  step           median %.4f s (the AdamW step alone, %.1f%% of the iteration)\n", step_median,
+              100 * step_median / median);
+  std::printf("  tokens/s       %.1f (%lld tokens per iteration / median)\n", tokens_per_s, (long long)tokens_per_iter);
   std::printf("  achieved       %.3f TFLOP/s (6*N + 12*L*H*T FLOPs per token)\n", tflops);
   if (peak.tflops > 0) {
     std::printf("  peak           %.1f TFLOP/s (%s): MFU %.1f%%\n", peak.tflops, peak.source.c_str(),
@@ -342,12 +368,16 @@ int Run(const Flags& f, const CLI::App& cmd) {
 BenchmarkRun AddStageBench(CLI::App& app) {
   auto f = std::make_shared<Flags>();
   CLI::App* cmd = app.add_subcommand(
-      "stage", "one pipeline stage's forward + backward + step: tokens/s, TFLOP/s, MFU, memory");
+      "stage", "one pipeline stage's micro-batches + optimizer step: tokens/s, TFLOP/s, MFU, memory");
   cmd->add_option("--device", f->device, "cpu, cuda or cuda:N; auto: cuda:0 when a GPU is usable, else cpu")
       ->type_name("DEVICE");
   cmd->add_option("--preset", f->preset, "model shape: " + stage_runtime::ModelPresetNames())->type_name("NAME");
   cmd->add_option("--layers", f->layers, "transformer blocks in the stage (>= 1)")->type_name("N");
   cmd->add_option("--micro-batch-size", f->micro_batch_size, "sequences per micro-batch (B)")->type_name("N");
+  cmd->add_option("--micro-batches", f->micro_batches,
+                  "micro-batches per optimizer step (M; the job's default, 4): an iteration is M forward + "
+                  "backward passes and one step")
+      ->type_name("M");
   cmd->add_option("--precision", f->precision, "fp32 or bf16 (matrix products and attention in bf16, fp32 master weights)")
       ->type_name("NAME");
   cmd->add_option("--hidden", f->hidden, "hidden size (0: the preset's)")->type_name("N");
@@ -365,9 +395,11 @@ BenchmarkRun AddStageBench(CLI::App& app) {
   cmd->footer(
       "Builds one stage (stage_runtime::StageExecutor) of --layers GPT-2 blocks; without --first and\n"
       "--last a middle stage: input hidden states [B, T, H], no embeddings or LM head. Random input,\n"
-      "output gradient (and labels with --last) are made on the device once; each iteration is\n"
-      "Forward + Backward + Step (AdamW), timed between device synchronisations. Reports (JSON keys):\n"
-      "  tokens_per_s         B*T / median iteration time\n"
+      "output gradient (and labels with --last) are made on the device once; each iteration is what\n"
+      "the stage does per optimizer step: --micro-batches (M) x (Forward + Backward), then one Step\n"
+      "(AdamW), timed between device synchronisations; the step's cost is thus amortised over M\n"
+      "micro-batches, as in training. Reports (JSON keys):\n"
+      "  tokens_per_s         M*B*T (tokens_per_iter) / median iteration time\n"
       "  tflops               flops_per_token * tokens_per_s, flops_per_token = 6*N + 12*L*H*T with\n"
       "                       N the stage's matrix-multiply weights (12*H^2 per block, + H*V for the LM\n"
       "                       head with --last), L blocks: forward + backward = 3 x forward, the\n"
@@ -380,6 +412,7 @@ BenchmarkRun AddStageBench(CLI::App& app) {
       "  peak_memory_bytes    CUDA: the caching allocator's peak allocated bytes; CPU: the process's\n"
       "                       max RSS; null when this build cannot read it\n"
       "  iter_seconds_median, iter_seconds_min\n"
+      "  step_seconds         the AdamW step alone (median), inside the iteration; step_fraction\n"
       "  preset               --preset, or \"custom\" when --hidden, --heads or --vocab change its shape\n"
       "Bad flags (unknown preset, unusable device, --layers < 1, ...) exit with status 2, a failure\n"
       "while measuring (out of memory, ...) with 1.");

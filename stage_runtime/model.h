@@ -36,6 +36,24 @@ struct GptConfig {
   absl::Status Validate() const;
 };
 
+// A parameter cast to the compute dtype, made once and reused until the parameter changes: the
+// optimizer steps once per several micro-batches, so casting in every micro-batch's forward would
+// repeat the same elementwise pass over all weights. The cast is made with autograd on, so every
+// micro-batch's graph goes through the same cast node to the float32 parameter: each backward
+// brings its bfloat16 gradient back as float32 and accumulates it into the parameter's .grad,
+// exactly as a cast per micro-batch would. The cast node keeps no tensors for backward, so it can
+// be gone through by several backward passes. It is made again when the parameter's storage or
+// version counter changed (an optimizer step, a checkpoint load, a move to another device) or
+// when it was made without autograd (Evaluate) and is needed with it.
+// Used by the stage and its blocks for bfloat16 compute; not thread-safe (nor is the module).
+struct CastCache {
+  torch::Tensor cast;
+  const void* source_data = nullptr;
+  int64_t source_version = -1;
+
+  const torch::Tensor& Get(const torch::Tensor& p, torch::ScalarType compute);
+};
+
 class GptStageImpl : public torch::nn::Module {
  public:
   // `compute`: the dtype of matrix products and attention (float32, or bfloat16 with float32
@@ -60,6 +78,7 @@ class GptStageImpl : public torch::nn::Module {
   torch::nn::LayerNorm ln_f_{nullptr};
   torch::nn::Linear lm_head_{nullptr};
   torch::ScalarType compute_;
+  CastCache lm_head_casts_[2];  // weight, (no) bias
 };
 TORCH_MODULE(GptStage);
 
