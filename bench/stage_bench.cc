@@ -412,7 +412,9 @@ BenchmarkRun AddStageBench(CLI::App& app) {
       "  peak_memory_bytes    CUDA: the caching allocator's peak allocated bytes; CPU: the process's\n"
       "                       max RSS; null when this build cannot read it\n"
       "  iter_seconds_median, iter_seconds_min\n"
-      "  step_seconds         the AdamW step alone (median), inside the iteration; step_fraction\n"
+      "  step_seconds         the AdamW step alone (median, inside the iteration); step_fraction:\n"
+      "                       step_seconds / iter_seconds_median\n"
+      "  micro_batches, tokens_per_iter   M and M*B*T\n"
       "  preset               --preset, or \"custom\" when --hidden, --heads or --vocab change its shape\n"
       "Bad flags (unknown preset, unusable device, --layers < 1, ...) exit with status 2, a failure\n"
       "while measuring (out of memory, ...) with 1.");
