@@ -86,7 +86,19 @@ absl::Status LinkSender::Send(LinkMessage m, bool measure_error) {
                                                    tensor ? " message without a tensor" : " message with a tensor"));
   }
   Item it;
-  if (tensor) m.tensor = m.tensor.detach();
+  if (tensor) {
+    m.tensor = m.tensor.detach();
+    if (!m.tensor.device().is_cpu()) {
+      // Started here, on compute's thread, so that it is ordered after the work that produced the
+      // tensor and overlaps the work that follows; the encoder thread waits for it.
+      absl::StatusOr<HostCopy> c = copier_.StartHostCopy(m.tensor);
+      if (!c.ok()) {
+        return absl::Status(c.status().code(), absl::StrCat("link to ", opt_.peer, ": ", c.status().message()));
+      }
+      it.copy = *std::move(c);
+      m.tensor = torch::Tensor();  // the copy keeps the device memory from being reused until read
+    }
+  }
   it.msg = std::move(m);
   it.measure_error = measure_error && tensor;
   return Enqueue(std::move(it));
@@ -95,6 +107,14 @@ absl::Status LinkSender::Send(LinkMessage m, bool measure_error) {
 absl::StatusOr<LinkSender::Encoded> LinkSender::Encode(Item item) const {
   Encoded e;
   codec::FrameParts parts;
+  if (item.copy.has_value()) {
+    absl::StatusOr<torch::Tensor> host = item.copy->Wait();
+    if (!host.ok()) {
+      return absl::Status(host.status().code(), absl::StrCat("link to ", opt_.peer, ": ", host.status().message()));
+    }
+    item.msg.tensor = *std::move(host);
+    item.copy.reset();
+  }
   if (stage_runtime::CarriesTensor(item.msg.kind)) {
     codec::EncodeOptions eo;
     eo.threads = opt_.codec_threads;

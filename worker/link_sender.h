@@ -18,6 +18,13 @@
 // sticky: the link is torn down and the error, naming the peer, reaches the compute thread at its
 // next Send or Finish (recovery is the control plane's job).
 //
+// Device tensors (CUDA): Send starts their copy to pinned host memory on the link's own CUDA
+// stream (a DeviceCopier, device_copy.h), behind the compute stream's work but without waiting for
+// it, and queues the pending HostCopy instead of the tensor; the encoder thread waits for that copy
+// before encoding. So the copy overlaps the stage's compute, and compute may drop the device
+// tensor as soon as Send returns (its memory is not reused before the copy has read it); like a CPU
+// tensor, it must not be written in place afterwards. CPU tensors are queued as they are.
+//
 // Memory: a frame being sent is shared (std::shared_ptr<const codec::FrameParts>) by the sender
 // thread and the gRPC slices of its chunks (chunk_wire.h), and freed by whichever lets go last; an
 // fp32 frame's body is the caller's tensor, which must not be written until the frame is on the
@@ -28,6 +35,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -43,6 +51,7 @@
 #include "common/clock.h"
 #include "netem/shaper.h"
 #include "stage_runtime/link.h"
+#include "worker/device_copy.h"
 #include "worker/link_stream.h"
 #include "worker/link_wire.h"
 
@@ -101,7 +110,9 @@ class LinkSender {
 
  private:
   struct Item {
-    stage_runtime::LinkMessage msg;
+    stage_runtime::LinkMessage msg;  // msg.tensor is undefined while `copy` holds it
+    // A device tensor's copy to the host, started by Send; the encoder waits for it.
+    std::optional<HostCopy> copy;
     bool measure_error = false;
     bool end = false;  // queued by Finish after the last message
   };
@@ -136,6 +147,7 @@ class LinkSender {
 
   const SenderOptions opt_;
   const codec::Codec* codec_;
+  DeviceCopier copier_;  // compute thread only (Send)
   std::vector<std::unique_ptr<Stripe>> stripes_;  // fixed after Start
   // Encoded, not yet written: frame k goes to stream k % stripes_.size(). Closed after the last
   // frame (the end of the link), cancelled when the link fails. Fixed after Start.
