@@ -32,7 +32,11 @@ OFFLINE_DEBS="$ROOT/.deps/gpu/debs"
 OFFLINE_PREFIX="$ROOT/.deps/gpu-prefix"
 # A machine without a package registry (the offline GPU machine, docs/gpu.md) carries the .deb
 # files fetched by tools/gpu/fetch-debs.sh; they are unpacked into a prefix instead of installed.
-offline() { compgen -G "$OFFLINE_DEBS/*.deb" >/dev/null; }
+# A machine that has the packages installed (the development machine that fetched them) uses those.
+offline() {
+  compgen -G "$OFFLINE_DEBS/*.deb" >/dev/null &&
+    [[ "$(dpkg-query -W -f='${Status}' libgrpc++-dev 2>/dev/null)" != "install ok installed" ]]
+}
 
 setup() {
   if offline; then
