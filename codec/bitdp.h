@@ -1,4 +1,4 @@
-// BitDP (papers/bitdp.txt): 1-bit and 2-bit (ternary) gradient quantisation per output channel,
+// BitDP (the BitDP paper): 1-bit and 2-bit (ternary) gradient quantisation per output channel,
 // bit-plane packing, and the all-gather-then-reduce that sums P replicas' packed gradients bit by
 // bit without materialising P dense tensors.
 //

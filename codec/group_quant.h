@@ -7,7 +7,7 @@
 // saying the group was pivot-swapped and Hadamard-transformed; for flagged groups, the pivot index.
 // Codes q = round((v - lo) / scale) in [0, 2^b - 1], bit-packed.
 //
-// TAH-Quant (papers/tah-quant.txt), all switchable for ablations:
+// TAH-Quant (the TAH-Quant paper), all switchable for ablations:
 //  - adaptive bits: tokens ranked by entropy H = -sum p log2(p + eps), p = |x| / (|x|_1 + eps);
 //    the top `ratio` fraction get bits_hi, the rest bits_lo. adaptive=false keeps the same count
 //    of bits_hi tokens but picks them by a fixed hash of the token index (same bit budget,

@@ -1,4 +1,4 @@
-// SDP4Bit (papers/sdp4bit*.txt) and the ZeRO++ baselines (papers/zeropp.txt) as the pieces a
+// SDP4Bit (Jia et al., NeurIPS 2024) and the ZeRO++ baselines (Wang et al., 2023) as the pieces a
 // replica collective needs, plus reference simulations of P replicas used by tests and benchmarks.
 // All on plain float buffers; the wire format of every piece is sym_quant.h's payload.
 //

@@ -1,6 +1,6 @@
 // Symmetric per-group quantisation — the engine behind SDP4Bit (qWD, TLq-HS) and the ZeRO++
 // baselines (ULq / qgZ, qwZ / qW) — with an optional block-32 Hadamard transform fused into the
-// same pass (papers/sdp4bit*.txt, ALGORITHMS.md). Plain buffers in and out.
+// same pass (as in the SDP4Bit paper). Plain buffers in and out.
 //
 // Per group of G consecutive elements (the last group may be shorter):
 //   s = max |y| over the group, y = H x (H = orthonormal 32x32 Walsh-Hadamard applied to each full
