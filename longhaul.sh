@@ -42,7 +42,9 @@ setup() {
   if offline; then
     bash "$ROOT/tools/gpu/offline-setup.sh"
     export LD_LIBRARY_PATH="$OFFLINE_PREFIX/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    export PATH="$PATH:$(python3 -c 'import ninja, os; print(os.path.join(os.path.dirname(ninja.__file__), "data", "bin"))' 2>/dev/null || true)"
+    local ninja_dir
+    ninja_dir="$(python3 -c 'import ninja, os; print(os.path.join(os.path.dirname(ninja.__file__), "data", "bin"))' 2>/dev/null || true)"
+    [[ -n "$ninja_dir" ]] && export PATH="$PATH:$ninja_dir"
     return
   fi
   # The setup script is idempotent; skip even its dpkg query when it succeeded for this script.

@@ -30,7 +30,10 @@ class TextPieces {
   absl::StatusOr<bool> Next(std::string* out) {
     out->clear();
     while (out->size() < kPieceBytes) {
-      if (!in_.is_open() || in_.eof()) {
+      if (in_.is_open() && in_.bad()) {
+        return absl::DataLossError(absl::StrCat("read error in ", files_[next_file_ - 1]));
+      }
+      if (!in_.is_open() || !in_.good()) {
         if (in_.is_open()) in_.close();
         if (next_file_ == files_.size()) break;
         in_.open(files_[next_file_], std::ios::binary);
@@ -97,8 +100,12 @@ absl::StatusOr<PrepareResult> PrepareTokenData(const PrepareOptions& o) {
   absl::StatusOr<std::vector<std::string>> files = ListTextFiles(o.inputs);
   if (!files.ok()) return files.status();
   int64_t total = 0;
-  for (const std::string& f : *files) total += static_cast<int64_t>(fs::file_size(f));
   std::error_code ec;
+  for (const std::string& f : *files) {
+    const uintmax_t n = fs::file_size(f, ec);
+    if (ec) return absl::NotFoundError(absl::StrCat("cannot read ", f, ": ", ec.message()));
+    total += static_cast<int64_t>(n);
+  }
   fs::create_directories(o.out_dir, ec);
   if (ec) return absl::InternalError(absl::StrCat("create ", o.out_dir, ": ", ec.message()));
   const std::string model = o.out_dir + "/tokenizer.model";
@@ -161,13 +168,19 @@ absl::StatusOr<PrepareResult> PrepareTokenData(const PrepareOptions& o) {
       next_report = read + (int64_t{64} << 20);
     }
   }
+  train.close();
+  val.close();
+  if (train.fail() || val.fail()) return absl::InternalError(absl::StrCat("writing the token files in ", o.out_dir, " failed (disk full?)"));
   if (r.val_tokens == 0 || r.train_tokens == 0) {
     return absl::InvalidArgumentError(absl::StrCat("the text (", total, " bytes) is too small to split into train and validation"));
   }
   nlohmann::json meta = {{"format", "tokens-u16"},       {"vocab_size", r.vocab_size},
                          {"train_tokens", r.train_tokens}, {"val_tokens", r.val_tokens},
                          {"tokenizer", "tokenizer.model"}, {"text_bytes", total}};
-  std::ofstream(o.out_dir + "/meta.json") << meta.dump(2) << "\n";
+  std::ofstream meta_file(o.out_dir + "/meta.json", std::ios::trunc);
+  meta_file << meta.dump(2) << "\n";
+  meta_file.close();
+  if (meta_file.fail()) return absl::InternalError(absl::StrCat("writing ", o.out_dir, "/meta.json failed"));
   say(absl::StrCat("wrote ", r.train_tokens, " train and ", r.val_tokens, " validation tokens (vocab ", r.vocab_size,
                    ") to ", o.out_dir));
   return r;

@@ -88,6 +88,7 @@ absl::StatusOr<double> InProcessPipeline::EvalLoss(const std::vector<Batch>& bat
       if (s < opt_.stages - 1) {
         codec::EncodeOptions eo;
         eo.threads = opt_.codec_threads;
+        eo.seed = static_cast<uint64_t>(step());  // as the links seed it
         auto t = CodecRoundTrip(*fwd_codec_, x, eo, /*measure_error=*/false, /*stats=*/nullptr);
         if (!t.ok()) return t.status();
         x = *t;

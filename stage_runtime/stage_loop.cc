@@ -142,11 +142,13 @@ absl::StatusOr<StepResult> StageLoop::Step(const std::vector<Batch>& batches) {
 }
 
 absl::Status StageLoop::Finish() {
+  // Both, whatever the first says: the other neighbour still needs everything queued for it.
+  absl::Status first;
   for (Link* l : {next_, prev_}) {
     if (l == nullptr) continue;
-    if (absl::Status s = l->Finish(); !s.ok()) return s;
+    if (absl::Status s = l->Finish(); !s.ok() && first.ok()) first = s;
   }
-  return absl::OkStatus();
+  return first;
 }
 
 }  // namespace longhaul::stage_runtime

@@ -78,6 +78,11 @@ absl::StatusOr<std::shared_ptr<Inbox>> StageRunner::InboxFrom(int from_stage) {
                                                  " has no link from stage ", from_stage));
 }
 
+absl::Status StageRunner::Cancelled() {
+  absl::MutexLock l(&mu_);
+  return cancelled_;
+}
+
 void StageRunner::Cancel(absl::Status why) {
   absl::MutexLock l(&mu_);
   if (!cancelled_.ok()) return;
@@ -136,11 +141,15 @@ absl::Status StageRunner::Setup() {
   if (!bc.ok()) return bc.status();
   fwd_codec_ = std::move(*fc);
   bwd_codec_ = std::move(*bc);
+  // A cancellation that came while the stage was being built stops it before the connects (which
+  // may wait for a peer); one that comes later reaches the loop below.
+  if (absl::Status c = Cancelled(); !c.ok()) return c;
   if (!last_) {
     absl::StatusOr<std::unique_ptr<GrpcLink>> l = Connect(/*forward=*/true, fwd_codec_.get());
     if (!l.ok()) return l.status();
     next_ = std::move(*l);
   }
+  if (absl::Status c = Cancelled(); !c.ok()) return c;
   if (!first_) {
     absl::StatusOr<std::unique_ptr<GrpcLink>> l = Connect(/*forward=*/false, bwd_codec_.get());
     if (!l.ok()) return l.status();

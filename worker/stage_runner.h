@@ -53,6 +53,7 @@ class StageRunner {
   // The link to the next (forward) or previous stage: a sender to it and the inbox from it.
   absl::StatusOr<std::unique_ptr<GrpcLink>> Connect(bool forward, const codec::Codec* codec);
   v1::StepProgress Progress(const stage_runtime::StepResult& r, absl::Duration took);
+  absl::Status Cancelled();
 
   const v1::StageAssignment a_;
   const std::string data_dir_;

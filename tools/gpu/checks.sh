@@ -32,7 +32,7 @@ for step in "${steps[@]}"; do
            build/bin/longhaul-bench stage --device=cuda:0 --preset=gpt2-xl --layers=12 --precision=bf16 --json \
              | tee "$OUT/stage-bench.json" ;;
     data) build/bin/longhaul-data prepare --input=/usr/share/games/fortunes --out="$DATA" --vocab-size=8000 \
-            2>&1 | grep -v "LOG(INFO)" | tee "$OUT/data.log" ;;
+            2>&1 | { grep -v "LOG(INFO)" || true; } | tee "$OUT/data.log" ;;
     job) ./longhaul.sh demo --spec deploy/jobs/gpt2-small-fortunes.yaml --device=cuda:0 --threads=4 --steps=50 \
            --summary-json="$OUT/job-summary.json" --run-dir=/var/tmp/longhaul/job >"$OUT/job.log" 2>&1 \
            || { tail -30 "$OUT/job.log"; tail -20 /var/tmp/longhaul/job/worker-*.log; exit 1; }
@@ -48,7 +48,8 @@ for step in "${steps[@]}"; do
       build/bin/longhaul-bench convergence "${common[@]}" --codec=tahquant --bwd-codec=int8 \
         >"$OUT/fidelity-tahquant.json" 2>"$OUT/fidelity-tahquant.log" &
       b=$!
-      wait $a; wait $b
+      rc=0; wait $a || rc=$?; wait $b || rc=$?
+      ((rc == 0)) || { tail -5 "$OUT"/fidelity-*.log; exit "$rc"; }
       cat "$OUT/fidelity-fp32.json" "$OUT/fidelity-tahquant.json" ;;
     *) echo "checks: unknown step '$step'" >&2; exit 2 ;;
   esac
