@@ -21,7 +21,7 @@ commands:
                       links) with a live progress bar and a summary; options: --steps N,
                       --summary-json PATH, --rate-mbit R, ... (./longhaul.sh demo --help)
   test [ctest args]   build and run the whole CTest suite (e.g. ./longhaul.sh test -L codec)
-  build               install what is missing and build, nothing else
+  build [TARGET...]   install what is missing and build (everything, or only these CMake targets)
   help                this text
 
 environment: LONGHAUL_JOBS (build parallelism, default: nproc), LONGHAUL_BUILD_TYPE (RelWithDebInfo)
@@ -69,7 +69,7 @@ build() {
     fi
     cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE="${LONGHAUL_BUILD_TYPE:-RelWithDebInfo}" "${extra[@]}"
   fi
-  cmake --build "$BUILD" -j "$jobs"
+  cmake --build "$BUILD" -j "$jobs" ${1:+--target "$@"}
 }
 
 cmd="${1:-help}"
@@ -85,7 +85,7 @@ case "$cmd" in
     cd "$BUILD"
     exec ctest --output-on-failure -j "${LONGHAUL_TEST_JOBS:-$(nproc)}" "$@"
     ;;
-  build) build ;;
+  build) build "$@" ;;
   help|-h|--help) usage ;;
   *) echo "longhaul.sh: unknown command '$cmd'" >&2; usage >&2; exit 2 ;;
 esac

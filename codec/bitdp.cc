@@ -6,6 +6,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "codec/cpu/kernels_common.h"
 
 namespace longhaul::codec {
 namespace {
@@ -32,8 +33,11 @@ void BitDpEncode(const float* g, int64_t rows, int64_t cols, int bits, std::stri
   const int64_t pb = PlaneBytes(cols);
   for (int64_t i = 0; i < rows; ++i) {
     const float* row = g + i * cols;
-    double abs_sum = 0;
-    for (int64_t j = 0; j < cols; ++j) abs_sum += std::fabs(row[j]);
+    // Sums in the 32-lane order of kernels.h (lane j takes the columns j mod 32), so a CUDA warp
+    // per row (codec/cuda/bitdp.cu) reproduces them bit for bit.
+    double lanes[kSumLanes] = {};
+    for (int64_t j = 0; j < cols; ++j) lanes[j % kSumLanes] += std::fabs(row[j]);
+    const double abs_sum = ReduceLanes32(lanes);
     const double mean_abs = cols > 0 ? abs_sum / cols : 0.0;
     uint8_t* plus = planes + i * bits * pb;
     float s;
@@ -45,7 +49,7 @@ void BitDpEncode(const float* g, int64_t rows, int64_t cols, int bits, std::stri
     } else {
       uint8_t* minus = plus + pb;
       const float alpha = static_cast<float>(kBitDpAlpha * mean_abs);
-      double kept_sum = 0;
+      double kept_lanes[kSumLanes] = {};
       int64_t kept = 0;
       for (int64_t j = 0; j < cols; ++j) {
         if (row[j] >= alpha) {
@@ -55,9 +59,10 @@ void BitDpEncode(const float* g, int64_t rows, int64_t cols, int bits, std::stri
         } else {
           continue;
         }
-        kept_sum += std::fabs(row[j]);
+        kept_lanes[j % kSumLanes] += std::fabs(row[j]);
         ++kept;
       }
+      const double kept_sum = ReduceLanes32(kept_lanes);
       s = kept > 0 ? static_cast<float>(kept_sum / kept) : 0.0f;
     }
     if (!std::isfinite(s)) s = 0;

@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "codec/hd.h"
+
 namespace longhaul::codec {
 
 enum class RoundDir { kDown, kUp };  // toward -infinity, toward +infinity
@@ -19,9 +21,8 @@ inline constexpr uint16_t kMf12Max = (31u << 6) | 63u;  // magnitude bits of the
 
 // Works on the float's bits: exact, and an order of magnitude faster than frexp/ldexp (it runs
 // twice per group of 64 elements on the encode path).
-inline uint16_t Mf12Encode(float v, RoundDir dir) {
-  uint32_t b;
-  std::memcpy(&b, &v, 4);
+LONGHAUL_HD inline uint16_t Mf12Encode(float v, RoundDir dir) {
+  const uint32_t b = FloatBits(v);
   const bool neg = b >> 31;
   const uint32_t mag = b & 0x7FFFFFFFu;
   if (mag == 0) return 0;
@@ -38,22 +39,17 @@ inline uint16_t Mf12Encode(float v, RoundDir dir) {
   return static_cast<uint16_t>(sign | (static_cast<uint32_t>(e) << 6) | m);
 }
 
-inline float Mf12Decode(uint16_t code) {
+LONGHAUL_HD inline float Mf12Decode(uint16_t code) {
   const uint32_t e = (code >> 6) & 31u;
   if (e == 0) return 0.0f;
   const uint32_t b = (static_cast<uint32_t>(code & 0x800u) << 20) | ((e - 31 + 127) << 23) |
                      (static_cast<uint32_t>(code & 63u) << 17);
-  float v;
-  std::memcpy(&v, &b, 4);
-  return v;
+  return BitsFloat(b);
 }
 
 // 2^e as a float, for e in [-126, 127] (exact; multiplying by it equals ldexp).
-inline float Pow2(int e) {
-  const uint32_t b = static_cast<uint32_t>(e + 127) << 23;
-  float v;
-  std::memcpy(&v, &b, 4);
-  return v;
+LONGHAUL_HD inline float Pow2(int e) {
+  return BitsFloat(static_cast<uint32_t>(e + 127) << 23);
 }
 
 }  // namespace longhaul::codec

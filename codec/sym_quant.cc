@@ -21,10 +21,6 @@ void TransformGroup(float* v, int64_t len, const Kernels& k) {
 
 }  // namespace
 
-float UniformAt(uint64_t seed, uint64_t index) {
-  return static_cast<float>(SplitMix64(seed * 0x2545f4914f6cdd1dull ^ SplitMix64(index)) >> 40) * 0x1p-24f;
-}
-
 absl::Status SymQuantParams::Validate() const {
   if (bits < 2 || bits > 8) return absl::InvalidArgumentError(absl::StrCat("bits ", bits, " not in 2..8"));
   if (!IsPow2(group_size) || group_size < 8 || group_size > 65536) {

@@ -32,6 +32,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "codec/cpu/kernels.h"
+#include "codec/hd.h"
+#include "codec/int_util.h"
 
 namespace longhaul::codec {
 
@@ -75,8 +77,13 @@ void SymQuantDecode(absl::string_view payload, int64_t n, const SymQuantParams& 
 // against.
 void Hadamard32(float* x, int64_t n);
 
-// Uniform [0, 1) draw for (seed, index): the stochastic-rounding generator.
-float UniformAt(uint64_t seed, uint64_t index);
+// Uniform [0, 1) draw for (seed, index): the stochastic-rounding generator. Inline and
+// LONGHAUL_HD so the CUDA encoder (codec/cuda/sym_quant.cu) draws the very same numbers. The top 24
+// bits of the hash convert to float exactly and the scaling by 2^-24 is exact.
+LONGHAUL_HD inline float UniformAt(uint64_t seed, uint64_t index) {
+  const uint64_t h = SplitMix64(seed * 0x2545f4914f6cdd1dull ^ SplitMix64(index));
+  return static_cast<float>(h >> 40) * 0x1p-24f;
+}
 
 }  // namespace longhaul::codec
 

@@ -1,7 +1,8 @@
 // Inner loops of the grouped quantisers, as a table of function pointers with one scalar reference
 // and one AVX2 implementation chosen at run time. Every AVX2 entry is bit-identical to the scalar
-// one (tests/codec/kernels_test.cc): sums are accumulated in 8 lanes, lane j taking the elements
-// i = j mod 8, and the lanes are combined as ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)) in both.
+// one (tests/codec/kernels_test.cc), and so are the CUDA kernels (codec/cuda/): sums are accumulated
+// in 32 lanes, lane j taking the elements i = j mod 32 in order, and the lanes are combined pairwise
+// (ReduceLanes32 in kernels_common.h) in every backend.
 //
 //   const Kernels& k = BestKernels();     // AVX2 when the CPU has it; LONGHAUL_KERNELS=scalar forces
 //   k.quantize(v, 64, lo, 1 / scale, 15.f, codes);

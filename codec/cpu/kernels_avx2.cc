@@ -26,23 +26,31 @@ inline __m256 HMinV(__m256 v) {
 }
 inline float HMax(__m256 v) { return _mm256_cvtss_f32(HMaxV(v)); }
 
+// The 32 sum lanes are four vectors: acc[k] holds lanes 8k..8k+7.
+inline void StoreLanes(const __m256* acc, float* lanes) {
+  for (int k = 0; k < 4; ++k) _mm256_store_ps(lanes + 8 * k, acc[k]);
+}
+
 void AbsSumMax(const float* x, int64_t n, float* sum, float* max) {
-  __m256 acc = _mm256_setzero_ps(), mx = _mm256_setzero_ps();
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  __m256 mx = _mm256_setzero_ps();
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256 a = Abs(_mm256_loadu_ps(x + i));
-    acc = _mm256_add_ps(acc, a);
-    mx = _mm256_max_ps(mx, a);
+  for (; i + kSumLanes <= n; i += kSumLanes) {
+    for (int k = 0; k < 4; ++k) {
+      const __m256 a = Abs(_mm256_loadu_ps(x + i + 8 * k));
+      acc[k] = _mm256_add_ps(acc[k], a);
+      mx = _mm256_max_ps(mx, a);
+    }
   }
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, acc);
+  alignas(32) float lanes[kSumLanes];
+  StoreLanes(acc, lanes);
   float m = HMax(mx);
   for (; i < n; ++i) {
     const float a = x[i] < 0 ? -x[i] : x[i];
-    lanes[i & 7] += a;
+    lanes[i % kSumLanes] += a;
     m = a > m ? a : m;
   }
-  *sum = ReduceLanes8(lanes);
+  *sum = ReduceLanes32(lanes);
   *max = m;
 }
 
@@ -61,19 +69,21 @@ inline __m256 FastLog2V(__m256 x) {
 
 float Entropy(const float* x, int64_t n, float inv_l1, float eps) {
   const __m256 vinv = _mm256_set1_ps(inv_l1), veps = _mm256_set1_ps(eps);
-  __m256 acc = _mm256_setzero_ps();
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256 p = _mm256_mul_ps(Abs(_mm256_loadu_ps(x + i)), vinv);
-    acc = _mm256_add_ps(acc, _mm256_mul_ps(p, FastLog2V(_mm256_add_ps(p, veps))));
+  for (; i + kSumLanes <= n; i += kSumLanes) {
+    for (int k = 0; k < 4; ++k) {
+      const __m256 p = _mm256_mul_ps(Abs(_mm256_loadu_ps(x + i + 8 * k)), vinv);
+      acc[k] = _mm256_add_ps(acc[k], _mm256_mul_ps(p, FastLog2V(_mm256_add_ps(p, veps))));
+    }
   }
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, acc);
+  alignas(32) float lanes[kSumLanes];
+  StoreLanes(acc, lanes);
   for (; i < n; ++i) {
     const float p = (x[i] < 0 ? -x[i] : x[i]) * inv_l1;
-    lanes[i & 7] += p * FastLog2(p + eps);
+    lanes[i % kSumLanes] += p * FastLog2(p + eps);
   }
-  return -ReduceLanes8(lanes);
+  return -ReduceLanes32(lanes);
 }
 
 void Top2Abs(const float* g, int n, float* a1, float* a2) {

@@ -8,11 +8,20 @@
 #include <cstdint>
 #include <cstring>
 
+#include "codec/hd.h"
+
 namespace longhaul::codec {
 
-// Fixed reduction order of 8 lane accumulators.
-static inline float ReduceLanes8(const float* l) {
-  return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+// The fixed reduction order of sums (kernels.h): 32 lane accumulators, lane j taking the elements
+// i = j mod 32 in order, combined pairwise in place, l[i] += l[i + h] for h = 16, 8, 4, 2, 1, the
+// result in l[0]. A CUDA warp computes the same with v += shfl_xor(v, h) (codec/cuda/).
+inline constexpr int kSumLanes = 32;
+template <typename T>
+LONGHAUL_HD static inline T ReduceLanes32(T* l) {
+  for (int h = kSumLanes / 2; h >= 1; h /= 2) {
+    for (int i = 0; i < h; ++i) l[i] = l[i] + l[i + h];
+  }
+  return l[0];
 }
 
 // log2(x) for normal x > 0: exponent + degree-4 polynomial in the mantissa m in [1, 2)
@@ -23,13 +32,10 @@ inline constexpr float kLog2C2 = -2.0783352f;
 inline constexpr float kLog2C3 = 0.62603218f;
 inline constexpr float kLog2C4 = -0.078440676f;
 
-static inline float FastLog2(float x) {
-  uint32_t bits;
-  std::memcpy(&bits, &x, 4);
+LONGHAUL_HD static inline float FastLog2(float x) {
+  const uint32_t bits = FloatBits(x);
   const float e = static_cast<float>(static_cast<int32_t>(bits >> 23) - 127);
-  const uint32_t mbits = (bits & 0x007FFFFFu) | 0x3F800000u;
-  float m;
-  std::memcpy(&m, &mbits, 4);
+  const float m = BitsFloat((bits & 0x007FFFFFu) | 0x3F800000u);
   float p = kLog2C4 * m + kLog2C3;
   p = p * m + kLog2C2;
   p = p * m + kLog2C1;

@@ -12,24 +12,24 @@ namespace longhaul::codec {
 namespace {
 
 void AbsSumMax(const float* x, int64_t n, float* sum, float* max) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  float acc[kSumLanes] = {};
   float m = 0.0f;
   for (int64_t i = 0; i < n; ++i) {
     const float a = std::fabs(x[i]);
-    acc[i & 7] += a;
+    acc[i % kSumLanes] += a;
     m = a > m ? a : m;
   }
-  *sum = ReduceLanes8(acc);
+  *sum = ReduceLanes32(acc);
   *max = m;
 }
 
 float Entropy(const float* x, int64_t n, float inv_l1, float eps) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  float acc[kSumLanes] = {};
   for (int64_t i = 0; i < n; ++i) {
     const float p = std::fabs(x[i]) * inv_l1;
-    acc[i & 7] += p * FastLog2(p + eps);
+    acc[i % kSumLanes] += p * FastLog2(p + eps);
   }
-  return -ReduceLanes8(acc);
+  return -ReduceLanes32(acc);
 }
 
 void Top2Abs(const float* g, int n, float* a1, float* a2) {
@@ -74,7 +74,7 @@ void Fwht(float* v, int n) {
 void Quantize(const float* v, int n, float lo, float inv_scale, float maxq, uint8_t* q) {
   for (int i = 0; i < n; ++i) {
     float r = std::nearbyint((v[i] - lo) * inv_scale);
-    r = r < 0.0f ? 0.0f : r;
+    r = r >= 0.0f ? r : 0.0f;  // also NaN (0 * inf when a scale underflows) -> 0, as max_ps does in AVX2
     r = r > maxq ? maxq : r;
     q[i] = static_cast<uint8_t>(static_cast<int>(r));
   }

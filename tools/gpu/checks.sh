@@ -3,6 +3,7 @@
 #   tools/gpu/checks.sh OUT_DIR [STEP...]
 # Steps (default: build test bench data job):
 #   build     ./longhaul.sh build (offline or apt, see docs/gpu.md)
+#   codec     only the GPU codec tests (byte identity with the CPU reference): build and run them
 #   test      ./longhaul.sh test -L gpu
 #   bench     longhaul-bench stage: one gpt2-xl stage of 12 layers, bf16 (MFU)
 #   data      SentencePiece tokens of the fortunes corpus into /var/tmp/longhaul/fortunes-sp
@@ -11,7 +12,7 @@
 #             FIDELITY_STEPS steps (default 1000), both runs at once on cuda:0
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-OUT="${1:?usage: tools/gpu/checks.sh OUT_DIR [build|test|bench|data|job|fidelity ...]}"
+OUT="${1:?usage: tools/gpu/checks.sh OUT_DIR [build|codec|test|bench|data|job|fidelity ...]}"
 shift
 steps=("$@")
 ((${#steps[@]})) || steps=(build test bench data job)
@@ -19,14 +20,16 @@ mkdir -p "$OUT"
 cd "$ROOT"
 export LONGHAUL_JOBS="${LONGHAUL_JOBS:-$(nproc)}"
 DATA=/var/tmp/longhaul/fortunes-sp
-# The offline prefix's libraries, for the binaries started directly below.
-[[ -d "$ROOT/.deps/gpu-prefix" ]] && export LD_LIBRARY_PATH="$ROOT/.deps/gpu-prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# The offline prefix's libraries (unpacked by the first build), for the binaries started directly below.
+[[ -d "$ROOT/.deps/gpu/debs" ]] && export LD_LIBRARY_PATH="$ROOT/.deps/gpu-prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 for step in "${steps[@]}"; do
   echo "== $step ($(date -u +%H:%M:%S))"
   case "$step" in
     build) ./longhaul.sh build >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
            grep -E "LibTorch:|CUDA parts" build/CMakeCache.txt "$OUT/build.log" | head -5 || true ;;
+    codec) ./longhaul.sh build gpu_codec_test >"$OUT/build-codec.log" 2>&1 || { tail -40 "$OUT/build-codec.log"; exit 1; }
+           build/tests/gpu_codec_test 2>&1 | tee "$OUT/gpu-codec-test.log" | grep -E "^\[  (FAILED|PASSED|SKIPPED)|Failure|first differing|Expected|Which is|actual" | head -60 ;;
     test) ./longhaul.sh test -L gpu 2>&1 | tee "$OUT/gpu-tests.log" | tail -15 ;;
     bench) nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
            build/bin/longhaul-bench stage --device=cuda:0 --preset=gpt2-xl --layers=12 --precision=bf16 --json \

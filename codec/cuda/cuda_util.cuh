@@ -1,0 +1,74 @@
+// Internal to codec/cuda: error mapping, streams, loads of fp32/fp16/bf16 input, warp reductions.
+#ifndef LONGHAUL_CODEC_CUDA_CUDA_UTIL_CUH_
+#define LONGHAUL_CODEC_CUDA_CUDA_UTIL_CUH_
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "codec/cuda/gpu_codec.h"
+
+namespace longhaul::codec::gpu {
+
+inline absl::Status CudaStatus(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("CUDA ", what, ": ", cudaGetErrorString(e)));
+}
+
+// Returns from the enclosing function with a Status when a CUDA call fails.
+#define LONGHAUL_CUDA_OK(expr)                                                      \
+  do {                                                                              \
+    if (absl::Status _st = ::longhaul::codec::gpu::CudaStatus((expr), #expr); !_st.ok()) \
+      return _st;                                                               \
+  } while (0)
+
+inline cudaStream_t AsStream(Stream s) { return static_cast<cudaStream_t>(s); }
+
+inline constexpr unsigned kFullMask = 0xffffffffu;
+inline constexpr int kWarp = 32;
+
+// Exact conversion of one input element to float (as the CPU path's x.to(float32)).
+__device__ __forceinline__ float LoadF(const float* x, int64_t i) { return x[i]; }
+__device__ __forceinline__ float LoadF(const __half* x, int64_t i) { return __half2float(x[i]); }
+__device__ __forceinline__ float LoadF(const __nv_bfloat16* x, int64_t i) { return __bfloat162float(x[i]); }
+
+// Calls f(static_cast<const T*>(x)) with T the element type of `dtype`.
+template <typename F>
+absl::Status WithInputType(const void* x, FrameDtype dtype, F&& f) {
+  switch (dtype) {
+    case FrameDtype::kFloat32: return f(static_cast<const float*>(x));
+    case FrameDtype::kFloat16: return f(static_cast<const __half*>(x));
+    case FrameDtype::kBFloat16: return f(static_cast<const __nv_bfloat16*>(x));
+  }
+  return absl::InvalidArgumentError("GPU codecs take float32, float16 or bfloat16 input");
+}
+
+// The CPU's ReduceLanes32 (kernels_common.h) across a warp: lane i holds lane accumulator i; every
+// lane ends with the total, bit-identical to the CPU's l[0].
+template <typename T>
+__device__ __forceinline__ T WarpSumLanes32(T v) {
+  for (int h = kWarp / 2; h >= 1; h /= 2) v = v + __shfl_xor_sync(kFullMask, v, h);
+  return v;
+}
+__device__ __forceinline__ float WarpMax(float v) {
+  for (int h = kWarp / 2; h >= 1; h /= 2) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, h));
+  return v;
+}
+__device__ __forceinline__ float WarpMin(float v) {
+  for (int h = kWarp / 2; h >= 1; h /= 2) v = fminf(v, __shfl_xor_sync(kFullMask, v, h));
+  return v;
+}
+__device__ __forceinline__ int WarpSumInt(int v) {
+  for (int h = kWarp / 2; h >= 1; h /= 2) v += __shfl_xor_sync(kFullMask, v, h);
+  return v;
+}
+
+inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace longhaul::codec::gpu
+
+#endif  // LONGHAUL_CODEC_CUDA_CUDA_UTIL_CUH_

@@ -1,0 +1,130 @@
+// The codecs on a CUDA device: the same payloads as the CPU engines (group_quant.h, sym_quant.h,
+// bitdp.h), computed where the tensor lives so that only compressed bytes cross PCIe.
+//
+// The frame is the contract: for the same input (and, for stochastic rounding, the same seed) a
+// payload encoded here is byte-identical to the CPU scalar reference's, and decoding here gives
+// bit-identical floats (tests/codec/gpu_group_quant_test.cc and gpu_replica_codecs_test.cc check
+// every codec over odd shapes). The
+// per-element arithmetic is shared source (LONGHAUL_HD helpers in minifloat.h, int_util.h,
+// cpu/kernels_common.h) and the kernels are compiled with --fmad=false; reductions follow the
+// order the CPU reference defines (32 lanes, lane j taking the elements i = j mod 32, combined
+// pairwise: lane i += lane i + h for h = 16, 8, 4, 2, 1), which a warp computes with shuffles.
+//
+// This header needs no CUDA headers: streams are passed as `Stream` (a cudaStream_t, or nullptr
+// for the legacy default stream). Without the CUDA kernels in the build (LONGHAUL_CODEC_CUDA
+// undefined), Available() is false and every call returns FailedPrecondition.
+//
+//   gpu::Workspace ws;                                   // one per thread that encodes
+//   absl::StatusOr<gpu::DeviceBytes> p =
+//       gpu::GroupQuantEncode(x_dev, FrameDtype::kBFloat16, tokens, dim, params, ws, stream, &stats);
+//   std::string payload;  gpu::AppendToHost(*p, stream, &payload);   // == the CPU's payload
+//
+// Threading: a Workspace is used by one thread at a time; functions on different workspaces may
+// run concurrently. Every encode synchronises its stream once (the payload's size depends on the
+// data); decodes are asynchronous on the stream unless they say otherwise.
+#ifndef LONGHAUL_CODEC_CUDA_GPU_CODEC_H_
+#define LONGHAUL_CODEC_CUDA_GPU_CODEC_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "codec/bitdp.h"
+#include "codec/frame.h"
+#include "codec/group_quant.h"
+#include "codec/sym_quant.h"
+
+namespace longhaul::codec::gpu {
+
+using Stream = void*;  // cudaStream_t
+
+// Whether the build has the kernels and a CUDA device is visible; `why` (optional) says why not.
+bool Available(std::string* why = nullptr);
+
+// Device memory owned by the caller (tests, benchmarks). Move-only.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  ~DeviceBuffer();
+  DeviceBuffer(DeviceBuffer&& o) noexcept;
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  static absl::StatusOr<DeviceBuffer> Allocate(size_t bytes);
+  void* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  void* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+// Scratch device memory the codecs reuse from call to call (grown, never shrunk), and the one
+// pinned word the encoders read their results through. Belongs to the device that was current
+// when it first allocated.
+class Workspace {
+ public:
+  Workspace();
+  ~Workspace();
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
+
+  // Device scratch area number `slot` (0..kSlots-1) of at least `bytes`; its contents survive
+  // until the next call with the same slot and a larger size.
+  static constexpr int kSlots = 8;
+  absl::StatusOr<void*> Scratch(int slot, size_t bytes);
+  // A small pinned host area (kPinnedBytes) for results read back after a synchronisation.
+  static constexpr size_t kPinnedBytes = 256;
+  absl::StatusOr<void*> Pinned();
+
+ private:
+  void* scratch_[kSlots] = {};
+  size_t scratch_size_[kSlots] = {};
+  void* pinned_ = nullptr;
+};
+
+// A payload in device memory (inside a Workspace: valid until that workspace's next encode).
+struct DeviceBytes {
+  const uint8_t* data = nullptr;
+  size_t size = 0;
+};
+
+// --- copies and timing helpers (tests, benchmarks, the torch glue) ---
+absl::Status Upload(void* dst_dev, const void* src_host, size_t n, Stream s);      // synchronous
+absl::Status Download(void* dst_host, const void* src_dev, size_t n, Stream s);    // synchronous
+absl::Status CopyOnDevice(void* dst_dev, const void* src_dev, size_t n, Stream s); // asynchronous
+absl::Status Synchronize(Stream s);
+// Appends the payload's bytes to *out (synchronous).
+absl::Status AppendToHost(const DeviceBytes& payload, Stream s, std::string* out);
+
+// --- encoders: input fp32, fp16 or bf16 in device memory (dtype), contiguous ---
+// Grouped asymmetric quantisation (int<k>, tahquant): x is [tokens, dim]. Errors as the CPU's
+// (NaN/Inf or |x| > 2^100 name the first such token).
+absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, int64_t tokens,
+                                             int64_t dim, const GroupQuantParams& p, Workspace& ws,
+                                             Stream s, GroupQuantStats* stats = nullptr);
+// Symmetric group quantisation (sdp4bit-*, zeropp-*): x is n elements; element i draws its
+// stochastic-rounding number from (seed, index_offset + i) as SymQuantEncode does.
+absl::StatusOr<DeviceBytes> SymQuantEncode(const void* x, FrameDtype dtype, int64_t n,
+                                           const SymQuantParams& p, uint64_t seed, Workspace& ws,
+                                           Stream s, int64_t index_offset = 0);
+// BitDP 1-/2-bit: x is [rows, cols].
+absl::StatusOr<DeviceBytes> BitDpEncode(const void* x, FrameDtype dtype, int64_t rows, int64_t cols,
+                                        int bits, Workspace& ws, Stream s);
+
+// --- decoders: payload in device memory, already validated on the host (GroupQuantValidate,
+// SymQuantValidate, BitDpValidate); output fp32 in device memory ---
+absl::Status GroupQuantDecode(const uint8_t* payload, const GroupQuantLayout& layout, int64_t tokens,
+                              int64_t dim, const GroupQuantParams& p, float* out, Workspace& ws,
+                              Stream s);
+absl::Status SymQuantDecode(const uint8_t* payload, int64_t n, const SymQuantParams& p, float* out,
+                            Stream s);
+absl::Status BitDpDecode(const uint8_t* payload, int64_t rows, int64_t cols, int bits, float* out,
+                         Stream s);
+
+}  // namespace longhaul::codec::gpu
+
+#endif  // LONGHAUL_CODEC_CUDA_GPU_CODEC_H_

@@ -1,0 +1,108 @@
+// Device memory, workspaces and copies for the GPU codecs (gpu_codec.h).
+#include <cuda_runtime.h>
+
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "codec/cuda/cuda_util.cuh"
+#include "codec/cuda/gpu_codec.h"
+
+namespace longhaul::codec::gpu {
+
+bool Available(std::string* why) {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess || n == 0) {
+    if (why != nullptr) {
+      *why = e != cudaSuccess ? absl::StrCat("no usable CUDA device (", cudaGetErrorString(e), ")")
+                              : std::string("no CUDA device is visible");
+    }
+    cudaGetLastError();  // clear the sticky error of a failed query
+    return false;
+  }
+  return true;
+}
+
+DeviceBuffer::~DeviceBuffer() {
+  if (data_ != nullptr) cudaFree(data_);
+}
+
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& o) noexcept
+    : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+  if (this != &o) {
+    if (data_ != nullptr) cudaFree(data_);
+    data_ = std::exchange(o.data_, nullptr);
+    size_ = std::exchange(o.size_, 0);
+  }
+  return *this;
+}
+
+absl::StatusOr<DeviceBuffer> DeviceBuffer::Allocate(size_t bytes) {
+  DeviceBuffer b;
+  if (bytes > 0) LONGHAUL_CUDA_OK(cudaMalloc(&b.data_, bytes));
+  b.size_ = bytes;
+  return b;
+}
+
+Workspace::Workspace() = default;
+
+Workspace::~Workspace() {
+  for (void* p : scratch_) {
+    if (p != nullptr) cudaFree(p);
+  }
+  if (pinned_ != nullptr) cudaFreeHost(pinned_);
+}
+
+absl::StatusOr<void*> Workspace::Scratch(int slot, size_t bytes) {
+  if (slot < 0 || slot >= kSlots) return absl::InternalError(absl::StrCat("workspace slot ", slot));
+  if (bytes == 0) bytes = 1;
+  if (scratch_size_[slot] < bytes) {
+    if (scratch_[slot] != nullptr) {
+      // Earlier work on any stream may still use the old block.
+      LONGHAUL_CUDA_OK(cudaDeviceSynchronize());
+      LONGHAUL_CUDA_OK(cudaFree(scratch_[slot]));
+      scratch_[slot] = nullptr;
+      scratch_size_[slot] = 0;
+    }
+    // Grow by half again, so a slowly growing tensor does not reallocate every call.
+    const size_t want = bytes + bytes / 2;
+    LONGHAUL_CUDA_OK(cudaMalloc(&scratch_[slot], want));
+    scratch_size_[slot] = want;
+  }
+  return scratch_[slot];
+}
+
+absl::StatusOr<void*> Workspace::Pinned() {
+  if (pinned_ == nullptr) LONGHAUL_CUDA_OK(cudaMallocHost(&pinned_, kPinnedBytes));
+  return pinned_;
+}
+
+absl::Status Upload(void* dst, const void* src, size_t n, Stream s) {
+  if (n == 0) return absl::OkStatus();
+  LONGHAUL_CUDA_OK(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, AsStream(s)));
+  return CudaStatus(cudaStreamSynchronize(AsStream(s)), "upload");
+}
+
+absl::Status Download(void* dst, const void* src, size_t n, Stream s) {
+  if (n == 0) return absl::OkStatus();
+  LONGHAUL_CUDA_OK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, AsStream(s)));
+  return CudaStatus(cudaStreamSynchronize(AsStream(s)), "download");
+}
+
+absl::Status CopyOnDevice(void* dst, const void* src, size_t n, Stream s) {
+  if (n == 0) return absl::OkStatus();
+  return CudaStatus(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, AsStream(s)), "device copy");
+}
+
+absl::Status Synchronize(Stream s) { return CudaStatus(cudaStreamSynchronize(AsStream(s)), "synchronize"); }
+
+absl::Status AppendToHost(const DeviceBytes& payload, Stream s, std::string* out) {
+  const size_t base = out->size();
+  out->resize(base + payload.size);
+  return Download(out->data() + base, payload.data, payload.size, s);
+}
+
+}  // namespace longhaul::codec::gpu

@@ -1,0 +1,237 @@
+// int<k> and tahquant on a CUDA device: every payload byte-identical to the CPU scalar reference's,
+// every decoded float bit-identical, over odd shapes, every group size, both bit allocations, fp32
+// and bf16 input. Skipped (with the reason) without a GPU.
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "codec/cpu/kernels.h"
+#include "codec/cuda/gpu_codec.h"
+#include "codec/group_quant.h"
+#include "gtest/gtest.h"
+
+namespace longhaul::codec {
+namespace {
+
+#define SKIP_WITHOUT_GPU()                          \
+  do {                                              \
+    std::string why;                                \
+    if (!gpu::Available(&why)) GTEST_SKIP() << why; \
+  } while (0)
+
+uint16_t ToBf16(float f) {  // round to nearest even, as LibTorch converts
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  b += 0x7FFFu + ((b >> 16) & 1u);
+  return static_cast<uint16_t>(b >> 16);
+}
+float FromBf16(uint16_t h) {
+  const uint32_t b = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+
+// LLM-like rows: per-token scale, a few outlier channels, and some special rows.
+std::vector<float> Activations(int64_t tokens, int64_t dim, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_real_distribution<float> uni(0.0f, 1.0f);
+  std::vector<float> x(tokens * dim);
+  for (int64_t t = 0; t < tokens; ++t) {
+    float* row = x.data() + t * dim;
+    const float scale = std::exp(3.0f * (uni(rng) - 0.5f));
+    for (int64_t i = 0; i < dim; ++i) {
+      row[i] = normal(rng) * scale;
+      if (uni(rng) < 0.01f) row[i] *= 40.0f;
+    }
+    switch (t % 11) {
+      case 3: std::fill(row, row + dim, 0.0f); break;              // all zero
+      case 5: std::fill(row, row + dim, -0.0f); break;             // negative zeros
+      case 7: std::fill(row, row + dim, 1.5f); break;              // constant
+      case 9: std::fill(row, row + dim, 0.0f); row[dim / 2] = -3.0f; break;  // one-hot
+      case 10: for (int64_t i = 0; i < dim; ++i) row[i] *= 1e-41f; break;    // subnormals
+      default: break;
+    }
+  }
+  return x;
+}
+
+struct Case {
+  const char* name;
+  GroupQuantParams p;
+};
+
+std::vector<Case> Cases() {
+  std::vector<Case> c;
+  for (int g : {8, 16, 32, 64, 128, 256}) {
+    GroupQuantParams tah;  // tahquant defaults, this group size
+    tah.group_size = g;
+    c.push_back({"tahquant", tah});
+    GroupQuantParams tight = tah;
+    tight.tau = 1.05f;  // most full groups flagged
+    c.push_back({"tahquant-tau1.05", tight});
+    GroupQuantParams fixed = tah;
+    fixed.adaptive = false;
+    c.push_back({"tahquant-hash", fixed});
+    GroupQuantParams k8;
+    k8.group_size = g;
+    k8.bits_hi = k8.bits_lo = 8;
+    k8.adaptive = false;
+    k8.hadamard = false;
+    k8.ratio = 1.0f;
+    c.push_back({"int8", k8});
+  }
+  for (int bits : {2, 3, 5, 7}) {
+    GroupQuantParams k;
+    k.bits_hi = k.bits_lo = bits;
+    k.adaptive = false;
+    k.hadamard = false;
+    c.push_back({"int<k>", k});
+  }
+  for (float ratio : {0.0f, 0.5f, 1.0f}) {
+    GroupQuantParams r;
+    r.ratio = ratio;
+    r.bits_hi = 6;
+    r.bits_lo = 2;
+    c.push_back({"ratio", r});
+  }
+  return c;
+}
+
+struct Shape {
+  int64_t tokens, dim;
+};
+
+class GpuGroupQuant : public ::testing::Test {
+ protected:
+  // Encodes `host` (already the float values the device sees) on the CPU and the device, compares
+  // the payloads, then decodes the payload both ways and compares the floats.
+  void Check(const std::vector<float>& host, const void* device_input, FrameDtype dtype, Shape s,
+             const Case& c) {
+    SCOPED_TRACE(::testing::Message() << c.name << " g=" << c.p.group_size << " bits=" << c.p.bits_hi << "/"
+                                      << c.p.bits_lo << " shape=" << s.tokens << "x" << s.dim
+                                      << " dtype=" << static_cast<int>(dtype));
+    if (std::getenv("LONGHAUL_TEST_TRACE") != nullptr) {
+      std::fprintf(stderr, "case %s g=%d bits=%d/%d shape=%lldx%lld dtype=%d\n", c.name, c.p.group_size, c.p.bits_hi,
+                   c.p.bits_lo, static_cast<long long>(s.tokens), static_cast<long long>(s.dim), static_cast<int>(dtype));
+    }
+    std::string cpu;
+    GroupQuantStats cpu_stats;
+    ASSERT_TRUE(GroupQuantEncode(host.data(), s.tokens, s.dim, c.p, 1, ScalarKernels(), &cpu, &cpu_stats).ok());
+    GroupQuantStats gpu_stats;
+    const bool trace = std::getenv("LONGHAUL_TEST_TRACE") != nullptr;
+    if (trace) std::fprintf(stderr, "  cpu encoded %zu bytes\n", cpu.size());
+    absl::StatusOr<gpu::DeviceBytes> dev = gpu::GroupQuantEncode(device_input, dtype, s.tokens, s.dim, c.p, ws_,
+                                                                 nullptr, &gpu_stats);
+    ASSERT_TRUE(dev.ok()) << dev.status();
+    if (trace) std::fprintf(stderr, "  gpu encoded %zu bytes\n", dev->size);
+    std::string got;
+    ASSERT_TRUE(gpu::AppendToHost(*dev, nullptr, &got).ok());
+    ASSERT_EQ(got.size(), cpu.size());
+    for (size_t i = 0; i < cpu.size(); ++i) {
+      ASSERT_EQ(static_cast<uint8_t>(got[i]), static_cast<uint8_t>(cpu[i])) << "first differing payload byte " << i;
+    }
+    EXPECT_EQ(gpu_stats.transformed_groups, cpu_stats.transformed_groups);
+    EXPECT_EQ(gpu_stats.tokens_hi, cpu_stats.tokens_hi);
+    EXPECT_EQ(gpu_stats.groups, cpu_stats.groups);
+
+    absl::StatusOr<GroupQuantLayout> layout = GroupQuantValidate(cpu, s.tokens, s.dim, c.p);
+    ASSERT_TRUE(layout.ok()) << layout.status();
+    std::vector<float> want(s.tokens * s.dim);
+    GroupQuantDecode(cpu, *layout, s.tokens, s.dim, c.p, 1, ScalarKernels(), want.data());
+    absl::StatusOr<gpu::DeviceBuffer> pay = gpu::DeviceBuffer::Allocate(cpu.size());
+    absl::StatusOr<gpu::DeviceBuffer> out = gpu::DeviceBuffer::Allocate(want.size() * sizeof(float));
+    ASSERT_TRUE(pay.ok() && out.ok());
+    ASSERT_TRUE(gpu::Upload(pay->data(), cpu.data(), cpu.size(), nullptr).ok());
+    ASSERT_TRUE(gpu::GroupQuantDecode(static_cast<const uint8_t*>(pay->data()), *layout, s.tokens, s.dim, c.p,
+                                      static_cast<float*>(out->data()), ws_, nullptr)
+                    .ok());
+    std::vector<float> dec(want.size());
+    ASSERT_TRUE(gpu::Download(dec.data(), out->data(), dec.size() * sizeof(float), nullptr).ok());
+    for (size_t i = 0; i < want.size(); ++i) {
+      uint32_t a, b;
+      std::memcpy(&a, &want[i], 4);
+      std::memcpy(&b, &dec[i], 4);
+      ASSERT_EQ(a, b) << "first differing decoded element " << i << ": " << want[i] << " vs " << dec[i];
+    }
+  }
+
+  gpu::Workspace ws_;
+};
+
+const Shape kShapes[] = {{1, 1}, {3, 7}, {5, 64}, {17, 100}, {33, 257}, {11, 1000}, {64, 4096}, {300, 96}, {2, 8200}};
+
+TEST_F(GpuGroupQuant, Fp32PayloadsAndDecodesMatchTheCpuReference) {
+  SKIP_WITHOUT_GPU();
+  uint32_t seed = 1;
+  for (const Shape& s : kShapes) {
+    const std::vector<float> x = Activations(s.tokens, s.dim, seed++);
+    absl::StatusOr<gpu::DeviceBuffer> dx = gpu::DeviceBuffer::Allocate(x.size() * sizeof(float));
+    ASSERT_TRUE(dx.ok());
+    ASSERT_TRUE(gpu::Upload(dx->data(), x.data(), x.size() * sizeof(float), nullptr).ok());
+    for (const Case& c : Cases()) {
+      Check(x, dx->data(), FrameDtype::kFloat32, s, c);
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
+TEST_F(GpuGroupQuant, Bf16InputMatchesTheCpuEncodingOfTheSameValues) {
+  SKIP_WITHOUT_GPU();
+  uint32_t seed = 100;
+  for (const Shape& s : kShapes) {
+    const std::vector<float> x = Activations(s.tokens, s.dim, seed++);
+    std::vector<uint16_t> h(x.size());
+    std::vector<float> widened(x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+      h[i] = ToBf16(x[i]);
+      widened[i] = FromBf16(h[i]);
+    }
+    absl::StatusOr<gpu::DeviceBuffer> dx = gpu::DeviceBuffer::Allocate(h.size() * 2);
+    ASSERT_TRUE(dx.ok());
+    ASSERT_TRUE(gpu::Upload(dx->data(), h.data(), h.size() * 2, nullptr).ok());
+    for (const Case& c : Cases()) {
+      Check(widened, dx->data(), FrameDtype::kBFloat16, s, c);
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
+TEST_F(GpuGroupQuant, RejectsNonFiniteAndHugeInputNamingTheFirstToken) {
+  SKIP_WITHOUT_GPU();
+  const Shape s{40, 96};
+  GroupQuantParams p;
+  for (float bad : {NAN, INFINITY, 0x1p101f}) {
+    std::vector<float> x = Activations(s.tokens, s.dim, 7);
+    x[23 * s.dim + 5] = bad;
+    x[31 * s.dim + 1] = bad;
+    std::string cpu;
+    const absl::Status want = GroupQuantEncode(x.data(), s.tokens, s.dim, p, 1, ScalarKernels(), &cpu, nullptr);
+    ASSERT_FALSE(want.ok());
+    absl::StatusOr<gpu::DeviceBuffer> dx = gpu::DeviceBuffer::Allocate(x.size() * sizeof(float));
+    ASSERT_TRUE(dx.ok());
+    ASSERT_TRUE(gpu::Upload(dx->data(), x.data(), x.size() * sizeof(float), nullptr).ok());
+    absl::StatusOr<gpu::DeviceBytes> got = gpu::GroupQuantEncode(dx->data(), FrameDtype::kFloat32, s.tokens, s.dim,
+                                                                 p, ws_, nullptr);
+    ASSERT_FALSE(got.ok());
+    EXPECT_EQ(got.status().message(), want.message());
+  }
+}
+
+TEST_F(GpuGroupQuant, EmptyTensorsGiveEmptyPayloads) {
+  SKIP_WITHOUT_GPU();
+  for (Shape s : {Shape{0, 64}, Shape{5, 0}}) {
+    absl::StatusOr<gpu::DeviceBytes> got = gpu::GroupQuantEncode(nullptr, FrameDtype::kFloat32, s.tokens, s.dim,
+                                                                 GroupQuantParams{}, ws_, nullptr);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->size, 0u);
+  }
+}
+
+}  // namespace
+}  // namespace longhaul::codec
