@@ -26,6 +26,7 @@
 #include "bench/benchmarks.h"
 #include "codec/codec.h"
 #include "netem/tc/network.h"
+#include "stage_runtime/model_presets.h"
 #include "common/flags.h"
 #include "common/signals.h"
 #include "tools/cluster/local_cluster.h"
@@ -63,6 +64,10 @@ struct Flags {
   std::vector<std::string> codecs = {"fp32", "fp16", "int4", "tahquant"};
   std::string backward = "auto", schedule = "gpipe", shaper = "auto", markdown, svg;
   int64_t steps = 4, layers = 4, hidden = 128, context = 32, micro_batches = 128, micro_batch_size = 1;
+  // GPU runs: a GPT-2 preset's sizes (layers, context still from the flags when given), the
+  // workers' devices, the stages' precision and where the links' codecs run.
+  std::string preset, device = "cpu", precision = "fp32", codec_device = "auto";
+  int64_t stages = 0;  // 0: one per layer
   int64_t repeats = 3, queue_ms = 3000;
   bool tc = false, json = false;
 };
@@ -95,13 +100,22 @@ int RunSweep(const Flags& f, const CLI::App& cmd) {
   if (f.repeats < 1) return common::FlagError(cmd, "--repeats must be at least 1");
   if (f.queue_ms < 1 || f.queue_ms > 60000) return common::FlagError(cmd, "--queue-ms must be in [1, 60000]");
   const bool json = f.json;
-  const int stages = static_cast<int>(f.layers);
+  const int stages = static_cast<int>(f.stages > 0 ? f.stages : f.layers);
+  if (stages < 1 || stages > f.layers) return common::FlagError(cmd, "--stages must be in [1, --layers]");
+  int64_t hidden = f.hidden;
+  std::string model = absl::StrFormat("{layers: %d, hidden: %d, heads: 4, context: %d}", f.layers, f.hidden, f.context);
+  if (!f.preset.empty()) {
+    const stage_runtime::ModelPreset* mp = stage_runtime::FindModelPreset(f.preset);
+    if (mp == nullptr) return common::FlagError(cmd, absl::StrCat("unknown --preset \"", f.preset, "\""));
+    hidden = mp->hidden;
+    model = absl::StrFormat("{preset: %s, layers: %d, context: %d}", f.preset, f.layers, f.context);
+  }
   const double tokens_per_step = static_cast<double>(f.micro_batches * f.micro_batch_size * f.context);
 
   std::map<std::string, std::pair<int64_t, int64_t>> frame;  // codec -> (forward, backward) bytes
   for (const std::string& c : codecs) {
-    auto fb = FrameBytes(c, f.micro_batch_size, f.context, f.hidden);
-    auto bb = FrameBytes(BackwardFor(c, backward), f.micro_batch_size, f.context, f.hidden);
+    auto fb = FrameBytes(c, f.micro_batch_size, f.context, hidden);
+    auto bb = FrameBytes(BackwardFor(c, backward), f.micro_batch_size, f.context, hidden);
     if (!fb.ok() || !bb.ok()) {
       return common::FlagError(cmd, absl::StrCat("codec ", c, ": ", (fb.ok() ? bb.status() : fb.status()).message()));
     }
@@ -138,6 +152,7 @@ int RunSweep(const Flags& f, const CLI::App& cmd) {
     }
   } net_down{net.get()};
   cluster::Cluster cl(1);
+  if (f.device != "cpu") cl.SetWorkerDevices({f.device});
   // Ctrl-C / SIGTERM: stop the cluster's processes and remove the namespaces before leaving (the
   // main thread may be waiting on a job for minutes).
   if (common::InstallTerminationHandlers()) {
@@ -172,11 +187,11 @@ int RunSweep(const Flags& f, const CLI::App& cmd) {
     }
     const double inproc_rate = tc ? 0.0 : rate;
     const std::string yaml = absl::StrFormat(
-        "name: sweep-%s-%g\nmodel: {layers: %d, hidden: %d, heads: 4, context: %d}\nstages: %d\n"
+        "name: sweep-%s-%g\nmodel: %s\nstages: %d\nprecision: %s\n"
         "micro_batches: %d\nmicro_batch_size: %d\nschedule: %s\ncodecs: {forward: \"%s\", backward: \"%s\"}\n"
-        "steps: %d\nlinks: {rate_mbit: %g}\n",
-        c, rate, f.layers, f.hidden, f.context, stages, f.micro_batches, f.micro_batch_size, schedule, c, BackwardFor(c, backward), f.steps,
-        inproc_rate);
+        "steps: %d\nlinks: {rate_mbit: %g, codec_device: %s}\n",
+        c, rate, model, stages, f.precision, f.micro_batches, f.micro_batch_size, schedule, c, BackwardFor(c, backward),
+        f.steps, inproc_rate, f.codec_device);
     absl::StatusOr<uint64_t> job = cl.Submit(yaml);
     if (!job.ok()) return job.status();
     absl::StatusOr<v1::JobStatus> st = cl.WaitForEnd(*job, absl::Minutes(10));
@@ -380,7 +395,14 @@ BenchmarkRun AddSweepBench(CLI::App& app) {
       ->default_str("fp32,fp16,int4,tahquant");
   cmd->add_option("--backward", f->backward, "backward codec, or auto (see below)")->type_name("auto|SPEC");
   cmd->add_option("--steps", f->steps, "training steps per job")->type_name("N");
-  cmd->add_option("--layers", f->layers, "transformer layers, one per worker process (stage)")->type_name("N");
+  cmd->add_option("--layers", f->layers, "transformer layers")->type_name("N");
+  cmd->add_option("--stages", f->stages, "pipeline stages, one worker process each (default: one per layer)")
+      ->type_name("N");
+  cmd->add_option("--preset", f->preset, "GPT-2 sizes (hidden, heads, vocab) from a preset; --layers and --context still apply")
+      ->type_name("gpt2-small|gpt2-medium|gpt2-large|gpt2-xl");
+  cmd->add_option("--device", f->device, "every worker computes on this device (they share it)")->type_name("cpu|cuda:N");
+  cmd->add_option("--precision", f->precision, "the stages' precision")->type_name("fp32|bf16");
+  cmd->add_option("--codec-device", f->codec_device, "where CUDA stages run the links' codecs")->type_name("auto|cpu|gpu");
   cmd->add_option("--hidden", f->hidden, "hidden size")->type_name("N");
   cmd->add_option("--context", f->context, "context length (tokens)")->type_name("N");
   cmd->add_option("--micro-batches", f->micro_batches, "micro-batches per step")->type_name("N");

@@ -154,6 +154,7 @@ absl::Status Cluster::StartWorkers(int n) {
     argv.insert(argv.end(), {Bin("longhaul-worker"), absl::StrCat("--coordinator=", address_),
                              absl::StrCat("--listen=", Host(name), ":0"), absl::StrCat("--name=", name),
                              absl::StrCat("--threads=", threads_), absl::StrCat("--data-dir=", dir_, "/", name)});
+    if (!devices_.empty()) argv.push_back(absl::StrCat("--device=", devices_[(before + i) % devices_.size()]));
     absl::StatusOr<std::unique_ptr<Process>> p = Process::Spawn(argv, absl::StrCat(dir_, "/", name, ".log"));
     if (!p.ok()) return p.status();
     workers_[name] = std::move(*p);

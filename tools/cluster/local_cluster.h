@@ -64,6 +64,9 @@ class Cluster {
     std::function<std::string(const std::string& role)> ns, host;
   };
   void SetPlacement(Placement p) { placement_ = std::move(p); }
+  // Optional, before StartWorkers: the --device each worker computes on (dealt round-robin, so
+  // several workers may share one GPU); default cpu.
+  void SetWorkerDevices(std::vector<std::string> devices) { devices_ = std::move(devices); }
   ~Cluster();
 
   absl::Status StartCoordinator();
@@ -104,6 +107,7 @@ class Cluster {
   std::unique_ptr<v1::Coordinator::Stub> stub_;
   int threads_ = 1;
   Placement placement_;
+  std::vector<std::string> devices_;
   std::vector<std::string> Prefix(const std::string& role) const;
   std::string Host(const std::string& role) const;
 };
