@@ -1,5 +1,6 @@
 // longhaul-bench codec: compression and speed of one or more codecs on synthetic LLM-like
-// activations (bench/synthetic_data.h), against memcpy bandwidth measured in the same run.
+// activations (bench/synthetic_data.h), against memcpy bandwidth measured in the same run; with
+// --device=cuda:N, the GPU codecs (codec/cuda/gpu_codec.h) against a device-to-device copy.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -9,13 +10,19 @@
 #include <thread>
 #include <vector>
 
+#include <c10/core/DeviceGuard.h>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_format.h"
 #include "bench/benchmarks.h"
 #include "bench/synthetic_data.h"
+#include "codec/bitdp.h"
 #include "codec/codec.h"
+#include "codec/codec_gpu.h"
+#include "codec/cuda/gpu_codec.h"
+#include "codec/spec.h"
 #include "common/flags.h"
+#include "stage_runtime/executor.h"
 
 namespace longhaul::bench {
 namespace {
@@ -45,6 +52,9 @@ struct Flags {
   int64_t outliers = 4, seed = 1;
   double min_seconds = 0.5;
   std::string data = "activations";
+  std::string device = "cpu";
+  std::string dtype = "fp32";
+  int64_t iters = 20;
   bool json = false;
 };
 
@@ -56,12 +66,254 @@ struct Result {
   std::string kernels;
 };
 
+// --- --device=cuda:N: the GPU codecs ---
+
+struct DeviceResult {
+  std::string spec;
+  double bits = 0, rel_l2 = 0, enc = 0, dec = 0, copy = 0, enc_host = 0, dec_host = 0;
+  double transformed_fraction = 0;
+  bool byte_identical = false, decode_identical = false;
+};
+
+// Seconds per call of fn, which queues work on the legacy default stream (LibTorch's default
+// stream, where the GPU codecs run here): one warm-up call, then 3 rounds of `iters` calls, each
+// round closed by a synchronisation; the median round's mean.
+template <typename Fn>
+absl::StatusOr<double> DeviceSeconds(int64_t iters, Fn&& fn) {
+  if (absl::Status s = fn(); !s.ok()) return s;
+  if (absl::Status s = codec::gpu::Synchronize(nullptr); !s.ok()) return s;
+  std::vector<double> t;
+  for (int round = 0; round < 3; ++round) {
+    const auto a = Clock::now();
+    for (int64_t i = 0; i < iters; ++i) {
+      if (absl::Status s = fn(); !s.ok()) return s;
+    }
+    if (absl::Status s = codec::gpu::Synchronize(nullptr); !s.ok()) return s;
+    t.push_back(std::chrono::duration<double>(Clock::now() - a).count() / static_cast<double>(iters));
+  }
+  std::sort(t.begin(), t.end());
+  return t[1];
+}
+
+// One codec on the device: frames and decodes checked against the CPU's, then timed.
+absl::StatusOr<DeviceResult> MeasureOnDevice(const std::string& spec_text, const torch::Tensor& x_host,
+                                             const torch::Tensor& x_dev, double bytes, const Flags& f) {
+  absl::StatusOr<codec::CodecSpec> spec = codec::ParseCodecSpec(spec_text);
+  if (!spec.ok()) return spec.status();
+  absl::StatusOr<std::unique_ptr<codec::Codec>> c = codec::MakeCodec(spec_text);
+  if (!c.ok()) return c.status();
+  const codec::Codec& cd = **c;
+  const torch::Device dev = x_dev.device();
+  DeviceResult r;
+  r.spec = cd.spec();
+
+  // The frames: the CPU's (reference) and the GPU's, which must be the same bytes.
+  codec::EncodeOptions cpu_opts;
+  cpu_opts.threads = static_cast<int>(f.threads);
+  cpu_opts.device = codec::CodecDevice::kCpu;
+  absl::StatusOr<std::string> cpu_frame = cd.Encode(x_host, cpu_opts);
+  if (!cpu_frame.ok()) return cpu_frame.status();
+  codec::EncodeOptions gpu_opts;
+  gpu_opts.device = codec::CodecDevice::kGpu;
+  codec::EncodeStats st;
+  absl::StatusOr<std::string> frame = cd.Encode(x_dev, gpu_opts, &st);
+  if (!frame.ok()) return frame.status();
+  r.byte_identical = *frame == *cpu_frame;
+  r.bits = static_cast<double>(frame->size()) * 8.0 / static_cast<double>(x_host.numel());
+  r.transformed_fraction = st.groups ? static_cast<double>(st.transformed_groups) / st.groups : 0.0;
+  codec::DecodeOptions to_dev;
+  to_dev.device = dev;
+  to_dev.codec_device = codec::CodecDevice::kGpu;
+  absl::StatusOr<torch::Tensor> y = codec::DecodeFrame(*frame, to_dev);
+  if (!y.ok()) return y.status();
+  absl::StatusOr<torch::Tensor> y_cpu = codec::DecodeFrame(*frame, {static_cast<int>(f.threads)});
+  if (!y_cpu.ok()) return y_cpu.status();
+  const torch::Tensor y_host = y->cpu();
+  r.decode_identical = torch::equal(y_host, *y_cpu);
+  const torch::Tensor xd = x_host.to(torch::kFloat64);
+  r.rel_l2 = ((xd - y_host.to(torch::kFloat64)).norm() / xd.norm()).item<double>();
+
+  // The payload as the decoders take it: validated on the host, uploaded once.
+  absl::StatusOr<codec::FrameView> v = codec::ParseFrame(*frame, codec::DecodeLimits{});
+  if (!v.ok()) return v.status();
+  const std::vector<int64_t>& shape = v->header.shape;
+  const int64_t numel = v->numel;
+  const codec::CodecFamily family = codec::CodecTraitsFor(spec->id)->family;
+  const auto on_dev = torch::TensorOptions().device(dev);
+  torch::Tensor payload_dev = torch::empty({static_cast<int64_t>(v->payload.size())}, on_dev.dtype(torch::kUInt8));
+  if (absl::Status s = codec::gpu::Upload(payload_dev.data_ptr(), v->payload.data(), v->payload.size(), nullptr);
+      !s.ok()) {
+    return s;
+  }
+  torch::Tensor out = torch::empty(shape, on_dev.dtype(torch::kFloat32));
+  codec::gpu::Workspace enc_ws, dec_ws;
+  std::function<absl::Status()> encode, decode;
+  switch (family) {
+    case codec::CodecFamily::kRaw: {
+      // No kernels: encoding is the cast to the wire dtype (a copy when it is the input's), decoding
+      // the cast back, both LibTorch's on the device.
+      const torch::ScalarType wire = codec::internal::TorchType(codec::CodecTraitsFor(spec->id)->wire_dtype);
+      const torch::Tensor w = x_dev.to(wire);
+      encode = [&x_dev, wire] {
+        (void)x_dev.to(wire, /*non_blocking=*/false, /*copy=*/true);
+        return absl::OkStatus();
+      };
+      decode = [w, t = x_dev.scalar_type()] {
+        (void)w.to(t, /*non_blocking=*/false, /*copy=*/true);
+        return absl::OkStatus();
+      };
+      break;
+    }
+    case codec::CodecFamily::kGroupQuant: {
+      int64_t tokens, dim;
+      codec::internal::RowsOf(shape, numel, &tokens, &dim);
+      // The parameters as the frame carries them, as DecodeFrame reads them.
+      absl::StatusOr<codec::GroupQuantParams> p = codec::GroupQuantParams::Parse(v->header.params);
+      if (!p.ok()) return p.status();
+      absl::StatusOr<codec::GroupQuantLayout> layout = codec::GroupQuantValidate(v->payload, tokens, dim, *p);
+      if (!layout.ok()) return layout.status();
+      decode = [&, tokens, dim, p = *p, layout = *std::move(layout)] {
+        return codec::gpu::GroupQuantDecode(payload_dev.data_ptr<uint8_t>(), layout, tokens, dim, p,
+                                            out.data_ptr<float>(), dec_ws, nullptr);
+      };
+      break;
+    }
+    case codec::CodecFamily::kSymQuant: {
+      absl::StatusOr<codec::SymQuantParams> p = codec::SymQuantParams::Parse(v->header.params);
+      if (!p.ok()) return p.status();
+      if (absl::Status s = codec::SymQuantValidate(v->payload, numel, *p); !s.ok()) return s;
+      decode = [&, p = *p] {
+        return codec::gpu::SymQuantDecode(payload_dev.data_ptr<uint8_t>(), numel, p, out.data_ptr<float>(), nullptr);
+      };
+      break;
+    }
+    case codec::CodecFamily::kBitDp: {
+      int64_t rows, cols;
+      codec::internal::MatrixOf(shape, numel, &rows, &cols);
+      if (absl::Status s = codec::BitDpValidate(v->payload, rows, cols, spec->bitdp_bits); !s.ok()) return s;
+      decode = [&, rows, cols] {
+        return codec::gpu::BitDpDecode(payload_dev.data_ptr<uint8_t>(), rows, cols, spec->bitdp_bits,
+                                       out.data_ptr<float>(), nullptr);
+      };
+      break;
+    }
+  }
+  if (family != codec::CodecFamily::kRaw) {
+    // The payload left in device memory (each call synchronises once: its size depends on the data).
+    encode = [&] {
+      absl::StatusOr<codec::gpu::DeviceBytes> p =
+          codec::internal::EncodePayloadOnGpu(*spec, x_dev, shape, 0, enc_ws, nullptr);
+      return p.status();
+    };
+  }
+  torch::Tensor copy_dst = torch::empty_like(x_dev);
+  auto gbps = [&](absl::StatusOr<double> sec, double* to) {
+    if (sec.ok()) *to = bytes / *sec / 1e9;
+    return sec.status();
+  };
+  if (absl::Status s = gbps(DeviceSeconds(f.iters, [&] {
+                              return codec::gpu::CopyOnDevice(copy_dst.data_ptr(), x_dev.data_ptr(),
+                                                              static_cast<size_t>(x_dev.nbytes()), nullptr);
+                            }),
+                            &r.copy);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = gbps(DeviceSeconds(f.iters, encode), &r.enc); !s.ok()) return s;
+  if (absl::Status s = gbps(DeviceSeconds(f.iters, decode), &r.dec); !s.ok()) return s;
+  if (absl::Status s = gbps(DeviceSeconds(f.iters, [&] { return cd.Encode(x_dev, gpu_opts).status(); }), &r.enc_host);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = gbps(DeviceSeconds(f.iters, [&] { return codec::DecodeFrame(*frame, to_dev).status(); }),
+                            &r.dec_host);
+      !s.ok()) {
+    return s;
+  }
+  return r;
+}
+
+// The GPU codecs were found available (Run checked before making the data).
+int RunOnDevice(const Flags& f, const CLI::App& cmd, const torch::Tensor& x_host, double bytes, const std::string& kind) {
+  absl::StatusOr<torch::Device> dev = stage_runtime::ParseDevice(f.device);
+  if (!dev.ok()) return common::FlagError(cmd, "--device=" + f.device + ": " + std::string(dev.status().message()));
+  if (!dev->is_cuda()) return common::FlagError(cmd, "--device is cpu or cuda:N, not \"" + f.device + "\"");
+  const c10::DeviceGuard on_device(*dev);  // the device the GPU codecs' calls below run on
+  const torch::Tensor x_dev = x_host.to(*dev).contiguous();
+  std::vector<DeviceResult> results;
+  for (const std::string& spec : f.codecs) {
+    if (!f.json) std::fprintf(stderr, "measuring %s on %s...\n", spec.c_str(), dev->str().c_str());
+    absl::StatusOr<DeviceResult> r = MeasureOnDevice(spec, x_host, x_dev, bytes, f);
+    if (!r.ok()) {
+      std::fprintf(stderr, "longhaul-bench codec: %s on %s: %s\n", spec.c_str(), dev->str().c_str(),
+                   std::string(r.status().message()).c_str());
+      return 1;
+    }
+    results.push_back(*std::move(r));
+  }
+  const std::string gbps_bytes = absl::StrFormat("input bytes: tokens * hidden * %d (%s) = %.0f per call",
+                                                 static_cast<int>(x_host.element_size()), f.dtype, bytes);
+  if (f.json) {
+    auto one_json = [&](const DeviceResult& r) {
+      return nlohmann::ordered_json{
+          {"codec", r.spec},
+          {"device", dev->str()},
+          {"dtype", f.dtype},
+          {"tokens", f.tokens},
+          {"hidden", f.hidden},
+          {"bits_per_element", Round(r.bits, 4)},
+          {"rel_l2_error", Round(r.rel_l2, 6)},
+          {"byte_identical", r.byte_identical},
+          {"decode_identical", r.decode_identical},
+          {"encode_gbps", Round(r.enc, 3)},
+          {"decode_gbps", Round(r.dec, 3)},
+          {"copy_gbps", Round(r.copy, 3)},
+          {"encode_vs_copy", Round(r.enc / r.copy, 3)},
+          {"decode_vs_copy", Round(r.dec / r.copy, 3)},
+          {"encode_to_host_gbps", Round(r.enc_host, 3)},
+          {"decode_from_host_gbps", Round(r.dec_host, 3)},
+          {"transformed_group_fraction", Round(r.transformed_fraction, 4)},
+          {"iters", f.iters},
+          {"gbps_bytes", gbps_bytes},
+          {"data", kind},
+      };
+    };
+    if (results.size() == 1) {
+      std::printf("%s\n", one_json(results[0]).dump().c_str());
+      return 0;
+    }
+    nlohmann::ordered_json all = nlohmann::ordered_json::array();
+    for (const DeviceResult& r : results) all.push_back(one_json(r));
+    std::printf("%s\n", nlohmann::ordered_json{{"results", all}}.dump(2).c_str());
+    return 0;
+  }
+  std::printf("%lld x %lld %s %s on %s (%.0f MB); GB/s of %s\n", (long long)f.tokens, (long long)f.hidden,
+              f.dtype.c_str(), kind.c_str(), dev->str().c_str(), bytes / 1e6, gbps_bytes.c_str());
+  std::printf("| codec | bits/elem | rel L2 err | frame = CPU's | decode = CPU's | enc GB/s | dec GB/s | copy GB/s | enc/copy | dec/copy | enc to host GB/s | dec from host GB/s |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const DeviceResult& r : results) {
+    std::printf("| %s | %.3f | %.4f | %s | %s | %.1f | %.1f | %.1f | %.3f | %.3f | %.2f | %.2f |\n", r.spec.c_str(), r.bits,
+                r.rel_l2, r.byte_identical ? "yes" : "NO", r.decode_identical ? "yes" : "NO", r.enc, r.dec, r.copy,
+                r.enc / r.copy, r.dec / r.copy, r.enc_host, r.dec_host);
+  }
+  return 0;
+}
+
 int Run(const Flags& f, const CLI::App& cmd) {
   if (f.tokens <= 0 || f.hidden <= 0 || f.tokens * f.hidden > (int64_t{1} << 28) || f.threads < 1) {
     return common::FlagError(cmd, "need tokens, hidden, threads >= 1 and tokens * hidden <= 2^28");
   }
   if (f.data != "activations" && f.data != "gradients") {
     return common::FlagError(cmd, "--data is activations or gradients, not \"" + f.data + "\"");
+  }
+  if (f.dtype != "fp32" && f.dtype != "bf16") return common::FlagError(cmd, "--dtype is fp32 or bf16, not \"" + f.dtype + "\"");
+  if (f.iters < 1) return common::FlagError(cmd, "--iters must be >= 1");
+  if (f.device != "cpu") {
+    // Checked before the data is made: on a machine without a GPU this fails at once.
+    std::string why;
+    if (!codec::GpuCodecsAvailable(&why)) {
+      return common::FlagError(cmd, "--device=" + f.device + ": the GPU codecs are not available: " + why);
+    }
   }
   const std::string& kind = f.data;
   ActivationSpec as;
@@ -75,11 +327,14 @@ int Run(const Flags& f, const CLI::App& cmd) {
   std::vector<float> data = kind == "gradients"
                                 ? SyntheticGradients(f.tokens, f.hidden, as.seed, as.outlier_channels)
                                 : SyntheticActivations(as);
-  const torch::Tensor x = torch::from_blob(data.data(), {f.tokens, f.hidden}, torch::kFloat32);
-  const double bytes = static_cast<double>(data.size()) * 4.0;
+  const torch::Tensor x32 = torch::from_blob(data.data(), {f.tokens, f.hidden}, torch::kFloat32);
+  const torch::Tensor x = f.dtype == "bf16" ? x32.to(torch::kBFloat16) : x32;
+  // Every GB/s figure divides the input's bytes (elements * 4 for fp32, * 2 for bf16).
+  const double bytes = static_cast<double>(x.nbytes());
+  if (f.device != "cpu") return RunOnDevice(f, cmd, x, bytes, kind);
 
   std::vector<float> dst(data.size());
-  const double memcpy_s = MedianSeconds(f.min_seconds, [&] { std::memcpy(dst.data(), data.data(), bytes); });
+  const double memcpy_s = MedianSeconds(f.min_seconds, [&] { std::memcpy(dst.data(), x.data_ptr(), bytes); });
   const double memcpy_gbps = bytes / memcpy_s / 1e9;
 
   std::vector<Result> results;
@@ -118,8 +373,9 @@ int Run(const Flags& f, const CLI::App& cmd) {
     r.dec_alloc = bytes / MedianSeconds(f.min_seconds, [&] { (void)codec::DecodeFrame(*frame, {1}); }) / 1e9;
     r.enc_mt = bytes / MedianSeconds(f.min_seconds, [&] { (void)(*codec)->Encode(x, {mt}); }) / 1e9;
     r.dec_mt = bytes / MedianSeconds(f.min_seconds, [&] { (void)codec::DecodeFrameInto(*frame, &out, {mt}); }) / 1e9;
-    // A 10 Gbit/s link moves 1.25 GB/s of frames, i.e. 1.25 * 32 / bits GB/s of fp32 tensors.
-    const double need = 1.25 * 32.0 / r.bits;
+    // A 10 Gbit/s link moves 1.25 GB/s of frames, i.e. 1.25 * 32 / bits GB/s of fp32 tensors
+    // (1.25 * 16 / bits of bf16 ones).
+    const double need = 1.25 * 8.0 * static_cast<double>(x.element_size()) / r.bits;
     r.threads_needed = static_cast<int>(std::ceil(need / std::min(r.enc, r.dec)));
     results.push_back(r);
   }
@@ -144,6 +400,7 @@ int Run(const Flags& f, const CLI::App& cmd) {
           {"transformed_group_fraction", Round(r.transformed_fraction, 4)},
           {"threads_for_10gbit", r.threads_needed},
           {"kernels", r.kernels},
+          {"dtype", f.dtype},
           {"data", kind},
       };
     };
@@ -157,8 +414,8 @@ int Run(const Flags& f, const CLI::App& cmd) {
     std::printf("%s\n", nlohmann::ordered_json{{"results", all}}.dump(2).c_str());
     return 0;
   }
-  std::printf("%lld x %lld fp32 %s (%.0f MB), %lld outlier channels, SIMD kernels: %s\n",
-              (long long)f.tokens, (long long)f.hidden, kind.c_str(), bytes / 1e6, (long long)f.outliers,
+  std::printf("%lld x %lld %s %s (%.0f MB), %lld outlier channels, SIMD kernels: %s\n",
+              (long long)f.tokens, (long long)f.hidden, f.dtype.c_str(), kind.c_str(), bytes / 1e6, (long long)f.outliers,
               codec::BestKernels().name);
   std::printf("memcpy (1 thread): %.2f GB/s\n\n", memcpy_gbps);
   std::printf("| codec | bits/elem | rel L2 err | enc GB/s | dec GB/s | dec GB/s (new tensor) | enc/memcpy | dec/memcpy | enc GB/s x%lld | dec GB/s x%lld | threads for 10 Gbit/s |\n",
@@ -187,20 +444,36 @@ BenchmarkRun AddCodecBench(CLI::App& app) {
   cmd->add_option("--min-seconds", f->min_seconds, "time each figure is repeated for (median reported)")
       ->type_name("S");
   cmd->add_option("--data", f->data, "activations or gradients")->type_name("KIND");
+  cmd->add_option("--device", f->device, "cpu, or cuda:N for the GPU codecs (see below)")->type_name("DEVICE");
+  cmd->add_option("--dtype", f->dtype, "input dtype: fp32 or bf16 (made from the fp32 data)")->type_name("DTYPE");
+  cmd->add_option("--iters", f->iters, "calls per timing round on a device (3 rounds, median)")->type_name("N");
   cmd->add_flag("--json", f->json, "one JSON object per codec instead of a table");
   cmd->footer(
-      "Encodes and decodes a synthetic [tokens, hidden] fp32 tensor (default activations: Gaussian\n"
+      "Encodes and decodes a synthetic [tokens, hidden] tensor, fp32 or --dtype=bf16 (activations: Gaussian\n"
       "body, --outliers heavy channels, log-normal token energy, 5% spiky tokens; --data=gradients:\n"
       "heavy-tailed synthetic gradients, Student-t, per-row scales, outlier columns, rows are output\n"
       "channels for BitDP; bench/synthetic_data.h) and reports (JSON keys):\n"
       "  bits_per_element   frame bytes * 8 / elements, header and all metadata included\n"
       "  rel_l2_error       ||x - decode(encode(x))|| / ||x||\n"
-      "  encode_gbps        GB/s of fp32 input, one thread (median of repetitions)\n"
-      "  decode_gbps        GB/s of fp32 output, one thread, into a reused output tensor\n"
+      "  encode_gbps        GB/s of input, one thread (median of repetitions)\n"
+      "  decode_gbps        the same for decoding, into a reused output tensor\n"
       "  decode_alloc_gbps  the same into a freshly allocated tensor (page faults included)\n"
       "  encode_gbps_mt     the same with --threads threads (and decode_gbps_mt)\n"
-      "  memcpy_gbps        one-thread memcpy of the same fp32 buffer, measured in this run\n"
+      "  memcpy_gbps        one-thread memcpy of the input's bytes, measured in this run\n"
       "  threads_for_10gbit threads needed so neither side limits a 10 Gbit/s link\n"
+      "Every GB/s figure is the input's bytes (tokens * hidden * 4 for --dtype=fp32, * 2 for bf16)\n"
+      "divided by the time of one call.\n"
+      "With --device=cuda:N the input is made on the host as above, uploaded once, and the GPU\n"
+      "codecs (codec/cuda/) are measured instead (--iters calls per round, 3 rounds, median):\n"
+      "  byte_identical        the GPU's frame is byte for byte the CPU's\n"
+      "  decode_identical      the GPU's decode of it is bit for bit the CPU's\n"
+      "  encode_gbps           device encode, payload left in device memory (raw codecs: the cast)\n"
+      "  decode_gbps           device decode of the payload, uploaded once, to fp32 in device memory\n"
+      "  copy_gbps             a device-to-device copy of the input, measured in this run\n"
+      "  encode_vs_copy        encode_gbps / copy_gbps (and decode_vs_copy)\n"
+      "  encode_to_host_gbps   Codec::Encode of the CUDA tensor: encode + copy to the host + CRC\n"
+      "  decode_from_host_gbps DecodeFrame of the frame to the device: checks + upload + decode\n"
+      "Without the GPU codecs (no nvcc at build time, no GPU) --device=cuda:N fails, saying why.\n"
       "With several --codec, the objects are in {\"results\": [...]}.");
   return [f, cmd] { return Run(*f, *cmd); };
 }

@@ -72,9 +72,12 @@ struct Flags {
   bool tc = false, json = false;
 };
 
+// The backward codec of a cell: raw forward links (the uncompressed reference) keep raw backward
+// links; compressed ones get --backward, or int4 under auto.
 std::string BackwardFor(const std::string& fwd, const std::string& mode) {
-  if (mode != "auto") return mode;
-  return fwd == "fp32" || fwd == "fp16" ? fwd : "int4";
+  const bool raw = fwd == "fp32" || fwd == "fp16" || fwd == "bf16";
+  if (raw) return fwd;
+  return mode == "auto" ? "int4" : mode;
 }
 
 // Bytes of one encoded micro-batch tensor [mbs, context, hidden] (sizes depend only on the shape
@@ -420,8 +423,8 @@ BenchmarkRun AddSweepBench(CLI::App& app) {
       "Trains the same job (GPT, one layer per worker process) at every link rate with every forward\n"
       "codec, plus unshaped per codec (the compute bound), each cell --repeats times in interleaved\n"
       "rounds, and prints the median tokens/s, the compute and link bounds, throughput / min(bounds)\n"
-      "and the speed-up over fp32 at the same rate. --backward=auto uses fp32/fp16 backward links with\n"
-      "fp32/fp16 forward links and int4 with the quantised ones (the paper compresses gradients as\n"
+      "and the speed-up over fp32 at the same rate. Raw forward links (fp32/fp16/bf16) keep raw\n"
+      "backward links; quantised ones use --backward (auto: int4; the paper compresses gradients as\n"
       "well). Many small micro-batches: a step's pipeline fill and drain cost\n"
       "(stages - 1) / (micro-batches + stages - 1).\n"
       "--shaper=tc (root): the coordinator and workers run in network namespaces (longhaul-netem's\n"

@@ -1,16 +1,35 @@
 #include "codec/codec.h"
 
 #include <cstring>
+#include <functional>
 
 #include "absl/strings/str_cat.h"
 #include "codec/bitdp.h"
+#include "codec/codec_gpu.h"
 #include "codec/group_quant.h"
 #include "codec/spec.h"
 #include "codec/sym_quant.h"
 #include "common/torch_status.h"
 
 namespace longhaul::codec {
-namespace {
+
+absl::StatusOr<CodecDevice> ParseCodecDevice(absl::string_view name) {
+  if (name == "auto") return CodecDevice::kAuto;
+  if (name == "cpu") return CodecDevice::kCpu;
+  if (name == "gpu") return CodecDevice::kGpu;
+  return absl::InvalidArgumentError(absl::StrCat("codec device \"", name, "\" is not auto, cpu or gpu"));
+}
+
+const char* CodecDeviceName(CodecDevice d) {
+  switch (d) {
+    case CodecDevice::kAuto: return "auto";
+    case CodecDevice::kCpu: return "cpu";
+    case CodecDevice::kGpu: return "gpu";
+  }
+  return "auto";
+}
+
+namespace internal {
 
 absl::StatusOr<FrameDtype> DtypeOf(const torch::Tensor& x) {
   switch (x.scalar_type()) {
@@ -43,23 +62,54 @@ FrameHeader HeaderFor(const torch::Tensor& x, CodecId id, FrameDtype dtype) {
   return h;
 }
 
-// Rows for grouped codecs: the last dimension is the channel axis.
+std::array<uint8_t, kCodecParamBytes> FrameParams(const CodecSpec& spec) {
+  std::array<uint8_t, kCodecParamBytes> params{};
+  switch (CodecTraitsFor(spec.id)->family) {  // every id a spec names has a row
+    case CodecFamily::kRaw: break;
+    case CodecFamily::kGroupQuant: return spec.group_quant.Serialize();
+    case CodecFamily::kSymQuant: return spec.sym_quant.Serialize();
+    case CodecFamily::kBitDp: params[0] = static_cast<uint8_t>(spec.bitdp_bits); break;
+  }
+  return params;
+}
+
 void RowsOf(const std::vector<int64_t>& shape, int64_t numel, int64_t* tokens, int64_t* dim) {
   *dim = shape.empty() ? 1 : shape.back();
   *tokens = *dim == 0 ? 0 : numel / *dim;
 }
 
-// The encode path every quantising codec shares: a float32 CPU view of x, the frame header with
-// the codec's parameters, the payload appended in place by `append(data, header, frame)`, the CRC.
+void MatrixOf(const std::vector<int64_t>& shape, int64_t numel, int64_t* rows, int64_t* cols) {
+  *rows = shape.empty() ? 1 : shape[0];
+  *cols = *rows == 0 ? 0 : numel / *rows;
+}
+
+}  // namespace internal
+
+namespace {
+
+using internal::DtypeOf;
+using internal::FrameParams;
+using internal::HeaderFor;
+using internal::MatrixOf;
+using internal::RowsOf;
+using internal::TorchType;
+
+// The encode path every quantising codec shares. A CUDA tensor goes to the GPU path unless
+// options say otherwise (EncodeOptions::device); else: a float32 CPU view of x, the frame header
+// with the codec's parameters, the payload appended in place by `append(data, header, frame)`, the
+// CRC.
 template <typename Append>
-absl::StatusOr<std::string> EncodeFloatFrame(const torch::Tensor& x, CodecId id,
-                                             const std::array<uint8_t, kCodecParamBytes>& params, Append&& append) {
+absl::StatusOr<std::string> EncodeFloatFrame(const torch::Tensor& x, const CodecSpec& spec, const EncodeOptions& o,
+                                             EncodeStats* stats, Append&& append) {
   return CatchTorch("encode", [&]() -> absl::StatusOr<std::string> {
     absl::StatusOr<FrameDtype> dtype = DtypeOf(x);
     if (!dtype.ok()) return dtype.status();
+    absl::StatusOr<bool> gpu = internal::UseGpuEncode(x, o.device);
+    if (!gpu.ok()) return gpu.status();
+    if (*gpu) return internal::EncodeFrameOnGpu(spec, x, o, stats);
     const torch::Tensor f = x.to(torch::kCPU, torch::kFloat32).contiguous();
-    FrameHeader h = HeaderFor(x, id, *dtype);
-    h.params = params;
+    FrameHeader h = HeaderFor(x, spec.id, *dtype);
+    h.params = FrameParams(spec);
     std::string frame = BeginFrame(h);
     if (absl::Status s = append(f.data_ptr<float>(), h, &frame); !s.ok()) return s;
     FinishFrame(&frame);
@@ -94,24 +144,28 @@ class RawCodec : public Codec {
   CodecId id() const override { return spec_.id; }
   std::string spec() const override { return CanonicalSpec(spec_); }
 
-  absl::StatusOr<std::string> Encode(const torch::Tensor& x, const EncodeOptions&,
-                                     EncodeStats*) const override {
-    return CatchTorch("encode", [&]() -> absl::StatusOr<std::string> {
-      absl::StatusOr<FrameDtype> dtype = DtypeOf(x);
-      if (!dtype.ok()) return dtype.status();
-      const torch::Tensor w = x.to(torch::kCPU, wire_).contiguous();
-      return BuildFrame(HeaderFor(x, spec_.id, *dtype),
-                        absl::string_view(static_cast<const char*>(w.data_ptr()), w.nbytes()));
-    });
+  absl::StatusOr<std::string> Encode(const torch::Tensor& x, const EncodeOptions& o,
+                                     EncodeStats* stats) const override {
+    absl::StatusOr<FrameParts> f = EncodeParts(x, o, stats);
+    if (!f.ok()) return f.status();
+    return f->Join();
   }
 
-  absl::StatusOr<FrameParts> EncodeParts(const torch::Tensor& x, const EncodeOptions&,
+  absl::StatusOr<FrameParts> EncodeParts(const torch::Tensor& x, const EncodeOptions& o,
                                          EncodeStats*) const override {
     return CatchTorch("encode", [&]() -> absl::StatusOr<FrameParts> {
       absl::StatusOr<FrameDtype> dtype = DtypeOf(x);
       if (!dtype.ok()) return dtype.status();
+      absl::StatusOr<bool> gpu = internal::UseGpuEncode(x, o.device);
+      if (!gpu.ok()) return gpu.status();
       FrameParts f;
-      f.body = x.detach().to(torch::kCPU, wire_).contiguous();  // no copy when x already is
+      if (*gpu) {  // cast on the device: only the wire dtype's bytes cross PCIe
+        absl::StatusOr<torch::Tensor> body = internal::RawBodyOnGpu(x, wire_, o.cuda_stream);
+        if (!body.ok()) return body.status();
+        f.body = *std::move(body);
+      } else {
+        f.body = x.detach().to(torch::kCPU, wire_).contiguous();  // no copy when x already is
+      }
       f.head = BeginFrame(HeaderFor(x, spec_.id, *dtype));
       FinishFrameHead(&f.head, f.body.data_ptr(), f.body.nbytes());
       return f;
@@ -132,7 +186,7 @@ class GroupQuantCodec : public Codec {
   absl::StatusOr<std::string> Encode(const torch::Tensor& x, const EncodeOptions& o,
                                      EncodeStats* stats) const override {
     const GroupQuantParams& p = spec_.group_quant;
-    return EncodeFloatFrame(x, spec_.id, p.Serialize(),
+    return EncodeFloatFrame(x, spec_, o, stats,
                             [&](const float* data, const FrameHeader& h, std::string* frame) {
                               int64_t tokens, dim;
                               RowsOf(h.shape, x.numel(), &tokens, &dim);
@@ -148,12 +202,6 @@ class GroupQuantCodec : public Codec {
   CodecSpec spec_;
 };
 
-// BitDP's matrix view of a tensor: rows = first dimension (output channels), cols = the rest.
-void MatrixOf(const std::vector<int64_t>& shape, int64_t numel, int64_t* rows, int64_t* cols) {
-  *rows = shape.empty() ? 1 : shape[0];
-  *cols = *rows == 0 ? 0 : numel / *rows;
-}
-
 // The symmetric-quant presets (SDP4Bit, ZeRO++) share one wire format; the spec keeps the preset's
 // name for spec().
 class SymQuantCodec : public Codec {
@@ -161,9 +209,10 @@ class SymQuantCodec : public Codec {
   explicit SymQuantCodec(CodecSpec spec) : spec_(std::move(spec)) {}
   CodecId id() const override { return spec_.id; }
   std::string spec() const override { return CanonicalSpec(spec_); }
-  absl::StatusOr<std::string> Encode(const torch::Tensor& x, const EncodeOptions& o, EncodeStats*) const override {
+  absl::StatusOr<std::string> Encode(const torch::Tensor& x, const EncodeOptions& o,
+                                     EncodeStats* stats) const override {
     const SymQuantParams& p = spec_.sym_quant;
-    return EncodeFloatFrame(x, spec_.id, p.Serialize(),
+    return EncodeFloatFrame(x, spec_, o, stats,
                             [&](const float* data, const FrameHeader&, std::string* frame) {
                               SymQuantEncode(data, x.numel(), p, o.seed, frame, 0,
                                              o.kernels ? *o.kernels : BestKernels());
@@ -180,11 +229,10 @@ class BitDpCodec : public Codec {
   explicit BitDpCodec(CodecSpec spec) : spec_(std::move(spec)) {}
   CodecId id() const override { return spec_.id; }
   std::string spec() const override { return CanonicalSpec(spec_); }
-  absl::StatusOr<std::string> Encode(const torch::Tensor& x, const EncodeOptions&, EncodeStats*) const override {
+  absl::StatusOr<std::string> Encode(const torch::Tensor& x, const EncodeOptions& o,
+                                     EncodeStats* stats) const override {
     const int bits = spec_.bitdp_bits;
-    std::array<uint8_t, kCodecParamBytes> params{};
-    params[0] = static_cast<uint8_t>(bits);
-    return EncodeFloatFrame(x, spec_.id, params,
+    return EncodeFloatFrame(x, spec_, o, stats,
                             [&](const float* data, const FrameHeader& h, std::string* frame) {
                               int64_t rows, cols;
                               MatrixOf(h.shape, x.numel(), &rows, &cols);
@@ -222,14 +270,6 @@ absl::Status DecodeImpl(absl::string_view frame, torch::Tensor* out, const Decod
   if (!v.ok()) return v.status();
   const FrameHeader& h = v->header;
   const torch::ScalarType out_type = TorchType(h.dtype);
-  // Reuse *out when it already has the right shape and type; called only after validation.
-  auto target = [&](torch::ScalarType type) {
-    if (out->defined() && out->device().is_cpu() && out->scalar_type() == type &&
-        out->is_contiguous() && out->sizes() == torch::IntArrayRef(h.shape)) {
-      return *out;
-    }
-    return torch::empty(h.shape, torch::TensorOptions().dtype(type));
-  };
   // The codec id and its version, once for every family: the traits table knows both (spec.h).
   const CodecTraits* traits = CodecTraitsFor(h.codec);
   if (traits == nullptr) {
@@ -238,6 +278,28 @@ absl::Status DecodeImpl(absl::string_view frame, torch::Tensor* out, const Decod
   if (h.codec_version != traits->frame_version) {
     return absl::InvalidArgumentError(absl::StrCat("unsupported ", CodecIdName(h.codec), " version ", h.codec_version));
   }
+  // Where the result goes (DecodeOptions::device) and whether the GPU decodes it.
+  const bool to_device = o.device.has_value() && !o.device->is_cpu();
+  absl::StatusOr<bool> gpu = internal::UseGpuDecode(o.device, o.codec_device);
+  if (!gpu.ok()) return gpu.status();
+  // Reuse *out when it already has the right shape and type and the result stays on the CPU;
+  // called only after validation.
+  auto target = [&](torch::ScalarType type) {
+    if (!to_device && out->defined() && out->device().is_cpu() && out->scalar_type() == type &&
+        out->is_contiguous() && out->sizes() == torch::IntArrayRef(h.shape)) {
+      return *out;
+    }
+    return torch::empty(h.shape, torch::TensorOptions().dtype(type));
+  };
+  // The quantising families: a validated payload decoded into fp32 on the CPU (cpu_decode) or on
+  // the device (gpu_decode), then cast to the frame's dtype there.
+  auto decode_float = [&](const std::function<void(float*)>& cpu_decode,
+                          const internal::DeviceDecodeFn& gpu_decode) -> absl::StatusOr<torch::Tensor> {
+    if (*gpu) return internal::DecodeOnGpu(v->payload, h.shape, out_type, *o.device, gpu_decode);
+    torch::Tensor t = out_type == torch::kFloat32 ? target(torch::kFloat32) : torch::empty(h.shape, torch::kFloat32);
+    cpu_decode(t.data_ptr<float>());
+    return out_type == torch::kFloat32 ? t : t.to(out_type);
+  };
   absl::StatusOr<torch::Tensor> result = CatchTorch("decode", [&]() -> absl::StatusOr<torch::Tensor> {
     switch (traits->family) {
       case CodecFamily::kRaw: {
@@ -251,8 +313,9 @@ absl::Status DecodeImpl(absl::string_view frame, torch::Tensor* out, const Decod
               absl::StrCat(CodecIdName(h.codec), " payload is ", h.payload_len, " bytes, shape needs ",
                            static_cast<uint64_t>(v->numel) * elem));
         }
+        if (*gpu) return internal::UploadRaw(v->payload, h.shape, wire, out_type, *o.device);
         const auto* payload = v->payload.data();
-        if (wire == out_type && owner != nullptr && v->numel > 0 &&
+        if (wire == out_type && owner != nullptr && !to_device && v->numel > 0 &&
             reinterpret_cast<uintptr_t>(payload) % elem == 0) {
           return torch::from_blob(const_cast<char*>(payload), h.shape,
                                   [keep = *owner](void*) mutable { keep.reset(); },
@@ -274,20 +337,23 @@ absl::Status DecodeImpl(absl::string_view frame, torch::Tensor* out, const Decod
         RowsOf(h.shape, v->numel, &tokens, &dim);
         absl::StatusOr<GroupQuantLayout> layout = GroupQuantValidate(v->payload, tokens, dim, *p);
         if (!layout.ok()) return layout.status();
-        torch::Tensor t = out_type == torch::kFloat32 ? target(torch::kFloat32)
-                                                      : torch::empty(h.shape, torch::kFloat32);
-        GroupQuantDecode(v->payload, *layout, tokens, dim, *p, o.threads,
-                         o.kernels ? *o.kernels : BestKernels(), t.data_ptr<float>());
-        return out_type == torch::kFloat32 ? t : t.to(out_type);
+        return decode_float(
+            [&](float* t) {
+              GroupQuantDecode(v->payload, *layout, tokens, dim, *p, o.threads,
+                               o.kernels ? *o.kernels : BestKernels(), t);
+            },
+            [&](const uint8_t* payload, float* t, gpu::Workspace& ws) {
+              return gpu::GroupQuantDecode(payload, *layout, tokens, dim, *p, t, ws, nullptr);
+            });
       }
       case CodecFamily::kSymQuant: {
         absl::StatusOr<SymQuantParams> p = SymQuantParams::Parse(h.params);
         if (!p.ok()) return p.status();
         if (absl::Status s = SymQuantValidate(v->payload, v->numel, *p); !s.ok()) return s;
-        torch::Tensor t = out_type == torch::kFloat32 ? target(torch::kFloat32)
-                                                      : torch::empty(h.shape, torch::kFloat32);
-        SymQuantDecode(v->payload, v->numel, *p, {}, t.data_ptr<float>());
-        return out_type == torch::kFloat32 ? t : t.to(out_type);
+        return decode_float([&](float* t) { SymQuantDecode(v->payload, v->numel, *p, {}, t); },
+                            [&](const uint8_t* payload, float* t, gpu::Workspace&) {
+                              return gpu::SymQuantDecode(payload, v->numel, *p, t, nullptr);
+                            });
       }
       case CodecFamily::kBitDp: {
         const int bits = h.params[0];
@@ -297,15 +363,24 @@ absl::Status DecodeImpl(absl::string_view frame, torch::Tensor* out, const Decod
         int64_t rows, cols;
         MatrixOf(h.shape, v->numel, &rows, &cols);
         if (absl::Status s = BitDpValidate(v->payload, rows, cols, bits); !s.ok()) return s;
-        torch::Tensor t = out_type == torch::kFloat32 ? target(torch::kFloat32)
-                                                      : torch::empty(h.shape, torch::kFloat32);
-        BitDpDecode(v->payload, rows, cols, bits, t.data_ptr<float>());
-        return out_type == torch::kFloat32 ? t : t.to(out_type);
+        return decode_float([&](float* t) { BitDpDecode(v->payload, rows, cols, bits, t); },
+                            [&](const uint8_t* payload, float* t, gpu::Workspace&) {
+                              return gpu::BitDpDecode(payload, rows, cols, bits, t, nullptr);
+                            });
       }
     }
     return absl::InternalError(absl::StrCat("codec id ", static_cast<int>(h.codec), " has no decoder"));
   });
   if (!result.ok()) return result.status();
+  // Decoded on the CPU for a device: one copy of the decoded tensor (kAuto without the GPU codecs,
+  // or kCpu).
+  if (to_device && !*gpu) {
+    absl::StatusOr<torch::Tensor> moved = CatchTorch("decode", [&]() -> absl::StatusOr<torch::Tensor> {
+      return result->to(*o.device);
+    });
+    if (!moved.ok()) return moved.status();
+    result = std::move(moved);
+  }
   *out = *std::move(result);
   return absl::OkStatus();
 }

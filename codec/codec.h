@@ -20,10 +20,16 @@
 // The collective-level pieces (reduce in the Hadamard domain, gather-and-reduce of BitDP planes,
 // qWD model sync, simulations of P replicas) are in sdp4bit.h and bitdp.h.
 // Inputs may be float32, float16 or bfloat16 of any shape; grouped codecs group along the last
-// dimension. Tensors on other devices are copied to the CPU (CUDA kernels are a later backend;
-// the interface does not change).
+// dimension.
 //
-// Thread safety: Codec objects are immutable after MakeCodec; Encode may run concurrently.
+// CUDA tensors (codec/cuda/gpu_codec.h has the kernels): a CUDA tensor is encoded on its device
+// unless EncodeOptions::device is kCpu or the GPU codecs are not available (GpuCodecsAvailable);
+// only the frame's bytes then cross PCIe, and the frame is byte-identical to the CPU's. Decoding
+// to a CUDA device (DecodeOptions::device) validates the frame on the host as always, uploads the
+// compressed bytes and decodes there. Tensors on other devices are copied to the CPU.
+//
+// Thread safety: Codec objects are immutable after MakeCodec; Encode may run concurrently. The GPU
+// paths keep their scratch memory per thread and device.
 #ifndef LONGHAUL_CODEC_CODEC_H_
 #define LONGHAUL_CODEC_CODEC_H_
 
@@ -40,10 +46,37 @@
 
 namespace longhaul::codec {
 
+// Where a codec runs for tensors on (or decoded to) a CUDA device:
+//   kAuto  on the GPU when the GPU codecs are available, else on the CPU (the tensor is copied)
+//   kCpu   always on the CPU
+//   kGpu   on the GPU; an error (FailedPrecondition, saying why) when that is not possible
+enum class CodecDevice { kAuto, kCpu, kGpu };
+
+// "auto" | "cpu" | "gpu"; anything else is InvalidArgument naming the three.
+absl::StatusOr<CodecDevice> ParseCodecDevice(absl::string_view name);
+const char* CodecDeviceName(CodecDevice d);
+
+// Whether this process can run the codecs on CUDA devices: the kernels are built in
+// (LONGHAUL_CODEC_CUDA) and a GPU is visible. `why` (optional) says why not.
+bool GpuCodecsAvailable(std::string* why = nullptr);
+
 struct EncodeOptions {
   int threads = 1;
   const Kernels* kernels = nullptr;  // nullptr: BestKernels()
   uint64_t seed = 0;                 // stochastic rounding draws (same seed, same frame)
+  // A CUDA tensor is encoded on its device when `device` is not kCpu and GpuCodecsAvailable();
+  // with kAuto it is otherwise copied to the CPU and encoded there, with kGpu that is an error
+  // (FailedPrecondition naming the reason, also for a tensor that is not on a CUDA device). CPU
+  // tensors are encoded on the CPU under kAuto and kCpu.
+  CodecDevice device = CodecDevice::kAuto;
+  // The CUDA stream (a cudaStream_t) the GPU encode runs on; nullptr: the legacy default stream,
+  // which is LibTorch's default stream, so work LibTorch queued there before (the tensor's
+  // producer, on any thread) is ordered before the encode. With another stream the caller orders
+  // the tensor's producer before it (an event). Encode returns after the stream has done the work
+  // (the frame is on the host). LibTorch operations the encode needs (a non-contiguous tensor made
+  // contiguous, the cast of the fp16/bf16 codecs) run on LibTorch's current stream; the encoder
+  // synchronises around them when that is not `cuda_stream`.
+  void* cuda_stream = nullptr;
 };
 
 struct DecodeOptions {
@@ -55,6 +88,16 @@ struct DecodeOptions {
   // The frame's checksum as computed while it arrived (FrameCrc, frame.h), so that decoding does
   // not read the payload once more to check it. Unset: the decoder computes it.
   std::optional<uint32_t> frame_crc = std::nullopt;
+  // Where the result lives; unset: the CPU. For a CUDA device the frame is still validated on the
+  // host; then, when `codec_device` is not kCpu and GpuCodecsAvailable(), its compressed bytes are
+  // uploaded (one copy) and decoded on the device (fp32, then cast there for fp16/bf16 frames; raw
+  // frames are uploaded and cast). Otherwise (kAuto, kCpu) it is decoded on the CPU and copied to
+  // the device; kGpu without the GPU codecs, or with a target that is not a CUDA device, is
+  // FailedPrecondition. The device work runs on the legacy default stream (LibTorch's default
+  // stream) and may still be in flight when the call returns: work queued on that stream afterwards
+  // sees the result; a consumer on another stream synchronises first.
+  std::optional<torch::Device> device = std::nullopt;
+  CodecDevice codec_device = CodecDevice::kAuto;
 };
 
 struct EncodeStats {
@@ -96,15 +139,15 @@ absl::StatusOr<torch::Tensor> DecodeFrame(absl::string_view frame,
                                           const DecodeOptions& options = {});
 
 // Decodes into `out`, reusing its storage when it is a contiguous CPU tensor of the frame's shape
-// and dtype (receive buffers on a pipeline link are reused step after step); otherwise `out` is
-// replaced by a new tensor. On error `out` is left as it was.
+// and dtype and the target is the CPU (receive buffers on a pipeline link are reused step after
+// step); otherwise `out` is replaced by a new tensor. On error `out` is left as it was.
 absl::Status DecodeFrameInto(absl::string_view frame, torch::Tensor* out,
                              const DecodeOptions& options = {});
 
 // Like DecodeFrame, but fp32/fp16/bf16 frames whose payload is already the output dtype are not
 // copied: the tensor aliases the frame's memory and keeps `frame` alive (the receive path hands its
 // reassembly buffer over this way; the caller must not touch `frame` afterwards, the tensor may be
-// written). Other codecs decode into new memory as usual.
+// written). Other codecs, and any decode to a device other than the CPU, decode into new memory.
 absl::StatusOr<torch::Tensor> DecodeSharedFrame(std::shared_ptr<std::string> frame,
                                                 const DecodeOptions& options = {});
 

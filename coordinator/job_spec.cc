@@ -46,6 +46,7 @@ v1::JobSpec DefaultJobSpec() {
   s.set_codec_threads(1);
   s.set_precision("fp32");
   s.set_data_format("text");
+  s.mutable_links()->set_codec_device("auto");
   return s;
 }
 
@@ -197,7 +198,8 @@ absl::StatusOr<v1::JobSpec> ParseJobSpec(const std::string& yaml, int64_t steps_
             .Field<double>("jitter_ms", [&](double v) { l->set_jitter_ms(v); })
             .Field<double>("loss", [&](double v) { l->set_loss(v); })
             .Field<double>("retransmit_ms", [&](double v) { l->set_retransmit_ms(v); })
-            .Field<int>("streams", [&](int v) { l->set_streams(v); });
+            .Field<int>("streams", [&](int v) { l->set_streams(v); })
+            .Field<std::string>("codec_device", [&](std::string v) { l->set_codec_device(v); });
       })
       .Field<int>("codec_threads", [&](int v) { s.set_codec_threads(v); })
       .Field<std::string>("precision", [&](std::string v) { s.set_precision(v); });
@@ -277,6 +279,11 @@ absl::Status ValidateJobSpec(const v1::JobSpec& s) {
   range("links.loss", s.links().loss(), 0, 0.5);
   range("links.retransmit_ms", s.links().retransmit_ms(), 0, 60000);
   range("links.streams", s.links().streams(), 0, 8);
+  // The workers parse it with codec::ParseCodecDevice (LibTorch's side of the codecs, which the
+  // coordinator does not link); "" is the default, auto.
+  if (const std::string& d = s.links().codec_device(); d != "" && d != "auto" && d != "cpu" && d != "gpu") {
+    p.push_back(absl::StrCat("links.codec_device: \"", d, "\" is not auto, cpu or gpu"));
+  }
   range("codec_threads", s.codec_threads(), 1, 64);
   if (s.name().empty() || s.name().size() > 128) p.push_back("name: must be 1..128 characters");
   if (!p.empty()) return absl::InvalidArgumentError(absl::StrJoin(p, "\n"));

@@ -24,10 +24,14 @@
 //                         prepare), every token < model.vocab; val_fraction is for text only
 //   links: {rate_mbit [0 = unshaped], burst_bytes [0 = about 1 ms of traffic], delay_ms [0], jitter_ms [0],
 //           loss [0, probability per chunk], retransmit_ms [0 = max(200, 3 x delay_ms)],
-//           streams [1]}
+//           streams [1], codec_device [auto]}
 //           in-process emulation by every link's sender (netem/shaper.h); streams: gRPC streams
 //           (TCP connections) each data-plane link is striped over, 1..8, for fast links (one
-//           stream's threads cap a link at ~30 Gbit/s); a rate-limited link uses 1
+//           stream's threads cap a link at ~30 Gbit/s); a rate-limited link uses 1;
+//           codec_device: auto | cpu | gpu, where a stage on a CUDA device encodes what it sends
+//           and decodes what it receives: auto on its GPU when the worker has the GPU codecs
+//           (codec/cuda/), else on the CPU after a copy; cpu always on the CPU; gpu on the GPU or
+//           the stage fails saying why. Stages on the CPU use the CPU whatever it says
 //   codec_threads [1]
 #ifndef LONGHAUL_COORDINATOR_JOB_SPEC_H_
 #define LONGHAUL_COORDINATOR_JOB_SPEC_H_

@@ -7,7 +7,8 @@
 
 namespace longhaul::worker {
 
-Inbox::Inbox(size_t capacity, std::string peer) : capacity_(capacity < 1 ? 1 : capacity), peer_(std::move(peer)) {}
+Inbox::Inbox(size_t capacity, std::string peer, DecodeTarget decode)
+    : capacity_(capacity < 1 ? 1 : capacity), peer_(std::move(peer)), decode_(std::move(decode)) {}
 
 void Inbox::CreateQueues(int stripes) {
   const size_t k = static_cast<size_t>(stripes);

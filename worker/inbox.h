@@ -26,14 +26,17 @@
 #include "absl/time/time.h"
 #include "common/bounded_queue.h"
 #include "stage_runtime/link.h"
+#include "worker/link_receiver.h"
 #include "worker/link_wire.h"
 
 namespace longhaul::worker {
 
 class Inbox {
  public:
-  // `peer` describes the sending side for error messages ("stage 1 (worker w1 at host:port)").
-  Inbox(size_t capacity, std::string peer);
+  // `peer` describes the sending side for error messages ("stage 1 (worker w1 at host:port)");
+  // `decode` where the link's tensors are decoded to (the receiving stage's choice,
+  // link_receiver.h; by default the CPU).
+  Inbox(size_t capacity, std::string peer, DecodeTarget decode = {});
 
   // Fixes the link's stripe count (the first stream to arrive sets it); false when a stream
   // announces a different count or one outside 1..kMaxStripes. A Push before any SetStripes takes
@@ -54,6 +57,7 @@ class Inbox {
   // Drops what is queued and makes every current and later Push and Pop fail with `why`.
   void Cancel(absl::Status why);
   const std::string& peer() const { return peer_; }
+  const DecodeTarget& decode_target() const { return decode_; }
 
  private:
   using Queue = common::BoundedQueue<stage_runtime::LinkMessage>;
@@ -62,6 +66,7 @@ class Inbox {
 
   const size_t capacity_;
   const std::string peer_;
+  const DecodeTarget decode_;
   absl::Mutex mu_;
   int stripes_ ABSL_GUARDED_BY(mu_) = 0;  // 0 until fixed
   // One per stream, created when the stripe count is fixed and never replaced after: a thread

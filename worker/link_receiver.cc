@@ -69,9 +69,19 @@ absl::StatusOr<bool> Reassembler::Add(const ParsedChunk& pc) {
   return true;
 }
 
+DecodeTarget DecodeTargetFor(const torch::Device& stage_device, codec::CodecDevice d) {
+  DecodeTarget t;
+  if (stage_device.is_cuda() && d != codec::CodecDevice::kCpu && codec::GpuCodecsAvailable()) {
+    t.device = stage_device;
+    t.codec_device = d;
+  }
+  return t;
+}
+
 absl::StatusOr<stage_runtime::LinkMessage> DecodeInFrame(const v1::TensorFrameChunk& first,
                                                          std::shared_ptr<std::string> frame,
-                                                         std::optional<uint32_t> frame_crc) {
+                                                         std::optional<uint32_t> frame_crc,
+                                                         const DecodeTarget& target) {
   absl::StatusOr<stage_runtime::MessageKind> kind = ToMessageKind(first.direction());
   if (!kind.ok()) return kind.status();
   stage_runtime::LinkMessage m;
@@ -81,6 +91,8 @@ absl::StatusOr<stage_runtime::LinkMessage> DecodeInFrame(const v1::TensorFrameCh
   if (stage_runtime::CarriesTensor(m.kind)) {
     codec::DecodeOptions o;
     o.frame_crc = frame_crc;
+    o.device = target.device;
+    o.codec_device = target.codec_device;
     absl::StatusOr<torch::Tensor> t = codec::DecodeSharedFrame(std::move(frame), o);
     if (!t.ok()) return t.status();
     m.tensor = *std::move(t);

@@ -71,13 +71,28 @@ class Reassembler {
   codec::FrameCrc crc_;
 };
 
+// Where a link's tensors are decoded to, the receiving stage's choice: no device, the CPU (the
+// stage moves them to its device itself); a CUDA device, decoded there from the compressed bytes
+// (codec::DecodeOptions::device, on the assembler thread, on the legacy default stream, which is
+// the stage's LibTorch default stream, so its compute is ordered after the decode).
+struct DecodeTarget {
+  std::optional<torch::Device> device = std::nullopt;
+  codec::CodecDevice codec_device = codec::CodecDevice::kAuto;
+};
+
+// The target for a stage computing on `stage_device` under links.codec_device `d`: its CUDA device
+// when d is not cpu and the GPU codecs are available, else the CPU. (gpu without the GPU codecs is
+// refused when the stage is set up, StageRunner.)
+DecodeTarget DecodeTargetFor(const torch::Device& stage_device, codec::CodecDevice d);
+
 // Validates a reassembled frame and turns it into a LinkMessage: decodes tensors (activations,
 // gradients) and checks norm values (8 bytes, finite, non-negative). Takes the frame: fp32 tensors
-// alias its memory (codec::DecodeSharedFrame). `frame_crc`: its checksum as computed on arrival
-// (codec::FrameCrc), unset to have the decoder compute it.
+// decoded to the CPU alias its memory (codec::DecodeSharedFrame). `frame_crc`: its checksum as
+// computed on arrival (codec::FrameCrc), unset to have the decoder compute it.
 absl::StatusOr<stage_runtime::LinkMessage> DecodeInFrame(const v1::TensorFrameChunk& first,
                                                          std::shared_ptr<std::string> frame,
-                                                         std::optional<uint32_t> frame_crc = std::nullopt);
+                                                         std::optional<uint32_t> frame_crc = std::nullopt,
+                                                         const DecodeTarget& target = {});
 
 // Chunks handed from a stream's reader to its assembler thread. Bounded (kChunkQueueCapacity
 // chunks of up to kChunkBytes): when the assembler falls behind, the reader stops reading and

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "codec/spec.h"
 #include "longhaul/v1/data_plane.pb.h"
 #include "proto/channel_config.h"
 #include "worker/chunk_wire.h"
@@ -79,6 +80,28 @@ absl::Status LinkSender::Enqueue(Item item) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<bool> LinkSender::EncodeOnDevice(const torch::Tensor& t) const {
+  if (!t.is_cuda() || opt_.codec_device == codec::CodecDevice::kCpu) return false;
+  std::string why;
+  if (!codec::GpuCodecsAvailable(&why)) {
+    if (opt_.codec_device == codec::CodecDevice::kGpu) {
+      return absl::FailedPreconditionError(absl::StrCat("link to ", opt_.peer, ": links.codec_device is gpu, but ", why));
+    }
+    return false;
+  }
+  // A raw codec whose wire dtype is the tensor's has nothing to compute: its payload is the
+  // tensor's bytes, which the DeviceCopier brings over asynchronously (a device encode would copy
+  // them synchronously on the encoder thread).
+  const codec::CodecTraits* tr = codec::CodecTraitsFor(codec_->id());
+  if (tr != nullptr && tr->family == codec::CodecFamily::kRaw) {
+    const torch::ScalarType wire = tr->wire_dtype == codec::FrameDtype::kFloat16    ? torch::kFloat16
+                                   : tr->wire_dtype == codec::FrameDtype::kBFloat16 ? torch::kBFloat16
+                                                                                     : torch::kFloat32;
+    return wire != t.scalar_type();
+  }
+  return true;
+}
+
 absl::Status LinkSender::Send(LinkMessage m, bool measure_error) {
   const bool tensor = stage_runtime::CarriesTensor(m.kind);
   if (tensor != m.tensor.defined()) {
@@ -88,7 +111,13 @@ absl::Status LinkSender::Send(LinkMessage m, bool measure_error) {
   Item it;
   if (tensor) {
     m.tensor = m.tensor.detach();
-    if (!m.tensor.device().is_cpu()) {
+    absl::StatusOr<bool> on_device = EncodeOnDevice(m.tensor);
+    if (!on_device.ok()) return on_device.status();
+    if (*on_device) {
+      // Kept as it is: the encoder's work on the legacy default stream is queued after the work
+      // compute queued before this call, which produced the tensor (see the top of link_sender.h).
+      it.on_device = true;
+    } else if (!m.tensor.device().is_cpu()) {
       // Started here, on compute's thread, so that it is ordered after the work that produced the
       // tensor and overlaps the work that follows; the encoder thread waits for it.
       absl::StatusOr<HostCopy> c = copier_.StartHostCopy(m.tensor);
@@ -119,6 +148,10 @@ absl::StatusOr<LinkSender::Encoded> LinkSender::Encode(Item item) const {
     codec::EncodeOptions eo;
     eo.threads = opt_.codec_threads;
     eo.seed = item.msg.step;  // stochastic rounding differs per step, reproducibly
+    // Send chose the place; the tensor is on the CPU otherwise (a host copy or a CPU tensor).
+    eo.device = item.on_device ? codec::CodecDevice::kGpu : codec::CodecDevice::kCpu;
+    eo.cuda_stream = nullptr;  // the legacy default stream: ordered after the tensor's producer
+    e.elements = item.msg.tensor.numel();
     absl::StatusOr<codec::FrameParts> f = codec_->EncodeParts(item.msg.tensor, eo);
     if (!f.ok()) {
       return absl::Status(f.status().code(), absl::StrCat("encoding for ", opt_.peer, ": ", f.status().message()));
@@ -127,9 +160,14 @@ absl::StatusOr<LinkSender::Encoded> LinkSender::Encode(Item item) const {
     if (item.measure_error) {
       codec::DecodeOptions d;
       d.threads = opt_.codec_threads;
+      // A tensor encoded on its device is compared there (decoded there when the GPU codecs are).
+      if (item.on_device) d.device = item.msg.tensor.device();
       absl::StatusOr<torch::Tensor> y = codec::DecodeFrame(parts.Join(), d);
       if (y.ok()) e.rel_error = stage_runtime::RelativeL2Error(item.msg.tensor, *y);
     }
+    // The frame is on the host now; the device memory goes back to compute at once instead of
+    // waiting for the frame to be written.
+    if (item.on_device) item.msg.tensor = torch::Tensor();
   } else {
     parts.head.resize(sizeof(double));
     std::memcpy(parts.head.data(), &item.msg.value, sizeof(double));
@@ -179,9 +217,9 @@ void LinkSender::SenderLoop(size_t stripe) {
     }
     absl::MutexLock l(&mu_);
     --in_flight_;
-    if (e->msg.tensor.defined()) {
+    if (stage_runtime::CarriesTensor(e->msg.kind)) {
       stats_.frames++;
-      stats_.raw_bytes += e->msg.tensor.numel() * 4;
+      stats_.raw_bytes += e->elements * 4;
       stats_.wire_bytes += static_cast<int64_t>(e->frame->size());
       if (e->rel_error >= 0) {
         stats_.error_samples++;

@@ -18,12 +18,24 @@
 // sticky: the link is torn down and the error, naming the peer, reaches the compute thread at its
 // next Send or Finish (recovery is the control plane's job).
 //
-// Device tensors (CUDA): Send starts their copy to pinned host memory on the link's own CUDA
-// stream (a DeviceCopier, device_copy.h), behind the compute stream's work but without waiting for
-// it, and queues the pending HostCopy instead of the tensor; the encoder thread waits for that copy
-// before encoding. So the copy overlaps the stage's compute, and compute may drop the device
-// tensor as soon as Send returns (its memory is not reused before the copy has read it); like a CPU
-// tensor, it must not be written in place afterwards. CPU tensors are queued as they are.
+// Device tensors (CUDA) take one of two paths, chosen in Send:
+//   - encoded on the device (SenderOptions::codec_device not cpu, the GPU codecs available, and a
+//     codec with work to do: every quantising codec, and a raw one whose wire dtype differs from
+//     the tensor's): Send queues the device tensor itself (the reference keeps its memory alive)
+//     and the encoder thread encodes it there (codec::EncodeOptions::device), so only the frame's
+//     bytes cross PCIe. The encode runs on the legacy default stream, which is LibTorch's default
+//     stream, so it is ordered after the compute that produced the tensor (queued there before
+//     Send); its synchronisation waits for that compute too, and the stage's next kernels queue
+//     behind the encode's. A per-link stream ordered by an event (as the copy below has) would
+//     let them overlap; not done yet.
+//   - otherwise Send starts the tensor's copy to pinned host memory on the link's own CUDA stream
+//     (a DeviceCopier, device_copy.h), behind the compute stream's work but without waiting for
+//     it, and queues the pending HostCopy instead of the tensor; the encoder thread waits for that
+//     copy before encoding on the CPU. So the copy overlaps the stage's compute, and compute may
+//     drop the device tensor as soon as Send returns (its memory is not reused before the copy
+//     has read it).
+// Either way, like a CPU tensor, it must not be written in place after Send. CPU tensors are
+// queued as they are and encoded on the CPU.
 //
 // Memory: a frame being sent is shared (std::shared_ptr<const codec::FrameParts>) by the sender
 // thread and the gRPC slices of its chunks (chunk_wire.h), and freed by whichever lets go last; an
@@ -73,6 +85,9 @@ struct SenderOptions {
   // takes frames in turn, so the slower flow sets the pace). A link shaped in-process must use 1
   // (worker::ResolveLinkSpec turns a job spec's links section into these settings).
   int streams = 1;
+  // Where the codec runs for tensors on a CUDA device (see the top of this file); kGpu makes Send
+  // fail with FailedPrecondition for such a tensor when the GPU codecs are not available.
+  codec::CodecDevice codec_device = codec::CodecDevice::kAuto;
   absl::Duration connect_timeout = absl::Seconds(30);
   common::Clock* clock = common::RealClock();
 };
@@ -113,11 +128,14 @@ class LinkSender {
     stage_runtime::LinkMessage msg;  // msg.tensor is undefined while `copy` holds it
     // A device tensor's copy to the host, started by Send; the encoder waits for it.
     std::optional<HostCopy> copy;
+    bool on_device = false;  // msg.tensor is on a CUDA device and is encoded there
     bool measure_error = false;
     bool end = false;  // queued by Finish after the last message
   };
   struct Encoded {
-    stage_runtime::LinkMessage msg;  // keeps the tensor (an fp32 frame's body) alive
+    // Keeps a CPU tensor (an fp32 frame's body) alive; a device tensor is dropped once encoded.
+    stage_runtime::LinkMessage msg;
+    int64_t elements = 0;  // of the tensor, for the link's raw byte count
     std::shared_ptr<const codec::FrameParts> frame;
     double rel_error = -1;  // measured round-trip error, or -1
   };
@@ -126,6 +144,9 @@ class LinkSender {
 
   LinkSender(const SenderOptions& o, const codec::Codec* codec) : opt_(o), codec_(codec) {}
   absl::Status Enqueue(Item item);
+  // Whether the CUDA tensor `t` is encoded on its device (see the top of this file); an error for
+  // codec_device gpu without the GPU codecs.
+  absl::StatusOr<bool> EncodeOnDevice(const torch::Tensor& t) const;
   absl::StatusOr<Encoded> Encode(Item item) const;
   void EncoderLoop();
   void SenderLoop(size_t stripe);

@@ -153,7 +153,9 @@ class StageLinkService::Stream final : public grpc::ServerGenericBidiReactor {
       absl::StatusOr<bool> done = r.Add(it->chunk);
       if (!done.ok()) return reject(done.status());
       if (!*done) continue;
-      absl::StatusOr<stage_runtime::LinkMessage> m = DecodeInFrame(r.first(), r.TakeBytes(), r.crc());
+      // Decoded where the receiving stage wants its tensors (on its GPU when links.codec_device allows).
+      absl::StatusOr<stage_runtime::LinkMessage> m =
+          DecodeInFrame(r.first(), r.TakeBytes(), r.crc(), inbox->decode_target());
       if (!m.ok()) return reject(m.status());
       // Accepted frames are not acknowledged: an ack would queue behind this host's own uploads
       // on a slow access link and hold up the next frame's delivery (in the tc sweep, fp32 went

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
+
 namespace longhaul::worker {
 
-LinkSettings ResolveLinkSpec(const v1::LinkSpec& spec, uint64_t seed) {
+absl::StatusOr<LinkSettings> ResolveLinkSpec(const v1::LinkSpec& spec, uint64_t seed) {
   LinkSettings s;
   netem::LinkProfile& p = s.profile;
   p.rate_bytes_per_s = netem::MbitToBytesPerSecond(spec.rate_mbit());
@@ -15,6 +17,11 @@ LinkSettings ResolveLinkSpec(const v1::LinkSpec& spec, uint64_t seed) {
   p.retransmit = absl::Microseconds(static_cast<int64_t>(spec.retransmit_ms() * 1000));
   p.seed = seed;
   s.streams = p.shaped() ? 1 : std::max(1, spec.streams());
+  if (!spec.codec_device().empty()) {
+    absl::StatusOr<codec::CodecDevice> d = codec::ParseCodecDevice(spec.codec_device());
+    if (!d.ok()) return absl::InvalidArgumentError(absl::StrCat("links.codec_device: ", d.status().message()));
+    s.codec_device = *d;
+  }
   return s;
 }
 

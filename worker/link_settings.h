@@ -5,11 +5,14 @@
 //   retransmit_ms 0   max(200 ms, 3 x delay)                 (netem::LinkProfile::EffectiveRetransmit)
 //   streams 0         1, and 1 whatever was asked when the link is shaped in-process (the shaper
 //                     emulates one link)                     (here)
+//   codec_device ""   auto                                   (here)
 #ifndef LONGHAUL_WORKER_LINK_SETTINGS_H_
 #define LONGHAUL_WORKER_LINK_SETTINGS_H_
 
 #include <cstdint>
 
+#include "absl/status/statusor.h"
+#include "codec/codec.h"
 #include "longhaul/v1/control_plane.pb.h"
 #include "netem/shaper.h"
 
@@ -18,10 +21,14 @@ namespace longhaul::worker {
 struct LinkSettings {
   netem::LinkProfile profile;
   int streams = 1;             // gRPC streams (TCP connections) the link is striped over
+  // Where the link's codecs run for a stage on a CUDA device (codec::CodecDevice; the stage's
+  // links apply it, StageRunner checks that `gpu` can be honoured).
+  codec::CodecDevice codec_device = codec::CodecDevice::kAuto;
 };
 
-// `seed` seeds the profile's jitter and loss draws.
-LinkSettings ResolveLinkSpec(const v1::LinkSpec& spec, uint64_t seed);
+// `seed` seeds the profile's jitter and loss draws. Fails only for a codec_device the job spec's
+// validation would have rejected.
+absl::StatusOr<LinkSettings> ResolveLinkSpec(const v1::LinkSpec& spec, uint64_t seed);
 
 }  // namespace longhaul::worker
 

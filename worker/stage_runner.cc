@@ -65,8 +65,13 @@ StageRunner::StageRunner(v1::StageAssignment assignment, std::string data_dir, t
   // Inboxes exist from construction so a neighbour that starts sending early finds them. They
   // hold a step's messages in one direction (stage_runtime::LinkCapacity).
   const size_t cap = static_cast<size_t>(std::max(1, a_.spec().micro_batches())) + 1;
-  if (!first_) from_prev_ = std::make_shared<Inbox>(cap, PeerName(a_.prev(), a_.stage() - 1));
-  if (!last_) from_next_ = std::make_shared<Inbox>(cap, PeerName(a_.next(), a_.stage() + 1));
+  // Tensors for a stage on a CUDA device are decoded there (links.codec_device; an invalid value is
+  // reported by Setup, through ResolveLinkSpec).
+  absl::StatusOr<LinkSettings> ls = ResolveLinkSpec(a_.spec().links(), 0);
+  const DecodeTarget decode =
+      DecodeTargetFor(device_, ls.ok() ? ls->codec_device : codec::CodecDevice::kAuto);
+  if (!first_) from_prev_ = std::make_shared<Inbox>(cap, PeerName(a_.prev(), a_.stage() - 1), decode);
+  if (!last_) from_next_ = std::make_shared<Inbox>(cap, PeerName(a_.next(), a_.stage() + 1), decode);
 }
 
 StageRunner::~StageRunner() = default;
@@ -96,14 +101,17 @@ absl::StatusOr<std::unique_ptr<GrpcLink>> StageRunner::Connect(bool forward, con
   const v1::JobSpec& spec = a_.spec();
   const v1::StagePeer& peer = forward ? a_.next() : a_.prev();
   // Different jitter/loss draws per stage and direction, reproducible per job.
-  const LinkSettings ls = ResolveLinkSpec(spec.links(), spec.seed() * 1000 + a_.stage() * 2 + (forward ? 1 : 2));
+  absl::StatusOr<LinkSettings> ls =
+      ResolveLinkSpec(spec.links(), spec.seed() * 1000 + a_.stage() * 2 + (forward ? 1 : 2));
+  if (!ls.ok()) return ls.status();
   SenderOptions so;
   so.target = peer.address();
   so.peer = PeerName(peer, a_.stage() + (forward ? 1 : -1));
   so.job_id = a_.job_id();
   so.from_stage = a_.stage();
-  so.profile = ls.profile;
-  so.streams = ls.streams;
+  so.profile = ls->profile;
+  so.streams = ls->streams;
+  so.codec_device = ls->codec_device;
   so.queue_capacity = stage_runtime::LinkCapacity(opt_);
   so.codec_threads = opt_.codec_threads;
   absl::StatusOr<std::unique_ptr<LinkSender>> s = LinkSender::Start(so, codec);
@@ -141,6 +149,16 @@ absl::Status StageRunner::Setup() {
   if (!bc.ok()) return bc.status();
   fwd_codec_ = std::move(*fc);
   bwd_codec_ = std::move(*bc);
+  // links.codec_device gpu on a stage that computes on a CUDA device: fail here, naming the reason,
+  // rather than at the first Send.
+  if (device_.is_cuda() && (!first_ || !last_)) {  // a one-stage job has no links
+    absl::StatusOr<LinkSettings> ls = ResolveLinkSpec(spec.links(), 0);
+    if (!ls.ok()) return ls.status();
+    std::string why;
+    if (ls->codec_device == codec::CodecDevice::kGpu && !codec::GpuCodecsAvailable(&why)) {
+      return absl::FailedPreconditionError(absl::StrCat("links.codec_device is gpu, but ", why));
+    }
+  }
   // A cancellation that came while the stage was being built stops it before the connects (which
   // may wait for a peer); one that comes later reaches the loop below.
   if (absl::Status c = Cancelled(); !c.ok()) return c;

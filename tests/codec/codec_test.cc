@@ -217,5 +217,131 @@ TEST(TahQuant, StatsCountTransformsAndHighBitTokens) {
   EXPECT_EQ(none.transformed_groups, 0);
 }
 
+// --- where codecs run (CodecDevice). The GPU paths themselves run on a GPU machine
+// (tests/codec/gpu_*); here: parsing, the choice, and the errors and fallbacks without a GPU. ---
+
+TEST(CodecDevice, ParsesAndNames) {
+  for (CodecDevice d : {CodecDevice::kAuto, CodecDevice::kCpu, CodecDevice::kGpu}) {
+    absl::StatusOr<CodecDevice> p = ParseCodecDevice(CodecDeviceName(d));
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(*p, d);
+  }
+  EXPECT_EQ(std::string(CodecDeviceName(CodecDevice::kGpu)), "gpu");
+  for (const char* bad : {"", "GPU", "cuda", "cuda:0", "auto "}) {
+    absl::StatusOr<CodecDevice> p = ParseCodecDevice(bad);
+    ASSERT_FALSE(p.ok()) << bad;
+    EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(p.status().message().find("is not auto, cpu or gpu"), std::string::npos) << p.status();
+  }
+}
+
+// CPU tensors: kAuto and kCpu write the CPU's frame; kGpu is refused, naming the tensor's device,
+// for every family (so a job asking for GPU codecs never silently runs them on the CPU).
+TEST(CodecDevice, CpuTensorsUseTheCpuAndRefuseGpu) {
+  const torch::Tensor x = Activations(33, 96, 5);
+  for (const char* spec : {"fp32", "bf16", "int4", "tahquant", "sdp4bit-tlqhs", "bitdp2"}) {
+    auto c = Make(spec);
+    auto ref = c->Encode(x);
+    ASSERT_TRUE(ref.ok()) << spec << ": " << ref.status();
+    for (CodecDevice d : {CodecDevice::kAuto, CodecDevice::kCpu}) {
+      EncodeOptions o;
+      o.device = d;
+      auto f = c->Encode(x, o);
+      ASSERT_TRUE(f.ok()) << spec << ": " << f.status();
+      EXPECT_EQ(*f, *ref) << spec;
+      auto parts = c->EncodeParts(x, o);
+      ASSERT_TRUE(parts.ok()) << spec;
+      EXPECT_EQ(parts->Join(), *ref) << spec;
+    }
+    EncodeOptions gpu;
+    gpu.device = CodecDevice::kGpu;
+    for (auto f : {c->Encode(x, gpu), [&]() -> absl::StatusOr<std::string> {
+                     auto p = c->EncodeParts(x, gpu);
+                     if (!p.ok()) return p.status();
+                     return p->Join();
+                   }()}) {
+      ASSERT_FALSE(f.ok()) << spec;
+      EXPECT_EQ(f.status().code(), absl::StatusCode::kFailedPrecondition) << spec;
+      EXPECT_NE(f.status().message().find("codec device gpu: the tensor is on cpu"), std::string::npos)
+          << f.status();
+    }
+  }
+}
+
+// The raw codecs' Encode is EncodeParts joined, including the casts (fp32 -> bf16/fp16 and back).
+TEST(CodecDevice, RawEncodeEqualsItsParts) {
+  for (torch::ScalarType t : {torch::kFloat32, torch::kBFloat16, torch::kFloat16}) {
+    const torch::Tensor x = torch::randn({5, 7}).to(t);
+    for (const char* spec : {"fp32", "fp16", "bf16"}) {
+      auto c = Make(spec);
+      auto f = c->Encode(x);
+      auto p = c->EncodeParts(x);
+      ASSERT_TRUE(f.ok() && p.ok()) << spec;
+      EXPECT_EQ(*f, p->Join()) << spec;
+      auto y = DecodeFrame(*f);
+      ASSERT_TRUE(y.ok());
+      EXPECT_EQ(y->scalar_type(), t) << spec;
+    }
+  }
+}
+
+// Decoding: an explicit CPU target is the plain decode (and reuses the output buffer); kGpu needs a
+// CUDA target; without the GPU codecs (this build machine) kGpu to a CUDA device says why.
+TEST(CodecDevice, DecodeTargets) {
+  const torch::Tensor x = Activations(20, 64, 6);
+  auto frame = Make("int8")->Encode(x);
+  ASSERT_TRUE(frame.ok());
+  auto ref = DecodeFrame(*frame);
+  ASSERT_TRUE(ref.ok());
+
+  DecodeOptions cpu;
+  cpu.device = torch::Device(torch::kCPU);
+  torch::Tensor out = torch::empty({20, 64});
+  const void* storage = out.data_ptr();
+  ASSERT_TRUE(DecodeFrameInto(*frame, &out, cpu).ok());
+  EXPECT_EQ(out.data_ptr(), storage);
+  EXPECT_TRUE(torch::equal(out, *ref));
+  for (CodecDevice d : {CodecDevice::kAuto, CodecDevice::kCpu}) {
+    cpu.codec_device = d;
+    auto y = DecodeFrame(*frame, cpu);
+    ASSERT_TRUE(y.ok()) << y.status();
+    EXPECT_TRUE(y->device().is_cpu());
+    EXPECT_TRUE(torch::equal(*y, *ref));
+  }
+
+  for (const std::optional<torch::Device>& target :
+       {std::optional<torch::Device>(), std::optional<torch::Device>(torch::Device(torch::kCPU))}) {
+    DecodeOptions g;
+    g.device = target;
+    g.codec_device = CodecDevice::kGpu;
+    auto y = DecodeFrame(*frame, g);
+    ASSERT_FALSE(y.ok());
+    EXPECT_EQ(y.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(y.status().message().find("decoding on a GPU needs a CUDA target device"), std::string::npos)
+        << y.status();
+  }
+
+  std::string why;
+  if (GpuCodecsAvailable(&why)) GTEST_SKIP() << "this machine has the GPU codecs (tests/codec/gpu_*)";
+  EXPECT_FALSE(why.empty());
+  DecodeOptions g;
+  g.device = torch::Device(torch::kCUDA, 0);
+  g.codec_device = CodecDevice::kGpu;
+  auto y = DecodeFrame(*frame, g);
+  ASSERT_FALSE(y.ok());
+  EXPECT_EQ(y.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(y.status().message().find("the GPU codecs are not available: " + why), std::string::npos) << y.status();
+  // kAuto falls back to the CPU decode and a copy to the device, which this LibTorch may not have:
+  // then the error is LibTorch's, not the codec's.
+  g.codec_device = CodecDevice::kAuto;
+  auto a = DecodeFrame(*frame, g);
+  if (a.ok()) {
+    EXPECT_TRUE(a->is_cuda());
+    EXPECT_TRUE(torch::equal(a->cpu(), *ref));
+  } else {
+    EXPECT_EQ(a.status().message().find("codec device"), std::string::npos) << a.status();
+  }
+}
+
 }  // namespace
 }  // namespace longhaul::codec

@@ -31,7 +31,7 @@ steps: 12
 seed: 99
 checkpoint: {interval: 4, dir: /tmp/ck}
 data: {corpus: /tmp/corpus, val_fraction: 0.2}
-links: {rate_mbit: 50.5, burst_bytes: 4096, streams: 2}
+links: {rate_mbit: 50.5, burst_bytes: 4096, streams: 2, codec_device: cpu}
 codec_threads: 2
 )");
   ASSERT_TRUE(s.ok()) << s.status();
@@ -53,6 +53,7 @@ codec_threads: 2
   EXPECT_DOUBLE_EQ(s->links().rate_mbit(), 50.5);
   EXPECT_EQ(s->links().burst_bytes(), 4096);
   EXPECT_EQ(s->links().streams(), 2);
+  EXPECT_EQ(s->links().codec_device(), "cpu");
   EXPECT_EQ(s->codec_threads(), 2);
 }
 
@@ -66,7 +67,7 @@ codecs: {forward: "tahquant:g=5", backward: zstd}
 optimizer: {name: sgd, lr: -1}
 steps: 0
 checkpoint: {interval: -2}
-links: {rate_mbit: -3, streams: 9}
+links: {rate_mbit: -3, streams: 9, codec_device: tpu}
 colour: blue
 )");
   ASSERT_FALSE(s.ok());
@@ -76,7 +77,7 @@ colour: blue
        {"model.hidden: 100 is not divisible by model.heads", "model.vocab", "stages: 3 stages need at least",
         "schedule: \"round-robin\"", "micro_batches (line 5): \"many\" is not an integer", "codecs.forward",
         "codecs.backward", "optimizer.name", "optimizer.lr", "steps: 0", "checkpoint.interval", "links.rate_mbit",
-        "links.streams", "colour (line 11): unknown key"}) {
+        "links.streams", "links.codec_device: \"tpu\" is not auto, cpu or gpu", "colour (line 11): unknown key"}) {
     EXPECT_NE(m.find(want), std::string::npos) << "missing \"" << want << "\" in:\n" << m;
   }
 }
@@ -133,6 +134,33 @@ TEST(JobSpecTest, SyntaxErrorsAndShapesAreClear) {
   s = ParseJobSpec(std::string(kMaxSpecBytes + 1, '#'));
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.status().message().find("the limit is"), std::string::npos);
+}
+
+// links.codec_device: auto by default; auto, cpu and gpu accepted (also in a spec built in code,
+// where "" means auto); anything else named.
+TEST(JobSpecTest, CodecDevice) {
+  absl::StatusOr<v1::JobSpec> d = ParseJobSpec("name: x\n");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->links().codec_device(), "auto");
+  for (const char* v : {"auto", "cpu", "gpu"}) {
+    absl::StatusOr<v1::JobSpec> s = ParseJobSpec(std::string("links: {codec_device: ") + v + "}\n");
+    ASSERT_TRUE(s.ok()) << v << ": " << s.status();
+    EXPECT_EQ(s->links().codec_device(), v);
+  }
+  v1::JobSpec built = DefaultJobSpec();
+  built.mutable_links()->set_codec_device("");
+  EXPECT_TRUE(ValidateJobSpec(built).ok());
+  for (const char* v : {"GPU", "cuda", "cuda:0", "1"}) {
+    absl::StatusOr<v1::JobSpec> s = ParseJobSpec(std::string("links: {codec_device: \"") + v + "\"}\n");
+    ASSERT_FALSE(s.ok()) << v;
+    EXPECT_NE(s.status().message().find(std::string("links.codec_device: \"") + v + "\" is not auto, cpu or gpu"),
+              std::string::npos)
+        << s.status();
+  }
+  absl::StatusOr<v1::JobSpec> m = ParseJobSpec("links: {codec_device: [gpu]}\n");
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("links.codec_device (line 1): must be a single value"), std::string::npos)
+      << m.status();
 }
 
 TEST(JobSpecTest, StepsOverrideApplies) {

@@ -4,6 +4,10 @@
 # Steps (default: build test bench data job):
 #   build     ./longhaul.sh build (offline or apt, see docs/gpu.md)
 #   codec     only the GPU codec tests (byte identity with the CPU reference): build and run them
+#   codecbench  longhaul-bench codec --device=cuda:0 for each codec family, 8192 x 4096 fp32 and bf16
+#   sweep     docs/gpu-sweep.md: 4 workers sharing cuda:0, each in its own network namespace with tc
+#             tbf access links, a gpt2-xl-shaped pipeline (SWEEP_LAYERS, default 48, over 4 stages,
+#             bf16), fp32 vs tahquant/int8 links at 1000, 500, 300 and 100 Mbit/s
 #   test      ./longhaul.sh test -L gpu
 #   bench     longhaul-bench stage: one gpt2-xl stage of 12 layers, bf16 (MFU)
 #   data      SentencePiece tokens of the fortunes corpus into /var/tmp/longhaul/fortunes-sp
@@ -12,7 +16,7 @@
 #             FIDELITY_STEPS steps (default 1000), both runs at once on cuda:0
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-OUT="${1:?usage: tools/gpu/checks.sh OUT_DIR [build|codec|test|bench|data|job|fidelity ...]}"
+OUT="${1:?usage: tools/gpu/checks.sh OUT_DIR [build|codec|codecbench|sweep|test|bench|data|job|fidelity ...]}"
 shift
 steps=("$@")
 ((${#steps[@]})) || steps=(build test bench data job)
@@ -30,6 +34,32 @@ for step in "${steps[@]}"; do
            grep -E "LibTorch:|CUDA parts" build/CMakeCache.txt "$OUT/build.log" | head -5 || true ;;
     codec) ./longhaul.sh build gpu_codec_test >"$OUT/build-codec.log" 2>&1 || { tail -40 "$OUT/build-codec.log"; exit 1; }
            build/tests/gpu_codec_test 2>&1 | tee "$OUT/gpu-codec-test.log" | grep -E "^\[  (FAILED|PASSED|SKIPPED)|Failure|first differing|Expected|Which is|actual" | head -60 ;;
+    codecbench)
+      for codec in tahquant int8 int4 sdp4bit-tlqhs zeropp-qw bitdp2 bf16; do
+        for dtype in fp32 bf16; do
+          build/bin/longhaul-bench codec --device=cuda:0 --codec="$codec" --dtype="$dtype" --tokens=8192 \
+            --hidden=4096 --json >"$OUT/codec-$codec-$dtype.json" 2>"$OUT/codec-$codec-$dtype.log" \
+            || { echo "codec bench $codec $dtype failed:"; tail -5 "$OUT/codec-$codec-$dtype.log"; }
+        done
+      done
+      python3 - "$OUT" <<'PY'
+import glob, json, os, sys
+for f in sorted(glob.glob(os.path.join(sys.argv[1], "codec-*.json"))):
+    try:
+        d = json.load(open(f))
+    except Exception as e:
+        print(os.path.basename(f), "unreadable:", e); continue
+    r = d.get("results", [d])[0] if isinstance(d.get("results"), list) else d
+    keys = ("encode_gbps", "decode_gbps", "copy_gbps", "encode_to_host_gbps", "bits_per_element", "byte_identical")
+    print(os.path.basename(f), {k: r.get(k) for k in keys})
+PY
+      ;;
+    sweep)
+      build/bin/longhaul-bench sweep --tc --preset=gpt2-xl --layers="${SWEEP_LAYERS:-48}" --stages=4 --device=cuda:0 \
+        --precision=bf16 --context=1024 --micro-batches="${SWEEP_MICRO_BATCHES:-8}" --micro-batch-size=1 \
+        --steps="${SWEEP_STEPS:-4}" --repeats=1 --rates=1000,500,300,100 --codecs=fp32,tahquant --backward=int8 \
+        --markdown="$OUT/gpu-sweep.md" >"$OUT/sweep.log" 2>&1 || { tail -30 "$OUT/sweep.log"; exit 1; }
+      cat "$OUT/gpu-sweep.md" ;;
     test) ./longhaul.sh test -L gpu 2>&1 | tee "$OUT/gpu-tests.log" | tail -15 ;;
     bench) nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
            build/bin/longhaul-bench stage --device=cuda:0 --preset=gpt2-xl --layers=12 --precision=bf16 --json \
