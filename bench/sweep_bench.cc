@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <string>
@@ -200,6 +201,11 @@ int RunSweep(const Flags& f, const CLI::App& cmd) {
     absl::StatusOr<v1::JobStatus> st = cl.WaitForEnd(*job, absl::Minutes(10));
     if (!st.ok()) return st.status();
     if (st->state() != v1::JOB_STATE_SUCCEEDED) return absl::InternalError(st->error());
+    // The job's checkpoints are not needed (a gpt2-xl stage writes gigabytes): free the disk.
+    for (const auto& e : std::filesystem::directory_iterator(cl.dir())) {
+      std::error_code ec;
+      std::filesystem::remove_all(e.path() / "jobs" / std::to_string(*job), ec);
+    }
     Sample sample;
     sample.tokens_per_s = st->tokens_per_s();
     if (tc && rate > 0) {

@@ -18,6 +18,7 @@
 #include <boost/process/exe.hpp>
 #include <boost/process/io.hpp>
 #include <boost/process/pipe.hpp>
+#include <boost/process/search_path.hpp>
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
@@ -76,8 +77,11 @@ int Process::Wait(absl::Duration timeout) {
 }
 
 Cluster::Cluster(int threads) : threads_(threads) {
-  char tmpl[] = "/tmp/longhaul-it-XXXXXX";
-  dir_ = mkdtemp(tmpl);
+  // Under $TMPDIR when set (checkpoints of large models need a real disk, not a small /tmp).
+  const char* tmp = std::getenv("TMPDIR");
+  std::string tmpl = absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/longhaul-it-XXXXXX");
+  const char* made = mkdtemp(tmpl.data());
+  dir_ = made != nullptr ? made : "";
 }
 
 Cluster::~Cluster() {
@@ -99,7 +103,12 @@ void Cluster::SignalAll(int sig) {
 
 std::vector<std::string> Cluster::Prefix(const std::string& role) const {
   if (!placement_.ns) return {};
-  return {"/usr/sbin/ip", "netns", "exec", placement_.ns(role)};
+  // ip from PATH (machines without iproute2 carry one, tools/gpu/fetch-debs.sh), else the usual place.
+  static const std::string ip = [] {
+    const boost::filesystem::path p = boost::process::search_path("ip");
+    return p.empty() ? std::string("/usr/sbin/ip") : p.string();
+  }();
+  return {ip, "netns", "exec", placement_.ns(role)};
 }
 
 std::string Cluster::Host(const std::string& role) const {

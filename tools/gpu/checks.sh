@@ -25,7 +25,12 @@ cd "$ROOT"
 export LONGHAUL_JOBS="${LONGHAUL_JOBS:-$(nproc)}"
 DATA=/var/tmp/longhaul/fortunes-sp
 # The offline prefix's libraries (unpacked by the first build), for the binaries started directly below.
-[[ -d "$ROOT/.deps/gpu/debs" ]] && export LD_LIBRARY_PATH="$ROOT/.deps/gpu-prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# Its ip and tc too, where the machine has no iproute2 (appended: the machine's own come first).
+if [[ -d "$ROOT/.deps/gpu/debs" ]]; then
+  P="$ROOT/.deps/gpu-prefix"
+  export LD_LIBRARY_PATH="$P/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export PATH="$PATH:$P/usr/sbin:$P/usr/bin:$P/sbin:$P/bin"
+fi
 
 for step in "${steps[@]}"; do
   echo "== $step ($(date -u +%H:%M:%S))"
@@ -55,7 +60,15 @@ for f in sorted(glob.glob(os.path.join(sys.argv[1], "codec-*.json"))):
 PY
       ;;
     sweep)
-      build/bin/longhaul-bench sweep --tc --preset=gpt2-xl --layers="${SWEEP_LAYERS:-48}" --stages=4 --device=cuda:0 \
+      ./longhaul.sh build longhaul-bench longhaul-worker longhaul-coordinator >"$OUT/build-sweep.log" 2>&1 \
+        || { tail -40 "$OUT/build-sweep.log"; exit 1; }
+      # tc in network namespaces where ip can make one, else the in-process shaper (said in the log).
+      shaper=tc
+      if ! { ip netns add lhprobe && ip netns del lhprobe; } >"$OUT/netns-probe.log" 2>&1; then
+        shaper=inprocess; echo "sweep: no network namespaces here ($(head -c 200 "$OUT/netns-probe.log")); in-process shaper"
+      fi
+      mkdir -p /var/tmp/longhaul
+      TMPDIR=/var/tmp/longhaul build/bin/longhaul-bench sweep --shaper="$shaper" --preset=gpt2-xl --layers="${SWEEP_LAYERS:-48}" --stages=4 --device=cuda:0 \
         --precision=bf16 --context=1024 --micro-batches="${SWEEP_MICRO_BATCHES:-8}" --micro-batch-size=1 \
         --steps="${SWEEP_STEPS:-4}" --repeats=1 --rates=1000,500,300,100 --codecs=fp32,tahquant --backward=int8 \
         --markdown="$OUT/gpu-sweep.md" >"$OUT/sweep.log" 2>&1 || { tail -30 "$OUT/sweep.log"; exit 1; }

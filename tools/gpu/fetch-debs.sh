@@ -10,7 +10,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 OUT="$ROOT/.deps/gpu/debs"
 
 # Headers, CMake configs and shared libraries of every C++ dependency except LibTorch and CUDA,
-# with the runtime libraries they pull in that Ubuntu 24.04 does not have in the same version.
+# with the runtime libraries they pull in that Ubuntu 24.04 does not have in the same version; and
+# iproute2 (ip, tc: the network namespaces of longhaul-netem and the sweep), which images may lack.
 PACKAGES=(
   libgrpc++-dev libgrpc-dev libgrpc++1.51 libgrpc29 protobuf-compiler-grpc
   libprotobuf-dev libprotobuf32 libprotoc32 protobuf-compiler
@@ -20,6 +21,7 @@ PACKAGES=(
   libsentencepiece-dev libsentencepiece0
   libgtest-dev libgmock-dev googletest libssl-dev libssl3 zlib1g zlib1g-dev libsystemd-dev
   fortunes-min fortunes
+  iproute2 libmnl0 libbpf1 libxtables12 libtirpc3 libtirpc-common
 )
 
 command -v apt-get >/dev/null || { echo "fetch-debs: needs apt-get (run it on the Debian 12 development machine)" >&2; exit 1; }
