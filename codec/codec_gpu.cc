@@ -49,6 +49,20 @@ int64_t Elements(const std::vector<int64_t>& shape) {
 
 }  // namespace
 
+namespace {
+
+// Whether the GPU codecs can run; kGpu without them is an error naming why, kAuto falls back.
+absl::StatusOr<bool> GpuCodecsFor(CodecDevice device) {
+  std::string why;
+  if (GpuCodecsAvailable(&why)) return true;
+  if (device == CodecDevice::kGpu) {
+    return absl::FailedPreconditionError(absl::StrCat("codec device gpu: the GPU codecs are not available: ", why));
+  }
+  return false;
+}
+
+}  // namespace
+
 absl::StatusOr<bool> UseGpuEncode(const torch::Tensor& x, CodecDevice device) {
   if (device == CodecDevice::kCpu || !x.defined()) return false;
   if (!x.is_cuda()) {
@@ -58,13 +72,8 @@ absl::StatusOr<bool> UseGpuEncode(const torch::Tensor& x, CodecDevice device) {
     }
     return false;
   }
-  std::string why;
-  if (!GpuCodecsAvailable(&why)) {
-    if (device == CodecDevice::kGpu) {
-      return absl::FailedPreconditionError(absl::StrCat("codec device gpu: the GPU codecs are not available: ", why));
-    }
-    return false;
-  }
+  absl::StatusOr<bool> gpu = GpuCodecsFor(device);
+  if (!gpu.ok() || !*gpu) return gpu;
   return x.numel() > 0;  // an empty tensor has no bytes to copy: the CPU path writes its frame
 }
 
@@ -77,14 +86,7 @@ absl::StatusOr<bool> UseGpuDecode(const std::optional<torch::Device>& target, Co
     }
     return false;
   }
-  std::string why;
-  if (!GpuCodecsAvailable(&why)) {
-    if (device == CodecDevice::kGpu) {
-      return absl::FailedPreconditionError(absl::StrCat("codec device gpu: the GPU codecs are not available: ", why));
-    }
-    return false;
-  }
-  return true;
+  return GpuCodecsFor(device);
 }
 
 gpu::Workspace& ThreadWorkspace(int index) {
