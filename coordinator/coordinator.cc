@@ -22,12 +22,40 @@ std::string Describe(const v1::WorkerStatus& w) {
   return absl::StrCat("worker ", w.info().name(), " (id ", w.worker_id(), ", ", w.info().address(), ")");
 }
 
+// A duration to the millisecond, "0s" rather than absl's "0".
+std::string Ms(absl::Duration d) {
+  d = absl::Trunc(d, absl::Milliseconds(1));
+  return d == absl::ZeroDuration() ? "0s" : absl::FormatDuration(d);
+}
+
+// Makes the Store writes of one handler a single transaction, so a crash leaves all of them or
+// none (a job placed without its workers marked busy, ...).
+class Txn {
+ public:
+  explicit Txn(Store& s) : s_(s) {
+    absl::Status st = s_.Begin();
+    begun_ = st.ok();
+    if (!begun_) Log(absl::StrCat("cannot begin a state file transaction: ", st.message()));
+  }
+  ~Txn() {
+    if (!begun_) return;
+    if (absl::Status st = s_.Commit(); !st.ok()) Log(absl::StrCat("cannot commit to the state file: ", st.message()));
+  }
+  Txn(const Txn&) = delete;
+  Txn& operator=(const Txn&) = delete;
+
+ private:
+  Store& s_;
+  bool begun_ = false;
+};
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(std::unique_ptr<Store> store,
                                                                               CoordinatorOptions o) {
   std::unique_ptr<CoordinatorService> c(new CoordinatorService(std::move(store), o));
   absl::MutexLock l(&c->mu_);
+  Txn txn(*c->store_);
   absl::StatusOr<std::vector<v1::WorkerStatus>> ws = c->store_->LoadWorkers();
   if (!ws.ok()) return ws.status();
   for (v1::WorkerStatus& w : *ws) {
@@ -51,9 +79,15 @@ absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(s
       job.status.set_error("the coordinator restarted while the job was running");
       job.status.set_finished_unix(c->UnixNow());
       c->Persist(job);
+    } else if (job.status.state() == v1::JOB_STATE_PENDING) {
+      job.queued_at = absl::UnixEpoch() + absl::Seconds(job.status.submitted_unix());
+      c->queue_.insert(job.status.job_id());
     }
   }
-  Log(absl::StrCat("loaded ", c->jobs_.size(), " job(s) and ", c->workers_.size(), " worker(s) from the state file"));
+  Log(absl::StrCat("loaded ", c->jobs_.size(), " job(s) and ", c->workers_.size(), " worker(s) from the state file; ",
+                   c->queue_.size(), " pending"));
+  Outbox none;  // no worker has a session yet
+  c->Schedule(&none);
   return c;
 }
 
@@ -103,58 +137,84 @@ void CoordinatorService::Deliver(Outbox& out) {
 }
 
 void CoordinatorService::Schedule(Outbox* out) {
-  for (auto& [id, job] : jobs_) {
-    if (job.status.state() != v1::JOB_STATE_PENDING) continue;
+  if (queue_.empty()) return;
+  std::vector<QueuedJob> queue;
+  for (auto it = queue_.begin(); it != queue_.end();) {
+    Job& job = jobs_.at(*it++);  // advanced first: FailJob erases the entry
     const v1::JobSpec& spec = job.status.spec();
-    std::vector<Worker*> idle;
-    for (auto& [wid, w] : workers_) {
-      if (w.status.state() == v1::WORKER_STATE_IDLE && w.session) idle.push_back(&w);
-    }
-    if (static_cast<int>(idle.size()) < spec.stages()) return;  // jobs start in submission order
-    absl::StatusOr<std::vector<stage_runtime::LayerRange>> parts =
-        stage_runtime::PartitionLayers(spec.model().layers(), spec.stages());
-    if (!parts.ok()) {
-      FailJob(job, std::string(parts.status().message()), v1::JOB_STATE_FAILED, out);
+    // Specs were validated at submission; this only guards against a state file from elsewhere.
+    if (absl::Status s = stage_runtime::PartitionLayers(spec.model().layers(), spec.stages()).status(); !s.ok()) {
+      FailJob(job, std::string(s.message()), v1::JOB_STATE_FAILED, out);
       continue;
     }
-    job.status.clear_stages();
-    for (int s = 0; s < spec.stages(); ++s) {
-      v1::StagePlacement* p = job.status.add_stages();
-      p->set_stage(s);
-      p->set_worker_id(idle[s]->status.worker_id());
-      p->set_worker_name(idle[s]->status.info().name());
-      p->set_layer_begin((*parts)[s].begin);
-      p->set_layer_end((*parts)[s].end);
-    }
-    auto peer = [&](int s, v1::StagePeer* p) {
-      p->set_worker_id(idle[s]->status.worker_id());
-      p->set_name(idle[s]->status.info().name());
-      p->set_address(idle[s]->status.info().address());
-    };
-    for (int s = 0; s < spec.stages(); ++s) {
-      v1::CoordinatorMessage m;
-      v1::StageAssignment* a = m.mutable_assign();
-      a->set_job_id(id);
-      *a->mutable_spec() = spec;
-      a->set_stage(s);
-      a->set_layer_begin((*parts)[s].begin);
-      a->set_layer_end((*parts)[s].end);
-      if (s > 0) peer(s - 1, a->mutable_prev());
-      if (s + 1 < spec.stages()) peer(s + 1, a->mutable_next());
-      SetWorkerState(*idle[s], v1::WORKER_STATE_BUSY, id, "");
-      out->emplace_back(idle[s]->session, std::move(m));
-    }
-    job.status.set_state(v1::JOB_STATE_RUNNING);
-    job.status.set_started_unix(UnixNow());
-    Log(absl::StrCat("job ", id, " (", job.status.name(), ") placed on ", spec.stages(), " worker(s)"));
+    queue.push_back({job.status.job_id(), spec.stages(), job.queued_at});
+  }
+  std::vector<uint64_t> idle;
+  int live = 0;
+  for (auto& [wid, w] : workers_) {
+    live += w.status.state() != v1::WORKER_STATE_DEAD;
+    if (w.status.state() == v1::WORKER_STATE_IDLE && w.session) idle.push_back(wid);
+  }
+  const QueuePlan plan = PlanQueue(queue, idle, live, opt_.clock->Now(), opt_.queue);
+  for (const QueuePlan::Start& s : plan.start) Start(jobs_.at(s.job_id), s.workers, out);
+  for (const auto& [id, why] : plan.waiting) {
+    Job& job = jobs_.at(id);
+    if (job.status.pending_reason() == why) continue;
+    job.status.set_pending_reason(why);
     Persist(job);
     Changed();
   }
 }
 
+void CoordinatorService::Start(Job& job, const std::vector<uint64_t>& worker_ids, Outbox* out) {
+  const uint64_t id = job.status.job_id();
+  const v1::JobSpec& spec = job.status.spec();
+  // Checked by Schedule just before.
+  const std::vector<stage_runtime::LayerRange> parts = *stage_runtime::PartitionLayers(spec.model().layers(), spec.stages());
+  std::vector<Worker*> ws;
+  for (uint64_t wid : worker_ids) ws.push_back(&workers_.at(wid));
+  job.status.clear_stages();
+  for (int s = 0; s < spec.stages(); ++s) {
+    v1::StagePlacement* p = job.status.add_stages();
+    p->set_stage(s);
+    p->set_worker_id(ws[s]->status.worker_id());
+    p->set_worker_name(ws[s]->status.info().name());
+    p->set_layer_begin(parts[s].begin);
+    p->set_layer_end(parts[s].end);
+  }
+  auto peer = [&](int s, v1::StagePeer* p) {
+    p->set_worker_id(ws[s]->status.worker_id());
+    p->set_name(ws[s]->status.info().name());
+    p->set_address(ws[s]->status.info().address());
+  };
+  for (int s = 0; s < spec.stages(); ++s) {
+    v1::CoordinatorMessage m;
+    v1::StageAssignment* a = m.mutable_assign();
+    a->set_job_id(id);
+    *a->mutable_spec() = spec;
+    a->set_stage(s);
+    a->set_layer_begin(parts[s].begin);
+    a->set_layer_end(parts[s].end);
+    if (s > 0) peer(s - 1, a->mutable_prev());
+    if (s + 1 < spec.stages()) peer(s + 1, a->mutable_next());
+    SetWorkerState(*ws[s], v1::WORKER_STATE_BUSY, id, "");
+    out->emplace_back(ws[s]->session, std::move(m));
+  }
+  queue_.erase(id);
+  job.status.clear_pending_reason();
+  job.status.set_state(v1::JOB_STATE_RUNNING);
+  job.status.set_started_unix(UnixNow());
+  Log(absl::StrCat("job ", id, " (", job.status.name(), ") placed on ", spec.stages(), " worker(s) after waiting ",
+                   Ms(opt_.clock->Now() - job.queued_at)));
+  Persist(job);
+  Changed();
+}
+
 void CoordinatorService::FailJob(Job& job, const std::string& error, v1::JobState state, Outbox* out) {
   if (IsTerminal(job.status.state())) return;
   const bool was_running = job.status.state() == v1::JOB_STATE_RUNNING;
+  queue_.erase(job.status.job_id());
+  job.status.clear_pending_reason();
   job.status.set_state(state);
   job.status.set_error(error);
   job.status.set_finished_unix(UnixNow());
@@ -193,6 +253,7 @@ void CoordinatorService::CheckHeartbeats() {
   Outbox out;
   {
     absl::MutexLock l(&mu_);
+    Txn txn(*store_);
     const absl::Time now = opt_.clock->Now();
     std::vector<uint64_t> late;
     for (auto& [id, w] : workers_) {
@@ -201,8 +262,12 @@ void CoordinatorService::CheckHeartbeats() {
       }
     }
     for (uint64_t id : late) {
-      WorkerLost(id, absl::StrCat("no heartbeat for ", absl::FormatDuration(now - workers_[id].last_heartbeat)), &out);
+      WorkerLost(id,
+                 absl::StrCat("no heartbeat for ", Ms(now - workers_[id].last_heartbeat), " (timeout ",
+                              Ms(opt_.heartbeat_timeout), ")"),
+                 &out);
     }
+    Schedule(&out);
   }
   Deliver(out);
 }
@@ -214,27 +279,35 @@ grpc::Status CoordinatorService::Register(grpc::ServerContext*, const v1::Regist
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "worker name must be 1..128 characters");
   }
   if (info.address().empty()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "worker address is empty");
-  absl::MutexLock l(&mu_);
-  uint64_t id = 0;
-  for (auto& [wid, w] : workers_) {
-    if (w.status.info().name() != info.name()) continue;
-    if (w.status.state() != v1::WORKER_STATE_DEAD) {
-      return grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
-                          absl::StrCat("a live worker named ", info.name(), " is already registered (id ", wid, ")"));
+  Outbox out;
+  {
+    absl::MutexLock l(&mu_);
+    Txn txn(*store_);
+    uint64_t id = 0;
+    for (auto& [wid, w] : workers_) {
+      if (w.status.info().name() != info.name()) continue;
+      if (w.status.state() != v1::WORKER_STATE_DEAD) {
+        return grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
+                            absl::StrCat("a live worker named ", info.name(), " is already registered (id ", wid, ")"));
+      }
+      id = wid;  // a dead worker coming back keeps its id
     }
-    id = wid;  // a dead worker coming back keeps its id
+    if (id == 0) id = next_worker_id_++;
+    Worker& w = workers_[id];
+    w.status.set_worker_id(id);
+    *w.status.mutable_info() = info;
+    w.last_heartbeat = opt_.clock->Now();
+    w.session.reset();
+    SetWorkerState(w, v1::WORKER_STATE_IDLE, 0, "");
+    resp->set_worker_id(id);
+    resp->set_heartbeat_interval_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(opt_.heartbeat_interval)));
+    resp->set_heartbeat_timeout_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(opt_.heartbeat_timeout)));
+    Log(absl::StrCat("registered ", Describe(w.status), " region ", info.region(), " device ", info.device()));
+    // It takes no stage before its session opens, but one more live worker changes what pending
+    // jobs wait for (their reasons, which of them may become reservations).
+    Schedule(&out);
   }
-  if (id == 0) id = next_worker_id_++;
-  Worker& w = workers_[id];
-  w.status.set_worker_id(id);
-  *w.status.mutable_info() = info;
-  w.last_heartbeat = opt_.clock->Now();
-  w.session.reset();
-  SetWorkerState(w, v1::WORKER_STATE_IDLE, 0, "");
-  resp->set_worker_id(id);
-  resp->set_heartbeat_interval_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(opt_.heartbeat_interval)));
-  resp->set_heartbeat_timeout_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(opt_.heartbeat_timeout)));
-  Log(absl::StrCat("registered ", Describe(w.status), " region ", info.region(), " device ", info.device()));
+  Deliver(out);
   return grpc::Status::OK;
 }
 
@@ -252,6 +325,7 @@ grpc::Status CoordinatorService::Session(
   Outbox out;
   {
     absl::MutexLock l(&mu_);
+    Txn txn(*store_);
     auto it = workers_.find(id);
     if (stopping_ || it == workers_.end() || it->second.status.state() == v1::WORKER_STATE_DEAD) {
       return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
@@ -281,8 +355,10 @@ grpc::Status CoordinatorService::Session(
           out.emplace_back(handle, std::move(c));
         }
       } else if (m.has_progress()) {
+        Txn txn(*store_);
         OnProgress(w, m.progress());
       } else if (m.has_finished()) {
+        Txn txn(*store_);
         OnFinished(w, m.finished(), &out);
       }
     }
@@ -290,10 +366,16 @@ grpc::Status CoordinatorService::Session(
   }
   {
     absl::MutexLock l(&mu_);
+    Txn txn(*store_);
     auto it = workers_.find(id);
     if (it != workers_.end() && it->second.session == handle) {
-      WorkerLost(id, stopping_ ? "coordinator shutting down" : "session closed (the worker exited or lost its connection)",
+      const std::string since = Ms(opt_.clock->Now() - it->second.last_heartbeat);
+      WorkerLost(id,
+                 stopping_ ? "coordinator shutting down"
+                           : absl::StrCat("session closed (the worker exited or lost its connection); last heartbeat ",
+                                          since, " before"),
                  &out);
+      if (!stopping_) Schedule(&out);
     }
   }
   {
@@ -382,6 +464,7 @@ grpc::Status CoordinatorService::SubmitJob(grpc::ServerContext*, const v1::Submi
   {
     absl::MutexLock l(&mu_);
     if (stopping_) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator shutting down");
+    Txn txn(*store_);
     const uint64_t id = next_job_id_++;
     Job& job = jobs_[id];
     job.status.set_job_id(id);
@@ -391,6 +474,8 @@ grpc::Status CoordinatorService::SubmitJob(grpc::ServerContext*, const v1::Submi
     job.status.set_submitted_unix(UnixNow());
     *job.status.mutable_spec() = *spec;
     job.status.set_spec_yaml(req->spec_yaml());
+    job.queued_at = opt_.clock->Now();
+    queue_.insert(id);
     Persist(job);
     Changed();
     Log(absl::StrCat("job ", id, " (", spec->name(), ") submitted: ", spec->stages(), " stages, ", spec->steps(),
@@ -458,7 +543,11 @@ grpc::Status CoordinatorService::CancelJob(grpc::ServerContext*, const v1::Cance
       return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                           absl::StrCat("job ", req->job_id(), " already ", JobStateName(it->second.status.state())));
     }
+    Txn txn(*store_);
     FailJob(it->second, "cancelled by the user", v1::JOB_STATE_CANCELLED, &out);
+    // A cancelled pending job leaves the queue (FailJob): the jobs it held back may start now. A
+    // running one frees its workers when they report the end (OnFinished schedules then).
+    Schedule(&out);
   }
   Deliver(out);
   return grpc::Status::OK;

@@ -69,6 +69,7 @@ nlohmann::json Summary(const v1::JobStatus& j) {
       {"name", j.name()},
       {"state", JobStateName(j.state())},
       {"error", j.error()},
+      {"pending_reason", j.pending_reason()},
       {"steps", j.step()},
       {"planned_steps", j.steps()},
       {"initial_train_loss", j.initial_loss()},
@@ -96,6 +97,7 @@ void PrintDetail(const v1::JobStatus& j) {
   std::printf("job %llu (%s): %s\n", static_cast<unsigned long long>(j.job_id()), j.name().c_str(),
               JobStateName(j.state()));
   if (!j.error().empty()) std::printf("  error: %s\n", j.error().c_str());
+  if (!j.pending_reason().empty()) std::printf("  pending: %s\n", j.pending_reason().c_str());
   std::printf("  step %lld / %lld   loss %.4f (initial %.4f)   %.0f tokens/s\n", static_cast<long long>(j.step()),
               static_cast<long long>(j.steps()), j.loss(), j.initial_loss(), j.tokens_per_s());
   std::printf("  links: forward %s, backward %s, %s; wire %s vs %s uncompressed (%.2fx); forward rel. error %.4f\n",
@@ -173,11 +175,13 @@ class Ctl {
         std::printf("%s\n", out.dump(2).c_str());
         return 0;
       }
-      std::printf("%-5s %-16s %-10s %-13s %-9s %-10s %s\n", "JOB", "NAME", "STATE", "STEP", "LOSS", "TOKENS/S", "ERROR");
+      // NOTE: a failed job's error, or why a pending one waits.
+      std::printf("%-5s %-16s %-10s %-13s %-9s %-10s %s\n", "JOB", "NAME", "STATE", "STEP", "LOSS", "TOKENS/S", "NOTE");
       for (const auto& j : r.jobs()) {
+        const std::string& note = j.state() == v1::JOB_STATE_PENDING ? j.pending_reason() : j.error();
         std::printf("%-5llu %-16s %-10s %-13s %-9.4f %-10.0f %s\n", static_cast<unsigned long long>(j.job_id()),
                     j.name().c_str(), JobStateName(j.state()),
-                    absl::StrCat(j.step(), "/", j.steps()).c_str(), j.loss(), j.tokens_per_s(), j.error().c_str());
+                    absl::StrCat(j.step(), "/", j.steps()).c_str(), j.loss(), j.tokens_per_s(), note.c_str());
       }
       return 0;
     }
@@ -260,7 +264,9 @@ class Ctl {
     const double tokens_per_step = static_cast<double>(sp.micro_batches()) * sp.micro_batch_size() * sp.model().context();
     const double eta = j.tokens_per_s() > 0 ? (j.steps() - j.step()) * tokens_per_step / j.tokens_per_s() : -1;
     const std::string line =
-        j.step() == 0 && !IsTerminal(j.state())
+        j.state() == v1::JOB_STATE_PENDING
+            ? absl::StrFormat("[%s] %-9s %s", bar, JobStateName(j.state()), j.pending_reason())
+        : j.step() == 0 && !IsTerminal(j.state())
             ? absl::StrFormat("[%s] %-9s waiting for the first step (%d stages)", bar, JobStateName(j.state()),
                               sp.stages())
             : absl::StrFormat("[%s] %-9s step %lld/%lld  loss %.4f  %.0f tok/s  compression %.1fx  err %.3f  ETA %s",

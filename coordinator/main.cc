@@ -2,10 +2,13 @@
 #include <cstdio>
 #include <fstream>
 #include <thread>
+#include <tuple>
 
 #include <grpcpp/grpcpp.h>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/store.h"
 #include "common/flags.h"
@@ -13,10 +16,24 @@
 #include "common/signals.h"
 #include "proto/channel_config.h"
 
+namespace {
+
+// "300ms", "1.5s", "10m" (absl::ParseDuration), or a plain number of seconds.
+bool ParseDurationFlag(const std::string& text, absl::Duration* d) {
+  double seconds = 0;
+  if (absl::SimpleAtod(text, &seconds)) {
+    *d = absl::Seconds(seconds);
+    return true;
+  }
+  return absl::ParseDuration(text, d);
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   using namespace longhaul::coordinator;
   std::string listen = "0.0.0.0:7400", state = "longhaul-coordinator.db", port_file;
-  int64_t timeout_ms = 10000, interval_ms = 1000;
+  std::string interval_flag = "1s", timeout_flag = "3s", reserve_flag = "10m";
   CLI::App app{
       "Keeps the worker registry (heartbeats), accepts jobs from longhaulctl, places their stages on\n"
       "idle workers and follows their progress. Everything is recorded in a SQLite state file, so a\n"
@@ -27,13 +44,33 @@ int main(int argc, char** argv) {
   app.add_option("--state", state, "SQLite state file")->type_name("PATH");
   app.add_option("--port-file", port_file, "write the bound port here once listening (for scripts and tests)")
       ->type_name("PATH");
-  app.add_option("--heartbeat-timeout-ms", timeout_ms, "declare a worker dead after N ms without a heartbeat")
-      ->type_name("N");
-  app.add_option("--heartbeat-interval-ms", interval_ms, "how often workers send heartbeats (at least 10 ms)")
-      ->type_name("N");
+  app.add_option("--heartbeat-interval", interval_flag,
+                 "how often workers send a heartbeat (told to them when they register; at least 100ms)")
+      ->type_name("DURATION");
+  app.add_option("--heartbeat-timeout", timeout_flag,
+                 "declare a worker dead, and fail its job, after this long without a heartbeat (more than the "
+                 "interval)")
+      ->type_name("DURATION");
+  app.add_option("--reserve-after", reserve_flag,
+                 "a pending job that has waited this long holds back the jobs submitted after it until it starts "
+                 "(so small jobs cannot starve a big one)")
+      ->type_name("DURATION");
+  app.footer("A DURATION is a number of seconds or a number with a unit: 300ms, 1.5s, 10m, 1h.");
   if (std::optional<int> rc = longhaul::common::ParseFlags(app, argc, argv)) return *rc;
-  if (interval_ms < 10 || timeout_ms <= interval_ms) {
-    return longhaul::common::FlagError(app, "need 10 <= --heartbeat-interval-ms < --heartbeat-timeout-ms");
+  absl::Duration interval, timeout, reserve_after;
+  for (auto [flag, text, d] : {std::tuple{"--heartbeat-interval", &interval_flag, &interval},
+                               std::tuple{"--heartbeat-timeout", &timeout_flag, &timeout},
+                               std::tuple{"--reserve-after", &reserve_flag, &reserve_after}}) {
+    if (!ParseDurationFlag(*text, d) || *d < absl::ZeroDuration()) {
+      return longhaul::common::FlagError(app, absl::StrCat(flag, ": \"", *text, "\" is not a duration (e.g. 1s)"));
+    }
+  }
+  // Workers send no more often than every 100 ms (worker/worker.cc).
+  if (interval < absl::Milliseconds(100)) return longhaul::common::FlagError(app, "--heartbeat-interval must be at least 100ms");
+  if (timeout <= interval) {
+    return longhaul::common::FlagError(
+        app, absl::StrCat("--heartbeat-timeout (", absl::FormatDuration(timeout), ") must be longer than --heartbeat-interval (",
+                          absl::FormatDuration(interval), ")"));
   }
   if (!longhaul::common::InstallTerminationHandlers()) {
     std::fprintf(stderr, "longhaul-coordinator: cannot install signal handlers\n");
@@ -46,8 +83,9 @@ int main(int argc, char** argv) {
     return 1;
   }
   CoordinatorOptions o;
-  o.heartbeat_timeout = absl::Milliseconds(timeout_ms);
-  o.heartbeat_interval = absl::Milliseconds(interval_ms);
+  o.heartbeat_timeout = timeout;
+  o.heartbeat_interval = interval;
+  o.queue.reserve_after = reserve_after;
   absl::StatusOr<std::unique_ptr<CoordinatorService>> svc = CoordinatorService::Create(std::move(*store), o);
   if (!svc.ok()) {
     std::fprintf(stderr, "longhaul-coordinator: %s\n", std::string(svc.status().message()).c_str());
@@ -68,7 +106,9 @@ int main(int argc, char** argv) {
     std::ofstream(tmp) << port << "\n";
     std::rename(tmp.c_str(), port_file.c_str());  // atomic: readers never see a partial number
   }
-  longhaul::common::Log("coordinator", absl::StrCat("listening on port ", port, ", state file ", state));
+  longhaul::common::Log("coordinator", absl::StrCat("listening on port ", port, ", state file ", state, ", heartbeat every ",
+                                                    absl::FormatDuration(interval), ", timeout ",
+                                                    absl::FormatDuration(timeout)));
   (*svc)->StartMonitor();
   const int sig = longhaul::common::WaitForTerminationSignal();
   longhaul::common::Log("coordinator", absl::StrCat(longhaul::common::SignalName(sig), ": shutting down"));

@@ -1,7 +1,14 @@
 #include "coordinator/store.h"
 
+#include <fcntl.h>
 #include <sqlite3.h>
+#include <sys/file.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 
 namespace longhaul::coordinator {
@@ -28,17 +35,49 @@ class Stmt {
   int rc_;
 };
 
+// Takes the exclusive lock of `path`'s sidecar lock file and writes this process's pid into it;
+// returns its descriptor, to be kept open while the state file is in use.
+absl::StatusOr<int> LockStateFile(const std::string& path) {
+  const std::string lock = path + ".lock";
+  const int fd = open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot open state file ", path, ": cannot create its lock file ", lock, ": ", std::strerror(errno)));
+  }
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    char buf[32] = {};
+    const ssize_t n = pread(fd, buf, sizeof(buf) - 1, 0);
+    close(fd);
+    if (err != EWOULDBLOCK) {
+      return absl::UnavailableError(absl::StrCat("cannot lock state file ", path, " (", lock, "): ", std::strerror(err)));
+    }
+    const std::string pid(absl::StripAsciiWhitespace(std::string(buf, n > 0 ? static_cast<size_t>(n) : 0)));
+    return absl::FailedPreconditionError(absl::StrCat("state file ", path, " is in use by another coordinator (",
+                                                      pid.empty() ? "" : absl::StrCat("pid ", pid, ", "),
+                                                      "which holds ", lock, "); only one may use a state file"));
+  }
+  const std::string mine = absl::StrCat(getpid(), "\n");
+  if (ftruncate(fd, 0) != 0 || pwrite(fd, mine.data(), mine.size(), 0) != static_cast<ssize_t>(mine.size())) {
+    // The lock holds without the pid; only the message of a refused second coordinator is poorer.
+  }
+  return fd;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path) {
+  absl::StatusOr<int> lock_fd = LockStateFile(path);
+  if (!lock_fd.ok()) return lock_fd.status();
   sqlite3* db = nullptr;
   if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX, nullptr) !=
       SQLITE_OK) {
     std::string msg = db ? sqlite3_errmsg(db) : "out of memory";
     sqlite3_close(db);
+    close(*lock_fd);
     return absl::UnavailableError(absl::StrCat("cannot open state file ", path, ": ", msg));
   }
-  std::unique_ptr<Store> s(new Store(db));
+  std::unique_ptr<Store> s(new Store(db, *lock_fd));
   sqlite3_busy_timeout(db, 5000);
   for (const char* sql : {
            "PRAGMA journal_mode=WAL",
@@ -61,7 +100,35 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path) {
   return s;
 }
 
-Store::~Store() { sqlite3_close(db_); }
+Store::~Store() {
+  if (depth_ > 0) (void)Exec("COMMIT");
+  sqlite3_close(db_);
+  close(lock_fd_);  // releases the lock
+}
+
+absl::Status Store::Begin() {
+  if (depth_++ > 0) return absl::OkStatus();
+  absl::Status s = Exec("BEGIN");
+  if (!s.ok()) depth_ = 0;
+  return s;
+}
+
+absl::Status Store::Commit() {
+  if (depth_ == 0) return absl::FailedPreconditionError("Store::Commit without Begin");
+  if (--depth_ > 0) return absl::OkStatus();
+  absl::Status s = Exec("COMMIT");
+  // A failed COMMIT leaves the transaction open (SQLITE_BUSY) or already rolled back; either way
+  // roll back so the next Begin starts clean.
+  if (!s.ok() && !sqlite3_get_autocommit(db_)) (void)Exec("ROLLBACK");
+  return s;
+}
+
+absl::StatusOr<std::string> Store::JournalMode() {
+  Stmt s(db_, "PRAGMA journal_mode");
+  if (absl::Status st = s.ok(); !st.ok()) return st;
+  if (sqlite3_step(s.get()) != SQLITE_ROW) return absl::InternalError(absl::StrCat("sqlite: ", sqlite3_errmsg(db_)));
+  return std::string(reinterpret_cast<const char*>(sqlite3_column_text(s.get(), 0)));
+}
 
 absl::Status Store::Exec(const std::string& sql) {
   char* err = nullptr;

@@ -10,6 +10,13 @@
 //   losses(job_id INTEGER, step INTEGER, loss REAL, PRIMARY KEY(job_id, step))
 //   workers(id INTEGER PRIMARY KEY, name TEXT UNIQUE, status BLOB)          -- v1.WorkerStatus bytes
 //
+// One process per state file: Open takes an exclusive flock(2) on the sidecar `<path>.lock` (and
+// writes its pid there) for the Store's lifetime, so a second coordinator on the same file fails
+// at start-up, naming the holder; the kernel drops the lock when the holder dies, kill -9 included.
+// The file is in WAL mode with synchronous=NORMAL: a crash of the process at any moment loses no
+// committed transaction, and a power loss at most the last ones, never consistency. Changes made
+// together (a job placed and its workers marked busy, ...) go in one transaction (Begin/Commit).
+//
 // Not thread-safe: the coordinator calls it under its state mutex.
 #ifndef LONGHAUL_COORDINATOR_STORE_H_
 #define LONGHAUL_COORDINATOR_STORE_H_
@@ -38,10 +45,20 @@ class Store {
   absl::Status PutWorker(const v1::WorkerStatus& w);
   absl::StatusOr<std::vector<v1::WorkerStatus>> LoadWorkers();
 
+  // Every write between Begin and the matching Commit is one transaction. Nested pairs join the
+  // outermost one (only it writes BEGIN and COMMIT), so a helper may open its own.
+  absl::Status Begin();
+  absl::Status Commit();
+
+  // The journal mode SQLite reports for the file ("wal").
+  absl::StatusOr<std::string> JournalMode();
+
  private:
-  explicit Store(sqlite3* db) : db_(db) {}
+  Store(sqlite3* db, int lock_fd) : db_(db), lock_fd_(lock_fd) {}
   absl::Status Exec(const std::string& sql);
   sqlite3* db_;
+  int lock_fd_;    // holds the flock on <path>.lock
+  int depth_ = 0;  // open Begin()s
 };
 
 }  // namespace longhaul::coordinator

@@ -1,12 +1,19 @@
-// The coordinator's state machine with a fake clock, calling the service methods directly (no
-// network): heartbeat timeouts, admission, cancellation, and what a restart does to persisted jobs.
+// The coordinator's state machine with a fake clock: the service methods called directly (no
+// network) for heartbeat timeouts, admission, cancellation and what a restart does to persisted
+// jobs; the job queue's rule (PlanQueue) on its own; and scheduling with fake workers that hold
+// real Session streams to the service on an in-process gRPC server.
 #include "coordinator/coordinator.h"
 
 #include <unistd.h>
 
 #include <cstdio>
+#include <thread>
 
+#include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "coordinator/scheduler.h"
 
 namespace longhaul::coordinator {
 namespace {
@@ -22,7 +29,7 @@ class CoordinatorTest : public ::testing::Test {
   }
   void TearDown() override {
     svc_.reset();
-    std::remove(path_.c_str());
+    for (const char* suffix : {"", "-wal", "-shm", ".lock"}) std::remove((path_ + suffix).c_str());
   }
   void Open() {
     svc_.reset();
@@ -30,6 +37,7 @@ class CoordinatorTest : public ::testing::Test {
     ASSERT_TRUE(store.ok()) << store.status();
     CoordinatorOptions o;
     o.heartbeat_timeout = absl::Seconds(10);
+    o.queue.reserve_after = absl::Minutes(1);
     o.clock = &clock_;
     auto svc = CoordinatorService::Create(std::move(*store), o);
     ASSERT_TRUE(svc.ok()) << svc.status();
@@ -55,6 +63,19 @@ class CoordinatorTest : public ::testing::Test {
     EXPECT_TRUE(svc_->GetJob(nullptr, &req, &st).ok());
     return st;
   }
+  uint64_t Submit(int stages, const std::string& name = "job") {
+    v1::SubmitJobRequest req;
+    req.set_spec_yaml(absl::StrCat("name: ", name, "\nstages: ", stages, "\nmodel: {layers: 4}\nsteps: 5\n"));
+    v1::SubmitJobResponse resp;
+    EXPECT_TRUE(svc_->SubmitJob(nullptr, &req, &resp).ok());
+    return resp.job_id();
+  }
+  void Cancel(uint64_t id) {
+    v1::CancelJobRequest c;
+    c.set_job_id(id);
+    v1::CancelJobResponse cr;
+    EXPECT_TRUE(svc_->CancelJob(nullptr, &c, &cr).ok());
+  }
 
   common::FakeClock clock_;
   std::string path_;
@@ -71,7 +92,7 @@ TEST_F(CoordinatorTest, MissedHeartbeatsMarkAWorkerDead) {
   const v1::WorkerStatus w = Workers()[0];
   EXPECT_EQ(w.worker_id(), id);
   EXPECT_EQ(w.state(), v1::WORKER_STATE_DEAD);
-  EXPECT_NE(w.note().find("no heartbeat for 11s"), std::string::npos) << w.note();
+  EXPECT_NE(w.note().find("no heartbeat for 11s (timeout 10s)"), std::string::npos) << w.note();
   // It may come back under the same name and keeps its id.
   EXPECT_EQ(RegisterWorker("w0"), id);
 }
@@ -124,6 +145,8 @@ TEST_F(CoordinatorTest, RestartKeepsJobsAndFailsTheOnesThatWereRunning) {
   Open();
   EXPECT_EQ(Job(pending.job_id()).state(), v1::JOB_STATE_PENDING);
   EXPECT_EQ(Job(pending.job_id()).name(), "kept");
+  // Still queued, and it says why: every worker is dead until it registers again.
+  EXPECT_EQ(Job(pending.job_id()).pending_reason(), "needs 4 workers, only 0 live (waiting for more workers to register)");
   const v1::JobStatus r = Job(50);
   EXPECT_EQ(r.state(), v1::JOB_STATE_FAILED);
   EXPECT_NE(r.error().find("coordinator restarted"), std::string::npos);
@@ -143,6 +166,272 @@ TEST_F(CoordinatorTest, InvalidSpecIsInvalidArgument) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_NE(s.error_message().find("stages"), std::string::npos);
   EXPECT_NE(s.error_message().find("schedule"), std::string::npos);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The queue's rule on its own.
+
+std::vector<uint64_t> Started(const QueuePlan& p) {
+  std::vector<uint64_t> ids;
+  for (const auto& s : p.start) ids.push_back(s.job_id);
+  return ids;
+}
+
+TEST(PlanQueueTest, JobsThatDoNotFitAreSkippedAndLaterOnesStart) {
+  const absl::Time t0 = absl::UnixEpoch();
+  const QueuePlan p = PlanQueue({{1, 3, t0}, {2, 1, t0}, {3, 2, t0}, {4, 1, t0}}, {7, 8}, 2, t0, {});
+  EXPECT_EQ(Started(p), (std::vector<uint64_t>{2, 4}));
+  EXPECT_EQ(p.start[0].workers, (std::vector<uint64_t>{7}));  // the preferred idle worker first
+  EXPECT_EQ(p.start[1].workers, (std::vector<uint64_t>{8}));
+  EXPECT_EQ(p.waiting.at(1), "needs 3 workers, only 2 live (waiting for more workers to register)");
+  EXPECT_EQ(p.waiting.at(3), "waiting for 2 idle workers, 0 idle");
+}
+
+TEST(PlanQueueTest, AJobThatWaitedTooLongHoldsBackTheJobsBehindIt) {
+  const absl::Time t0 = absl::UnixEpoch();
+  QueueOptions o;
+  o.reserve_after = absl::Minutes(10);
+  // Job 1 needs both live workers; one is busy. Before the limit, job 2 takes the idle one ...
+  QueuePlan p = PlanQueue({{1, 2, t0}, {2, 1, t0 + absl::Minutes(1)}}, {5}, 2, t0 + absl::Minutes(9), o);
+  EXPECT_EQ(Started(p), (std::vector<uint64_t>{2}));
+  EXPECT_EQ(p.waiting.at(1), "waiting for 2 idle workers, 0 idle");
+  // ... after it, job 1 has the first claim and job 2 waits for it.
+  p = PlanQueue({{1, 2, t0}, {2, 1, t0 + absl::Minutes(1)}}, {5}, 2, t0 + absl::Minutes(10), o);
+  EXPECT_TRUE(p.start.empty());
+  EXPECT_EQ(p.waiting.at(1), "waiting for 2 idle workers, 1 idle; waited longer than 10m, so jobs submitted after it "
+                             "wait for it");
+  EXPECT_EQ(p.waiting.at(2), "held behind job 1, which has waited longer than 10m and has the first claim on idle workers");
+  // Jobs before the reservation are not affected, and it starts as soon as it fits.
+  p = PlanQueue({{3, 1, t0}, {1, 2, t0}, {2, 1, t0}}, {4, 5, 6}, 3, t0 + absl::Hours(1), o);
+  EXPECT_EQ(Started(p), (std::vector<uint64_t>{3, 1}));
+  EXPECT_EQ(p.start[1].workers, (std::vector<uint64_t>{5, 6}));
+  EXPECT_EQ(p.waiting.at(2), "waiting for 1 idle worker, 0 idle; waited longer than 10m, so jobs submitted after it "
+                             "wait for it");
+}
+
+TEST(PlanQueueTest, AJobTheClusterCannotRunNeverHoldsOthersBack) {
+  const absl::Time t0 = absl::UnixEpoch();
+  const QueuePlan p = PlanQueue({{1, 5, t0}, {2, 1, t0}}, {9}, 4, t0 + absl::Hours(24), {});
+  EXPECT_EQ(Started(p), (std::vector<uint64_t>{2}));
+  EXPECT_EQ(p.waiting.at(1), "needs 5 workers, only 4 live (waiting for more workers to register)");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scheduling in the service, with fake workers on real Session streams.
+
+// A worker as the coordinator sees it: registered, its Session open, keeping what it is sent.
+class FakeWorker {
+ public:
+  FakeWorker(v1::Coordinator::Stub& stub, const std::string& name) {
+    v1::RegisterRequest req;
+    req.mutable_info()->set_name(name);
+    req.mutable_info()->set_address("127.0.0.1:9");
+    v1::RegisterResponse resp;
+    grpc::ClientContext rc;
+    EXPECT_TRUE(stub.Register(&rc, req, &resp).ok());
+    id_ = resp.worker_id();
+    stream_ = stub.Session(&ctx_);
+    reader_ = std::thread([this] {
+      v1::CoordinatorMessage m;
+      while (stream_->Read(&m)) {
+        absl::MutexLock l(&mu_);
+        got_.push_back(m);
+      }
+    });
+    v1::WorkerMessage hello;  // the first message binds the stream to the worker id
+    hello.set_worker_id(id_);
+    hello.mutable_heartbeat();
+    EXPECT_TRUE(stream_->Write(hello));
+    Ping();  // the session is bound once the coordinator answers
+  }
+  ~FakeWorker() {
+    ctx_.TryCancel();
+    reader_.join();
+    (void)stream_->Finish();
+  }
+  uint64_t id() const { return id_; }
+
+  // A heartbeat naming a job the coordinator does not run here: it answers with a cancellation,
+  // which shows the heartbeat (and everything sent before it) has been handled.
+  void Ping() {
+    const uint64_t bogus = 1000000 + pings_++;
+    v1::WorkerMessage m;
+    m.set_worker_id(id_);
+    m.mutable_heartbeat()->set_running_job_id(bogus);
+    ASSERT_TRUE(stream_->Write(m));
+    absl::MutexLock l(&mu_);
+    auto answered = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+      for (const auto& c : got_) {
+        if (c.has_cancel() && c.cancel().job_id() == bogus) return true;
+      }
+      return false;
+    };
+    ASSERT_TRUE(mu_.AwaitWithTimeout(absl::Condition(&answered), absl::Seconds(10))) << "no answer to a ping";
+  }
+  // The job it was last assigned (0: none), once that is `want` or after a few seconds.
+  uint64_t assigned(uint64_t want) {
+    absl::MutexLock l(&mu_);
+    auto last = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+      for (auto it = got_.rbegin(); it != got_.rend(); ++it) {
+        if (it->has_assign()) return it->assign().job_id();
+      }
+      return uint64_t{0};
+    };
+    auto arrived = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return last() == want; };
+    mu_.AwaitWithTimeout(absl::Condition(&arrived), absl::Seconds(10));
+    return last();
+  }
+  // Reports its stage of `job` done, and waits until the coordinator has taken that in.
+  void Finish(uint64_t job) {
+    v1::WorkerMessage m;
+    m.set_worker_id(id_);
+    m.mutable_finished()->set_job_id(job);
+    m.mutable_finished()->set_ok(true);
+    {
+      absl::MutexLock l(&mu_);
+      for (const auto& c : got_) {
+        if (c.has_assign() && c.assign().job_id() == job) m.mutable_finished()->set_stage(c.assign().stage());
+      }
+    }
+    ASSERT_TRUE(stream_->Write(m));
+    Ping();
+  }
+
+ private:
+  uint64_t id_ = 0;
+  int pings_ = 0;
+  grpc::ClientContext ctx_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::WorkerMessage, v1::CoordinatorMessage>> stream_;
+  std::thread reader_;
+  absl::Mutex mu_;
+  std::vector<v1::CoordinatorMessage> got_ ABSL_GUARDED_BY(mu_);
+};
+
+class SchedulingTest : public CoordinatorTest {
+ protected:
+  void SetUp() override {
+    CoordinatorTest::SetUp();
+    grpc::ServerBuilder b;
+    int port = 0;
+    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    b.RegisterService(svc_.get());
+    server_ = b.BuildAndStart();
+    ASSERT_TRUE(server_ && port > 0);
+    stub_ = v1::Coordinator::NewStub(
+        grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+  }
+  void TearDown() override {
+    workers_.clear();
+    if (svc_) svc_->Stop();
+    if (server_) server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    server_.reset();  // before the service it calls
+    CoordinatorTest::TearDown();
+  }
+  FakeWorker& AddWorker(const std::string& name) {
+    workers_.push_back(std::make_unique<FakeWorker>(*stub_, name));
+    return *workers_.back();
+  }
+  // Time passes; the workers keep their heartbeats up.
+  void Advance(absl::Duration d) {
+    clock_.Advance(d);
+    for (auto& w : workers_) w->Ping();
+    svc_->CheckHeartbeats();
+  }
+
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<v1::Coordinator::Stub> stub_;
+  std::vector<std::unique_ptr<FakeWorker>> workers_;
+};
+
+TEST_F(SchedulingTest, ABigJobDoesNotHoldBackSmallerOnes) {
+  FakeWorker& a = AddWorker("a");
+  FakeWorker& b = AddWorker("b");
+  const uint64_t big = Submit(3, "big");
+  const uint64_t small = Submit(1, "small");
+  const uint64_t pair = Submit(2, "pair");
+  EXPECT_EQ(Job(big).state(), v1::JOB_STATE_PENDING);
+  EXPECT_EQ(Job(big).pending_reason(), "needs 3 workers, only 2 live (waiting for more workers to register)");
+  ASSERT_EQ(Job(small).state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(Job(small).stages(0).worker_id(), a.id());
+  EXPECT_EQ(Job(pair).pending_reason(), "waiting for 2 idle workers, 1 idle");
+  // The small job ends: the pair starts on both workers, the big one still waits.
+  a.Finish(small);
+  EXPECT_EQ(Job(small).state(), v1::JOB_STATE_SUCCEEDED);
+  ASSERT_EQ(Job(pair).state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(Job(pair).pending_reason(), "");
+  EXPECT_EQ(a.assigned(pair), pair);
+  EXPECT_EQ(b.assigned(pair), pair);
+  EXPECT_EQ(Job(big).state(), v1::JOB_STATE_PENDING);
+  // A third worker registers and the pair ends: now the big one fits.
+  FakeWorker& c = AddWorker("c");
+  EXPECT_EQ(Job(big).pending_reason(), "waiting for 3 idle workers, 1 idle");
+  a.Finish(pair);
+  b.Finish(pair);
+  ASSERT_EQ(Job(big).state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(c.assigned(big), big);
+}
+
+TEST_F(SchedulingTest, AJobWaitingTooLongIsServedBeforeLaterOnesAndCancellingItLetsThemStart) {
+  FakeWorker& a = AddWorker("a");
+  FakeWorker& b = AddWorker("b");
+  const uint64_t running = Submit(1, "running");
+  const uint64_t pair = Submit(2, "pair");
+  EXPECT_EQ(Job(pair).pending_reason(), "waiting for 2 idle workers, 1 idle");
+  // Past reserve_after (1 min here) the pair becomes a reservation: the single job waits for it,
+  // though a worker is idle.
+  Advance(absl::Seconds(61));
+  const uint64_t single = Submit(1, "single");
+  EXPECT_EQ(Job(single).state(), v1::JOB_STATE_PENDING);
+  EXPECT_EQ(Job(single).pending_reason(), absl::StrCat("held behind job ", pair,
+                                                       ", which has waited longer than 1m and has the first claim on "
+                                                       "idle workers"));
+  // Cancelling the pending pair takes it out of the queue and the single job starts at once.
+  Cancel(pair);
+  EXPECT_EQ(Job(pair).state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(Job(pair).pending_reason(), "");
+  ASSERT_EQ(Job(single).state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(b.assigned(single), single);
+  EXPECT_EQ(a.assigned(running), running);
+}
+
+TEST_F(SchedulingTest, AReservationStartsWhenItsWorkersFree) {
+  FakeWorker& a = AddWorker("a");
+  FakeWorker& b = AddWorker("b");
+  const uint64_t first = Submit(1, "first");
+  const uint64_t pair = Submit(2, "pair");
+  Advance(absl::Minutes(2));
+  const uint64_t single = Submit(1, "single");
+  EXPECT_EQ(Job(single).state(), v1::JOB_STATE_PENDING);
+  a.Finish(first);
+  ASSERT_EQ(Job(pair).state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(b.assigned(pair), pair);
+  EXPECT_EQ(Job(single).pending_reason(), "waiting for 1 idle worker, 0 idle");
+}
+
+TEST_F(SchedulingTest, ADeadWorkersJobFailsNamingItAndTheSilence) {
+  AddWorker("a");
+  const uint64_t job = Submit(1);
+  ASSERT_EQ(Job(job).state(), v1::JOB_STATE_RUNNING);
+  clock_.Advance(absl::Seconds(11));
+  svc_->CheckHeartbeats();
+  const v1::JobStatus st = Job(job);
+  EXPECT_EQ(st.state(), v1::JOB_STATE_FAILED);
+  EXPECT_NE(st.error().find("worker a (id "), std::string::npos) << st.error();
+  EXPECT_NE(st.error().find("no heartbeat for 11s (timeout 10s)"), std::string::npos) << st.error();
+}
+
+TEST_F(SchedulingTest, AClosedSessionFailsTheJobSayingWhenTheWorkerWasLastHeardFrom) {
+  AddWorker("a");
+  const uint64_t job = Submit(1);
+  ASSERT_EQ(Job(job).state(), v1::JOB_STATE_RUNNING);
+  clock_.Advance(absl::Milliseconds(1500));
+  workers_.clear();  // cancels its stream
+  v1::JobStatus st;
+  for (int i = 0; i < 200 && (st = Job(job)).state() == v1::JOB_STATE_RUNNING; ++i) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(st.state(), v1::JOB_STATE_FAILED);
+  EXPECT_NE(st.error().find("worker a (id "), std::string::npos) << st.error();
+  EXPECT_NE(st.error().find("session closed"), std::string::npos) << st.error();
+  EXPECT_NE(st.error().find("last heartbeat 1.5s before"), std::string::npos) << st.error();
 }
 
 }  // namespace

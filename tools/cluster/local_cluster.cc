@@ -126,7 +126,8 @@ absl::Status Cluster::StartCoordinator() {
                            address_.empty() ? absl::StrCat("--listen=", Host("coordinator"), ":0")
                                             : absl::StrCat("--listen=", address_),
                            absl::StrCat("--port-file=", port_file), absl::StrCat("--state=", dir_, "/coordinator.db"),
-                           "--heartbeat-timeout-ms=3000", "--heartbeat-interval-ms=300"});
+                           "--heartbeat-timeout=3s", "--heartbeat-interval=300ms"});
+  argv.insert(argv.end(), coordinator_flags_.begin(), coordinator_flags_.end());
   absl::StatusOr<std::unique_ptr<Process>> p = Process::Spawn(argv, absl::StrCat(dir_, "/coordinator.log"));
   if (!p.ok()) return p.status();
   coordinator_ = std::move(*p);

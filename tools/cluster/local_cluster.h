@@ -67,6 +67,10 @@ class Cluster {
   // Optional, before StartWorkers: the --device each worker computes on (dealt round-robin, so
   // several workers may share one GPU); default cpu.
   void SetWorkerDevices(std::vector<std::string> devices) { devices_ = std::move(devices); }
+  // Optional, before StartCoordinator: more longhaul-coordinator flags (e.g. "--reserve-after=1s";
+  // not --listen, --port-file, --state or the heartbeat flags, which the cluster sets); kept for
+  // restarts.
+  void SetCoordinatorFlags(std::vector<std::string> flags) { coordinator_flags_ = std::move(flags); }
   ~Cluster();
 
   absl::Status StartCoordinator();
@@ -108,6 +112,7 @@ class Cluster {
   int threads_ = 1;
   Placement placement_;
   std::vector<std::string> devices_;
+  std::vector<std::string> coordinator_flags_;
   std::vector<std::string> Prefix(const std::string& role) const;
   std::string Host(const std::string& role) const;
 };
