@@ -6,7 +6,8 @@
 // bit-identical floats (tests/codec/gpu_group_quant_test.cc and gpu_replica_codecs_test.cc check
 // every codec over odd shapes). The
 // per-element arithmetic is shared source (LONGHAUL_HD helpers in minifloat.h, int_util.h,
-// cpu/kernels_common.h) and the kernels are compiled with --fmad=false; reductions follow the
+// cpu/kernels_common.h; the grouped encoder's per-group steps in cuda/group_quant_group.h, which a
+// host test runs against the CPU reference in CI) and the kernels are compiled with --fmad=false; reductions follow the
 // order the CPU reference defines (32 lanes, lane j taking the elements i = j mod 32, combined
 // pairwise: lane i += lane i + h for h = 16, 8, 4, 2, 1), which a warp computes with shuffles.
 //

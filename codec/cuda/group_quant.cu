@@ -1,17 +1,22 @@
 // Grouped asymmetric quantisation (int<k>, tahquant) on a CUDA device: the payload of
 // group_quant.h, byte for byte.
 //
-// One warp per token, in three kernels and two library calls:
-//   1. TokenStats: sum and max of |x| (32 lanes, the CPU's order), the NaN/Inf/huge check, the
-//      token exponent, the entropy (adaptive TAH-Quant), and how many groups the outlier test will
-//      flag (so the block's size is known before it is written).
+// Encoding, in kernels and library calls on one stream:
+//   1. TokenStats (one warp per token): sum and max of |x| (32 lanes, the CPU's order), the
+//      NaN/Inf/huge check, the token exponent and the entropy (adaptive TAH-Quant).
 //   2. bit allocation: a stable radix sort (CUB) of the tokens by entropy (descending) or by the
 //      fixed hash (ascending), ties by token index, exactly the set nth_element picks on the CPU;
-//   3. block sizes and an inclusive scan (CUB) into block offsets;
-//   4. EncodeTokens: per group (a "chunk" of max(G, 32) elements, so a warp holds one group of 32 or
-//      more, or 32/G groups of fewer in lane segments): outlier test, pivot swap + Hadamard in
-//      shared memory, min/max, mf12 parameters, codes, bit-packing.
+//   3. with the Hadamard option, GroupFlags (one thread per group): the outlier test, flag[k] and
+//      pivot[k] of group k = t * ng + gi; an exclusive scan (CUB) of the flags gives each flagged
+//      group its ordinal, hence its pivot's place in the token block and the token's count;
+//   4. block sizes and an inclusive scan (CUB) into block ends;
+//   5. EncodeGroups (one thread per group): header, params, pivot, codes.
+// The groups' work is group_quant_group.h's (shared with the host, which tests it against the CPU
+// reference); its kernels here are the barriers around those phases. One thread per group keeps
+// many groups' loads in flight, where a warp walking a token's groups had one group's at a time.
 // The host synchronises once, to read the payload size and the error word.
+//
+// Decoding is one warp per token (DecodeTokens).
 #include <cuda_runtime.h>
 
 #include <cub/device/device_radix_sort.cuh>
@@ -27,6 +32,7 @@
 #include "codec/cpu/kernels_common.h"
 #include "codec/cuda/cuda_util.cuh"
 #include "codec/cuda/gpu_codec.h"
+#include "codec/cuda/group_quant_group.h"
 #include "codec/int_util.h"
 #include "codec/minifloat.h"
 
@@ -36,17 +42,8 @@ namespace {
 // As in group_quant.cc.
 constexpr float kEntropyL1Eps = 1e-12f;
 constexpr float kEntropyLogEps = 1e-12f;
-constexpr float kRhoEps = 1e-12f;
 constexpr int kMaxGroup = 256;
 constexpr int kWarpsPerBlock = 8;
-
-struct TokenInfo {
-  float key;        // entropy (+0.0, so that -0 and +0 sort as equal)
-  int32_t exp;      // token exponent E
-  int32_t flagged;  // groups the outlier test flags
-  int32_t bits;     // bit width, set by the allocation
-  int32_t ok;       // 0: NaN/Inf/huge (the encode fails; the block is not written)
-};
 
 // Results the host reads after the one synchronisation.
 struct Results {
@@ -55,7 +52,7 @@ struct Results {
   unsigned long long total;      // payload bytes
 };
 
-// The geometry of a chunk: C = max(G, 32) elements, `per` = C / 32 elements per lane; lanes form
+// The decoder's warp geometry. A chunk: C = max(G, 32) elements, `per` = C / 32 elements per lane; lanes form
 // segments of U = min(G, 32) lanes that each hold one group. Element k * 32 + lane of the chunk is
 // the lane's k-th; its group in the chunk is e / G and its index in the group e % G.
 // kPer is a template parameter (1, 2, 4 or 8) so the per-lane arrays stay in registers.
@@ -66,58 +63,9 @@ struct Geo {
   __device__ explicit Geo(int group) : g(group), u(group < 32 ? group : 32) {}
 };
 
-__device__ __forceinline__ int64_t Min64(int64_t a, int64_t b) { return a < b ? a : b; }
-
-__device__ __forceinline__ float SegMax(float v, int u) {
-  for (int h = u / 2; h >= 1; h /= 2) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, h));
-  return v;
-}
-__device__ __forceinline__ float SegMin(float v, int u) {
-  for (int h = u / 2; h >= 1; h /= 2) v = fminf(v, __shfl_xor_sync(kFullMask, v, h));
-  return v;
-}
-__device__ __forceinline__ int SegSum(int v, int u) {
-  for (int h = u / 2; h >= 1; h /= 2) v += __shfl_xor_sync(kFullMask, v, h);
-  return v;
-}
-__device__ __forceinline__ int SegMinInt(int v, int u) {
-  for (int h = u / 2; h >= 1; h /= 2) v = min(v, __shfl_xor_sync(kFullMask, v, h));
-  return v;
-}
-
-// The outlier test of the lane's group (Top2Abs, rho > tau) and its pivot (the first index of the
-// largest |g_i|). `a` holds the lane's |values| (0 for elements past the tensor's end), `full`
-// whether the group is complete. Returns the pivot, or -1 when the group is not flagged.
-template <int kPer>
-__device__ int OutlierPivot(const float (&a)[kPer], const Geo<kPer>& geo, int lane, bool full, float tau) {
-  float m = 0.0f;
-#pragma unroll
-  for (int k = 0; k < kPer; ++k) m = a[k] > m ? a[k] : m;
-  const float a1 = SegMax(m, geo.u);
-  int count = 0, first = INT_MAX;
-  float rest = 0.0f;
-#pragma unroll
-  for (int k = 0; k < kPer; ++k) {
-    const int idx = (k * 32 + lane) % geo.g;
-    if (a[k] == a1) {
-      ++count;
-      first = min(first, idx);
-    } else {
-      rest = a[k] > rest ? a[k] : rest;
-    }
-  }
-  count = SegSum(count, geo.u);
-  first = SegMinInt(first, geo.u);
-  // a2 == a1 when the maximum repeats, else the largest of the others (values are >= 0). Every
-  // lane takes part in the shuffles: segments may decide differently.
-  const float others = SegMax(rest, geo.u);
-  const float a2 = count >= 2 ? a1 : others;
-  return full && a1 / (a2 + kRhoEps) > tau ? first : -1;
-}
-
-template <int kPer, typename T>
-__global__ void TokenStats(const T* __restrict__ x, int64_t tokens, int64_t dim, int g, bool entropy,
-                           bool hadamard, float tau, TokenInfo* __restrict__ info, Results* __restrict__ res) {
+template <typename T>
+__global__ void TokenStats(const T* __restrict__ x, int64_t tokens, int64_t dim, bool entropy,
+                           TokenInfo* __restrict__ info, Results* __restrict__ res) {
   const int lane = threadIdx.x % 32;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (t >= tokens) return;  // whole warps only
@@ -133,7 +81,7 @@ __global__ void TokenStats(const T* __restrict__ x, int64_t tokens, int64_t dim,
   if (!isfinite(sum) || mx > 0x1p100f) {
     if (lane == 0) {
       atomicMin(&res->first_bad, (static_cast<unsigned long long>(t) << 1) | (isfinite(sum) ? 1ull : 0ull));
-      info[t] = TokenInfo{0.0f, 0, 0, 0, 0};
+      info[t] = TokenInfo{0.0f, 0, 0, 0, 0, 0};
     }
     return;
   }
@@ -150,28 +98,7 @@ __global__ void TokenStats(const T* __restrict__ x, int64_t tokens, int64_t dim,
     }
     h = -WarpSumLanes32(e) + 0.0f;
   }
-  int flagged = 0;
-  if (hadamard) {
-    const Geo<kPer> geo(g);
-    for (int64_t base = 0; base < dim; base += geo.c) {
-      float a[kPer];
-#pragma unroll
-      for (int k = 0; k < kPer; ++k) {
-        const int64_t e = base + k * 32 + lane;
-        a[k] = e < dim ? fabsf(LoadF(row, e)) : 0.0f;
-      }
-      const int64_t group_start = base + (lane % geo.c) / geo.g * geo.g;  // lane's group (k = 0)
-      const bool full = group_start + geo.g <= dim;
-      const int piv = OutlierPivot(a, geo, lane, full, tau);
-      // Count each flagged group once, at its segment's first lane.
-      if (piv >= 0 && lane % geo.u == 0) ++flagged;
-    }
-    flagged = WarpSumInt(flagged);
-  }
-  if (lane == 0) {
-    info[t] = TokenInfo{h, e2, flagged, 0, 1};
-    if (flagged > 0) atomicAdd(&res->transformed, static_cast<unsigned long long>(flagged));
-  }
+  if (lane == 0) info[t] = TokenInfo{h, e2, 0, 1, 0, 0};  // bits: the allocation; flags: BlockSizes
 }
 
 __global__ void InitKeys(const TokenInfo* __restrict__ info, int64_t tokens, bool adaptive, float* fkeys,
@@ -197,13 +124,63 @@ __global__ void AllBits(int64_t tokens, int bits, TokenInfo* __restrict__ info) 
   if (t < tokens) info[t].bits = bits;
 }
 
-__global__ void BlockSizes(const TokenInfo* __restrict__ info, int64_t tokens, int64_t dim, int ng,
-                           unsigned long long* __restrict__ sizes) {
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (t < tokens) {
-    sizes[t] = 2ull + 3ull * ng + static_cast<unsigned long long>(info[t].flagged) +
-               static_cast<unsigned long long>((dim * info[t].bits + 7) / 8);
+// Element i of x as a float, for the staging phase (group_quant_group.h). Host-callable in name
+// only: the phases are host-device templates, and this functor is only ever used on the device.
+template <typename T>
+struct DeviceLoad {
+  const T* x;
+  LONGHAUL_HD float operator()(int64_t i) const {
+#ifdef __CUDA_ARCH__
+    return LoadF(x, i);
+#else
+    (void)i;
+    return 0.0f;
+#endif
   }
+};
+
+// flag[k] and pivot[k] of every group k < groups (one thread each).
+template <int G, typename T>
+__global__ void __launch_bounds__(GroupGeometry<G>::kGroups)
+    GroupFlags(const T* __restrict__ x, int64_t groups, int ng, int64_t dim, float tau, int32_t* __restrict__ flag,
+               uint8_t* __restrict__ pivot) {
+  __shared__ StageSmem<G> sm;
+  const int tid = threadIdx.x;
+  const int64_t k = FlagSetup<G>(sm, blockIdx.x, tid, groups, ng, dim);
+  __syncthreads();
+  StageGroups<G>(sm, tid, DeviceLoad<T>{x});
+  __syncthreads();
+  FlagSlot<G>(sm, tid, k, groups, tau, flag, pivot);
+}
+
+// Token sizes (and each token's flagged count and first ordinal into info); the last thread also
+// stores the number of flagged groups. flag and ordinal are null without the Hadamard option.
+__global__ void BlockSizes(TokenInfo* __restrict__ info, int64_t tokens, int64_t dim, int ng,
+                           const int32_t* __restrict__ flag, const int32_t* __restrict__ ordinal,
+                           unsigned long long* __restrict__ sizes, Results* __restrict__ res) {
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= tokens) return;
+  TokenInfo ti = info[t];
+  sizes[t] = TokenBlockBytes(&ti, t, dim, ng, flag, ordinal);
+  info[t] = ti;
+  if (t == tokens - 1 && flag != nullptr) {
+    const int64_t last = tokens * ng - 1;
+    res->transformed = static_cast<unsigned long long>(ordinal[last] + flag[last]);
+  }
+}
+
+// The payload: every group of every good token (one thread each).
+template <int G, typename T>
+__global__ void __launch_bounds__(GroupGeometry<G>::kGroups) EncodeGroups(const T* __restrict__ x, EncodeArgs a) {
+  __shared__ EncodeSmem<G> sm;
+  const int tid = threadIdx.x;
+  const SlotState st = EncodeSetup<G>(a, sm.stage, blockIdx.x, tid);
+  __syncthreads();
+  StageGroups<G>(sm.stage, tid, DeviceLoad<T>{x});
+  __syncthreads();
+  EncodeSlot<G>(a, sm, st, tid);
+  __syncthreads();
+  WriteCodes<G>(sm, tid, a.payload);
 }
 
 // The orthonormal Walsh-Hadamard transform of each flagged group in `buf` (a warp's chunk), in the
@@ -229,125 +206,6 @@ __device__ void FwhtChunk(float* buf, const Geo<kPer>& geo, int lane, bool flagg
     for (int q = li; q < geo.g; q += geo.u) buf[seg_base + q] *= norm;
   }
   __syncwarp();
-}
-
-// Bit-packs codes[0, n) of a chunk (n <= 256) as kernels' Pack: each run of 8 codes becomes `bits`
-// bytes, a final partial run PackedBytes(rem, bits).
-__device__ void PackChunk(const uint8_t* codes, int n, int bits, int lane, uint8_t* out) {
-  const int runs = (n + 7) / 8;
-  for (int r = lane; r < runs; r += 32) {
-    const int len = min(8, n - r * 8);
-    uint64_t w = 0;
-    for (int j = 0; j < len; ++j) w |= static_cast<uint64_t>(codes[r * 8 + j]) << (j * bits);
-    const int nb = (len * bits + 7) / 8;
-    for (int b = 0; b < nb; ++b) out[r * bits + b] = static_cast<uint8_t>(w >> (8 * b));
-  }
-}
-
-template <int kPer, typename T>
-__global__ void EncodeTokens(const T* __restrict__ x, int64_t tokens, int64_t dim, int g, bool hadamard, float tau,
-                             float norm, const TokenInfo* __restrict__ info,
-                             const unsigned long long* __restrict__ offsets, uint8_t* __restrict__ payload) {
-  __shared__ float s_buf[kWarpsPerBlock][kMaxGroup];
-  __shared__ uint8_t s_codes[kWarpsPerBlock][kMaxGroup];
-  const int lane = threadIdx.x % 32, w = threadIdx.x / 32;
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + w;
-  if (t >= tokens) return;
-  const T* row = x + t * dim;
-  const TokenInfo ti = info[t];
-  if (!ti.ok) return;  // the encode fails; nothing of this token is read back
-  const int ng = static_cast<int>((dim + g - 1) / g);
-  uint8_t* blk = payload + (t == 0 ? 0ull : offsets[t - 1]);
-  if (lane == 0) {
-    blk[0] = static_cast<uint8_t>(ti.bits);
-    blk[1] = static_cast<uint8_t>(static_cast<int8_t>(ti.exp));
-  }
-  uint8_t* params = blk + 2;
-  uint8_t* pivots = params + 3 * ng;
-  uint8_t* codes_out = pivots + ti.flagged;
-  const int maxq = (1 << ti.bits) - 1;
-  const float to_rel = Pow2(-ti.exp), from_rel = Pow2(ti.exp);
-  const Geo<kPer> geo(g);
-  float* buf = s_buf[w];
-  uint8_t* cbuf = s_codes[w];
-  int flag_ordinal = 0;  // flagged groups before this chunk
-  for (int64_t base = 0; base < dim; base += geo.c) {
-    float v[kPer];
-    bool valid[kPer];
-    float a[kPer];
-#pragma unroll
-    for (int k = 0; k < kPer; ++k) {
-      const int64_t e = base + k * 32 + lane;
-      valid[k] = e < dim;
-      v[k] = valid[k] ? LoadF(row, e) : 0.0f;
-      a[k] = fabsf(v[k]);
-    }
-    const int seg = (lane % geo.c) / geo.g;  // the lane's group within the chunk
-    const int64_t group_start = base + static_cast<int64_t>(seg) * geo.g;
-    const int64_t gi = group_start / geo.g;
-    const int n = static_cast<int>(Min64(geo.g, dim - group_start));  // <= 0: no group
-    const bool leader = lane % geo.u == 0;
-    int piv = -1;
-    if (hadamard) piv = OutlierPivot(a, geo, lane, n == geo.g, tau);
-    const bool flagged = piv >= 0;
-    // The flagged group's pivot goes to pivots[ordinal], in group order.
-    const unsigned flag_mask = __ballot_sync(kFullMask, flagged && leader);
-    if (flagged && leader) pivots[flag_ordinal + __popc(flag_mask & ((1u << lane) - 1))] = static_cast<uint8_t>(piv);
-    flag_ordinal += __popc(flag_mask);
-    if (__any_sync(kFullMask, flagged)) {
-#pragma unroll
-      for (int k = 0; k < kPer; ++k) buf[k * 32 + lane] = v[k];
-      __syncwarp();
-      if (flagged && lane % geo.u == 0) {
-        const int s0 = seg * geo.g;
-        const float tmp = buf[s0];
-        buf[s0] = buf[s0 + piv];
-        buf[s0 + piv] = tmp;
-      }
-      FwhtChunk(buf, geo, lane, flagged, norm);
-      if (flagged) {
-#pragma unroll
-        for (int k = 0; k < kPer; ++k) v[k] = buf[k * 32 + lane];
-      }
-      __syncwarp();
-    }
-    // QuantizeGroup (group_quant.cc): mf12 lo rounded down, scale rounded up, codes against them.
-    float lo = INFINITY, hi = -INFINITY;
-#pragma unroll
-    for (int k = 0; k < kPer; ++k) {
-      if (valid[k]) {
-        lo = v[k] < lo ? v[k] : lo;
-        hi = v[k] > hi ? v[k] : hi;
-      }
-    }
-    lo = SegMin(lo, geo.u);
-    hi = SegMax(hi, geo.u);
-    const uint16_t lo_code = Mf12Encode(lo * to_rel, RoundDir::kDown);
-    const float lo_q = Mf12Decode(lo_code) * from_rel;
-    const float scale = (hi - lo_q) / static_cast<float>(maxq);
-    const uint16_t s_code = Mf12Encode(scale * to_rel, RoundDir::kUp);
-    const float s_q = Mf12Decode(s_code) * from_rel;
-    const float inv = s_q > 0.0f ? 1.0f / s_q : 0.0f;
-    const float fmaxq = static_cast<float>(maxq);
-#pragma unroll
-    for (int k = 0; k < kPer; ++k) {
-      float r = rintf((v[k] - lo_q) * inv);
-      r = r >= 0.0f ? r : 0.0f;  // NaN (0 * inf when the scale underflows) -> 0, as on the CPU
-      r = r > fmaxq ? fmaxq : r;
-      cbuf[k * 32 + lane] = static_cast<uint8_t>(static_cast<int>(r));
-    }
-    if (leader && n > 0) {
-      const uint32_t word = static_cast<uint32_t>(lo_code) | (static_cast<uint32_t>(s_code & 0x7FF) << 12) |
-                            (flagged ? (1u << 23) : 0u);
-      params[3 * gi] = word & 0xFF;
-      params[3 * gi + 1] = (word >> 8) & 0xFF;
-      params[3 * gi + 2] = (word >> 16) & 0xFF;
-    }
-    __syncwarp();
-    const int chunk_n = static_cast<int>(Min64(geo.c, dim - base));
-    PackChunk(cbuf, chunk_n, ti.bits, lane, codes_out + base * ti.bits / 8);
-    __syncwarp();
-  }
 }
 
 template <int kPer>
@@ -432,7 +290,16 @@ __global__ void DecodeTokens(const uint8_t* __restrict__ payload, const unsigned
 
 int Blocks(int64_t n, int per_block) { return static_cast<int>((n + per_block - 1) / per_block); }
 
-// Scratch slots of the workspace.
+// Scratch slots of the workspace, and what they hold during an encode (the decoder uses kOffsets
+// only). The bit allocation runs before the flags so that its slots can then hold the flags:
+//   kInfo        TokenInfo per token, throughout
+//   kKeys        the sort's keys (fp32 entropy or 64-bit hash), then the block sizes
+//   kSortedKeys  the sorted keys, then the flags' exclusive scan (int32 per group)
+//   kIdx         the sort's token indices, then the flags (int32 per group)
+//   kSortedIdx   the sorted token indices (read by AssignBits), then the pivots (u8 per group)
+//   kOffsets     the block ends (inclusive scan of the sizes)
+//   kTemp        the Results word, then CUB's temporary storage
+//   kPayload     the payload (worst case: every group flagged, every token at bits_hi)
 enum Slot { kInfo, kKeys, kSortedKeys, kIdx, kSortedIdx, kOffsets, kTemp, kPayload };
 
 // Calls f(std::integral_constant<int, kPer>) for the group size's elements per lane.
@@ -443,6 +310,20 @@ absl::Status WithPer(int g, F&& f) {
     case 2: return f(std::integral_constant<int, 2>{});
     case 4: return f(std::integral_constant<int, 4>{});
     case 8: return f(std::integral_constant<int, 8>{});
+  }
+  return absl::InvalidArgumentError(absl::StrCat("group size ", g, " is not supported on the GPU"));
+}
+
+// Calls f(std::integral_constant<int, G>) for the group size.
+template <typename F>
+absl::Status WithGroup(int g, F&& f) {
+  switch (g) {
+    case 8: return f(std::integral_constant<int, 8>{});
+    case 16: return f(std::integral_constant<int, 16>{});
+    case 32: return f(std::integral_constant<int, 32>{});
+    case 64: return f(std::integral_constant<int, 64>{});
+    case 128: return f(std::integral_constant<int, 128>{});
+    case 256: return f(std::integral_constant<int, 256>{});
   }
   return absl::InvalidArgumentError(absl::StrCat("group size ", g, " is not supported on the GPU"));
 }
@@ -459,18 +340,26 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
     if (stats != nullptr) *stats = {};
     return DeviceBytes{};
   }
-  const cudaStream_t st = AsStream(s);
   const int g = p.group_size;
-  const int ng = static_cast<int>((dim + g - 1) / g);
+  const int64_t ng64 = (dim + g - 1) / g;
+  // Group indices, their scans and CUB's item counts are 32-bit.
+  if (ng64 > INT_MAX / tokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(tokens, " x ", ng64, " groups: more than the GPU encoder takes"));
+  }
+  const cudaStream_t st = AsStream(s);
+  const int ng = static_cast<int>(ng64);
+  const int64_t groups = tokens * ng64;
   const bool two_widths = p.bits_hi != p.bits_lo;
   const bool entropy = two_widths && p.adaptive;
+  const bool flags = p.hadamard;
   const float norm = HadamardNorm(g);
   const int64_t max_block = 2 + 4 * static_cast<int64_t>(ng) + PackedBytes(dim, p.bits_hi);
   const int64_t n_hi = two_widths ? std::llround(static_cast<double>(p.ratio) * static_cast<double>(tokens)) : tokens;
   const bool sort = two_widths && n_hi < tokens;
   const int n = static_cast<int>(tokens);
 
-  // CUB's temporary storage: the larger of the sort's and the scan's.
+  // CUB's temporary storage: the largest of the sort's and the scans'.
   size_t temp_bytes = 0;
   if (sort) {
     if (p.adaptive) {
@@ -489,14 +378,31 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
                                                    static_cast<unsigned long long*>(nullptr), n, st));
     temp_bytes = std::max(temp_bytes, b);
   }
+  if (flags) {
+    size_t b = 0;
+    LONGHAUL_CUDA_OK(cub::DeviceScan::ExclusiveSum(nullptr, b, static_cast<const int32_t*>(nullptr),
+                                                   static_cast<int32_t*>(nullptr), static_cast<int>(groups), st));
+    temp_bytes = std::max(temp_bytes, b);
+  }
+  // Every slot before the first launch: growing one synchronises the device.
   constexpr size_t kResultsBytes = 256;  // the results word first, CUB's storage after it (aligned)
-  absl::StatusOr<void*> info = ws.Scratch(kInfo, sizeof(TokenInfo) * tokens);
-  absl::StatusOr<void*> sizes = ws.Scratch(kKeys, sizeof(unsigned long long) * tokens);
-  absl::StatusOr<void*> offsets = ws.Scratch(kOffsets, sizeof(unsigned long long) * tokens);
-  absl::StatusOr<void*> payload = ws.Scratch(kPayload, static_cast<size_t>(max_block * tokens));
+  const size_t tok = static_cast<size_t>(tokens), grp = static_cast<size_t>(groups);
+  absl::StatusOr<void*> info = ws.Scratch(kInfo, sizeof(TokenInfo) * tok);
+  absl::StatusOr<void*> keys = ws.Scratch(kKeys, sizeof(unsigned long long) * tok);
+  absl::StatusOr<void*> offsets = ws.Scratch(kOffsets, sizeof(unsigned long long) * tok);
+  absl::StatusOr<void*> payload = ws.Scratch(kPayload, static_cast<size_t>(max_block) * tok);
   absl::StatusOr<void*> temp = ws.Scratch(kTemp, kResultsBytes + temp_bytes);
   absl::StatusOr<void*> pinned = ws.Pinned();
-  for (const auto* r : {&info, &sizes, &offsets, &payload, &temp, &pinned}) {
+  // The sort's slots, then the flags' (see Slot); untouched when neither runs.
+  auto maybe = [&](int slot, size_t bytes) -> absl::StatusOr<void*> {
+    if (bytes == 0) return static_cast<void*>(nullptr);
+    return ws.Scratch(slot, bytes);
+  };
+  absl::StatusOr<void*> sorted_keys =
+      maybe(kSortedKeys, std::max(sort ? sizeof(unsigned long long) * tok : 0, flags ? sizeof(int32_t) * grp : 0));
+  absl::StatusOr<void*> idx = maybe(kIdx, std::max(sort ? sizeof(int) * tok : 0, flags ? sizeof(int32_t) * grp : 0));
+  absl::StatusOr<void*> sorted_idx = maybe(kSortedIdx, std::max(sort ? sizeof(int) * tok : 0, flags ? grp : 0));
+  for (const auto* r : {&info, &keys, &offsets, &payload, &temp, &pinned, &sorted_keys, &idx, &sorted_idx}) {
     if (!r->ok()) return r->status();
   }
   auto* ti = static_cast<TokenInfo*>(*info);
@@ -507,38 +413,25 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
   // From pageable memory: the call returns once `init` has been read.
   LONGHAUL_CUDA_OK(cudaMemcpyAsync(dres, &init, sizeof(init), cudaMemcpyHostToDevice, st));
 
-  const int warp_blocks = Blocks(tokens, kWarpsPerBlock);
-  const int threads = 32 * kWarpsPerBlock;
-  absl::Status stats_launched = WithPer(g, [&](auto per) {
-    return WithInputType(x, dtype, [&](const auto* xt) -> absl::Status {
-      TokenStats<decltype(per)::value><<<warp_blocks, threads, 0, st>>>(xt, tokens, dim, g, entropy, p.hadamard,
-                                                                        p.tau, ti, dres);
-      return CudaStatus(cudaGetLastError(), "token statistics kernel");
-    });
+  absl::Status stats_launched = WithInputType(x, dtype, [&](const auto* xt) -> absl::Status {
+    TokenStats<<<Blocks(tokens, kWarpsPerBlock), 32 * kWarpsPerBlock, 0, st>>>(xt, tokens, dim, entropy, ti, dres);
+    return CudaStatus(cudaGetLastError(), "token statistics kernel");
   });
   if (!stats_launched.ok()) return stats_launched;
 
   const int elem_blocks = Blocks(tokens, 256);
   if (sort) {
-    // The sort's keys go through the sizes buffer (free until the sizes are computed).
-    absl::StatusOr<void*> sorted_keys = ws.Scratch(kSortedKeys, sizeof(unsigned long long) * tokens);
-    absl::StatusOr<void*> idx = ws.Scratch(kIdx, sizeof(int) * tokens);
-    absl::StatusOr<void*> sorted_idx = ws.Scratch(kSortedIdx, sizeof(int) * tokens);
-    for (const auto* r : {&sorted_keys, &idx, &sorted_idx}) {
-      if (!r->ok()) return r->status();
-    }
-    void* keys = *sizes;
-    InitKeys<<<elem_blocks, 256, 0, st>>>(ti, tokens, p.adaptive, static_cast<float*>(keys),
-                                           static_cast<unsigned long long*>(keys), static_cast<int*>(*idx));
+    InitKeys<<<elem_blocks, 256, 0, st>>>(ti, tokens, p.adaptive, static_cast<float*>(*keys),
+                                           static_cast<unsigned long long*>(*keys), static_cast<int*>(*idx));
     LONGHAUL_CUDA_OK(cudaGetLastError());
     size_t b = temp_bytes;
     if (p.adaptive) {
       LONGHAUL_CUDA_OK(cub::DeviceRadixSort::SortPairsDescending(
-          cub_temp, b, static_cast<const float*>(keys), static_cast<float*>(*sorted_keys),
+          cub_temp, b, static_cast<const float*>(*keys), static_cast<float*>(*sorted_keys),
           static_cast<const int*>(*idx), static_cast<int*>(*sorted_idx), n, 0, 32, st));
     } else {
       LONGHAUL_CUDA_OK(cub::DeviceRadixSort::SortPairs(
-          cub_temp, b, static_cast<const unsigned long long*>(keys), static_cast<unsigned long long*>(*sorted_keys),
+          cub_temp, b, static_cast<const unsigned long long*>(*keys), static_cast<unsigned long long*>(*sorted_keys),
           static_cast<const int*>(*idx), static_cast<int*>(*sorted_idx), n, 0, 64, st));
     }
     AssignBits<<<elem_blocks, 256, 0, st>>>(static_cast<const int*>(*sorted_idx), tokens, n_hi, p.bits_hi,
@@ -547,19 +440,41 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
     AllBits<<<elem_blocks, 256, 0, st>>>(tokens, p.bits_hi, ti);
   }
   LONGHAUL_CUDA_OK(cudaGetLastError());
-  auto* sz = static_cast<unsigned long long*>(*sizes);
+
+  // The sort's slots are free from here on (stream order): flags, ordinals and pivots.
+  int32_t* flag = nullptr;
+  int32_t* ordinal = nullptr;
+  uint8_t* pivot = nullptr;
+  if (flags) {
+    flag = static_cast<int32_t*>(*idx);
+    ordinal = static_cast<int32_t*>(*sorted_keys);
+    pivot = static_cast<uint8_t*>(*sorted_idx);
+    absl::Status launched = WithGroup(g, [&](auto gc) {
+      return WithInputType(x, dtype, [&](const auto* xt) -> absl::Status {
+        constexpr int kGroups = GroupGeometry<decltype(gc)::value>::kGroups;
+        GroupFlags<decltype(gc)::value><<<Blocks(groups, kGroups), kGroups, 0, st>>>(xt, groups, ng, dim, p.tau,
+                                                                                      flag, pivot);
+        return CudaStatus(cudaGetLastError(), "group flags kernel");
+      });
+    });
+    if (!launched.ok()) return launched;
+    size_t b = temp_bytes;
+    LONGHAUL_CUDA_OK(cub::DeviceScan::ExclusiveSum(cub_temp, b, flag, ordinal, static_cast<int>(groups), st));
+  }
+  auto* sz = static_cast<unsigned long long*>(*keys);
   auto* ends = static_cast<unsigned long long*>(*offsets);  // ends[t]: the end of token t's block
-  BlockSizes<<<elem_blocks, 256, 0, st>>>(ti, tokens, dim, ng, sz);
+  BlockSizes<<<elem_blocks, 256, 0, st>>>(ti, tokens, dim, ng, flag, ordinal, sz, dres);
   LONGHAUL_CUDA_OK(cudaGetLastError());
   {
     size_t b = temp_bytes;
     LONGHAUL_CUDA_OK(cub::DeviceScan::InclusiveSum(cub_temp, b, sz, ends, n, st));
   }
   auto* out = static_cast<uint8_t*>(*payload);
-  absl::Status encode_launched = WithPer(g, [&](auto per) {
+  const EncodeArgs args{tokens, dim, ng, norm, ti, ends, flag, ordinal, pivot, out};
+  absl::Status encode_launched = WithGroup(g, [&](auto gc) {
     return WithInputType(x, dtype, [&](const auto* xt) -> absl::Status {
-      EncodeTokens<decltype(per)::value><<<warp_blocks, threads, 0, st>>>(xt, tokens, dim, g, p.hadamard, p.tau,
-                                                                          norm, ti, ends, out);
+      constexpr int kGroups = GroupGeometry<decltype(gc)::value>::kGroups;
+      EncodeGroups<decltype(gc)::value><<<Blocks(groups, kGroups), kGroups, 0, st>>>(xt, args);
       return CudaStatus(cudaGetLastError(), "encode kernel");
     });
   });
@@ -576,7 +491,7 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
                                           : absl::StrCat("input has a NaN or Inf in token ", bad));
   }
   if (stats != nullptr) {
-    stats->groups = tokens * ng;
+    stats->groups = groups;
     stats->transformed_groups = static_cast<int64_t>(res->transformed);
     stats->tokens_hi = n_hi;
   }
