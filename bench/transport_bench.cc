@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <limits>
 #include <thread>
 #include <vector>
 
@@ -81,11 +82,12 @@ int Serve() {
   b.RegisterCallbackGenericService(&svc);
   auto server = b.BuildAndStart();
 
-  absl::StatusOr<netem::TcpSink> sink = netem::TcpSink::Listen("127.0.0.1", 0);
+  // The benchmark's own sink on loopback: as many bytes as the run sends.
+  absl::StatusOr<netem::TcpSink> sink = netem::TcpSink::Listen("127.0.0.1", 0, std::numeric_limits<int64_t>::max());
   if (!sink.ok()) return 1;
   std::printf("%d %d\n", gport, sink->port());
   std::fflush(stdout);
-  std::thread([s = *sink]() mutable { s.Serve(); }).detach();
+  std::thread([s = std::move(*sink)]() mutable { s.Serve(); }).detach();
   std::thread consume([&router] {
     for (;;) {
       auto f = router.inbox_->Pop(absl::Hours(1));

@@ -1,13 +1,24 @@
-// Plain TCP, the reference every link and transport measurement compares with: a sink that reads
-// each connection to the end and answers with the byte count, and a sender that times N bytes to
-// a sink until that answer arrives (so the time covers delivery, not just the local send buffer).
+// Plain TCP on Boost.Asio: the reference every link and transport measurement compares with, and
+// the probe that measures a link between two machines.
 //
-//   auto sink = TcpSink::Listen("127.0.0.1", 0);   std::thread([&] { sink->Serve(); }).detach();
-//   absl::StatusOr<double> s = TimedTcpSend("127.0.0.1", sink->port(), 1 << 30);
+// A TcpSink serves probe connections one after another. Each starts with a 16-byte header
+// ("LHPR", u32 pings, u64 bytes, little-endian) that the sink answers with a u64: 0 to go on, all
+// ones to refuse (a bad header, more pings than 1000 or more bytes than the sink's per-probe cap;
+// a refused probe costs the sink nothing more). It then echoes `pings` single bytes (the
+// round-trip time), reads exactly `bytes` and answers with the count, so the sender's clock covers
+// delivery, not just its send buffer.
+//
+//   auto sink = TcpSink::Listen("127.0.0.1", 0, /*max_probe_bytes=*/1 << 30);
+//   std::thread([&] { sink->Serve(); }).detach();
+//   absl::StatusOr<double> s = TimedTcpSend("127.0.0.1", sink->port(), 1 << 30);  // seconds
+//   absl::StatusOr<LinkMeasurement> m = ProbeLink("127.0.0.1", sink->port(), {.bytes = 4 << 20});
+//
+// Threading: Serve blocks its thread; Listen/port may be called from any thread before it.
 #ifndef LONGHAUL_NETEM_TCP_PROBE_H_
 #define LONGHAUL_NETEM_TCP_PROBE_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -15,24 +26,50 @@
 
 namespace longhaul::netem {
 
+// What one probe of a sink caps by default: enough for a link's throughput, bounded for WAN links.
+inline constexpr int64_t kDefaultMaxProbeBytes = int64_t{64} << 20;
+
 class TcpSink {
  public:
-  // port 0: any free port (see port()).
-  static absl::StatusOr<TcpSink> Listen(const std::string& ipv4, int port);
+  // port 0: any free port (see port()). A probe of more than `max_probe_bytes` is refused.
+  static absl::StatusOr<TcpSink> Listen(const std::string& ipv4, int port,
+                                        int64_t max_probe_bytes = kDefaultMaxProbeBytes);
+  TcpSink(TcpSink&&) noexcept;
+  TcpSink& operator=(TcpSink&&) noexcept;
+  ~TcpSink();
   int port() const { return port_; }
+  int64_t max_probe_bytes() const { return max_probe_bytes_; }
   // Serves connections one after another (run it on its own thread or process): forever, or
-  // `connections` of them and then closes the listening socket.
+  // `connections` of them and then closes the listening socket. A connection that stalls for
+  // 30 s is dropped.
   void Serve(int connections = 0);
 
  private:
-  int fd_ = -1;
+  struct Impl;
+  TcpSink() = default;
+  std::unique_ptr<Impl> impl_;
   int port_ = 0;
+  int64_t max_probe_bytes_ = 0;
 };
 
-// Seconds from connect to the sink's confirmation of all `bytes`. Retries the connection for up to
-// `connect_patience` (the sink may still be starting).
+// Seconds from the first byte of data to the sink's confirmation of all `bytes`. Retries the
+// connection for up to `connect_patience` (the sink may still be starting).
 absl::StatusOr<double> TimedTcpSend(const std::string& ipv4, int port, int64_t bytes,
                                     absl::Duration connect_patience = absl::ZeroDuration());
+
+struct ProbeOptions {
+  int64_t bytes = 4 << 20;  // data timed for the throughput (at most the sink's cap)
+  int pings = 5;            // single-byte round trips timed for the RTT, 1..1000
+  absl::Duration connect_patience = absl::ZeroDuration();
+};
+
+struct LinkMeasurement {
+  absl::Duration rtt;     // median of the pings
+  double mbit_per_s = 0;  // bytes * 8 / seconds to confirmation / 1e6
+  int64_t bytes = 0;
+};
+
+absl::StatusOr<LinkMeasurement> ProbeLink(const std::string& ipv4, int port, const ProbeOptions& options = {});
 
 }  // namespace longhaul::netem
 

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -37,7 +38,9 @@ absl::StatusOr<longhaul::netem::Topology> Load(const std::string& path) {
 }
 
 int Sink(int port) {
-  absl::StatusOr<longhaul::netem::TcpSink> sink = longhaul::netem::TcpSink::Listen("0.0.0.0", port);
+  // A measurement tool run by hand: any probe size the source asks for.
+  absl::StatusOr<longhaul::netem::TcpSink> sink =
+      longhaul::netem::TcpSink::Listen("0.0.0.0", port, std::numeric_limits<int64_t>::max());
   if (!sink.ok()) return Fail("sink: " + std::string(sink.status().message()));
   std::fprintf(stderr, "sink listening on port %d\n", sink->port());
   sink->Serve();

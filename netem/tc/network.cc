@@ -333,16 +333,17 @@ absl::StatusOr<double> Network::TcpGoodputTo(const std::string& host, int64_t by
     if (fd < 0 || setns(fd, CLONE_NEWNET) != 0) {
       sink = absl::UnavailableError(absl::StrCat("cannot enter ", path, ": ", std::strerror(errno)));
     } else {
-      sink = TcpSink::Listen(ip, 0);
+      sink = TcpSink::Listen(ip, 0, std::max<int64_t>(bytes, 0));
     }
     if (fd >= 0) close(fd);
   }).join();
   if (!sink.ok()) return sink.status();
   // One connection, then the sink closes: no socket may outlive the call and keep the host's
   // namespace (and its veth) alive after Down().
-  std::thread server([s = *sink]() mutable { s.Serve(1); });
-  absl::StatusOr<double> seconds = TimedTcpSend(ip, sink->port(), bytes, absl::Seconds(5));
-  if (!seconds.ok() && !TimedTcpSend(ip, sink->port(), 0).ok()) {
+  const int port = sink->port();
+  std::thread server([s = std::move(*sink)]() mutable { s.Serve(1); });
+  absl::StatusOr<double> seconds = TimedTcpSend(ip, port, bytes, absl::Seconds(5));
+  if (!seconds.ok() && !TimedTcpSend(ip, port, 0).ok()) {
     server.detach();  // the sink is unreachable and stays blocked in accept; nothing else to do
     return seconds.status();
   }
