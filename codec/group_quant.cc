@@ -31,15 +31,9 @@ uint32_t QuantizeGroup(const float* v, int n, int exp, int maxq, bool flagged, c
                        uint8_t* codes) {
   float lo, hi;
   k.min_max(v, n, &lo, &hi);
-  const float to_rel = Pow2(-exp), from_rel = Pow2(exp);
-  const uint16_t lo_code = Mf12Encode(lo * to_rel, RoundDir::kDown);
-  const float lo_q = Mf12Decode(lo_code) * from_rel;
-  const float scale = (hi - lo_q) / static_cast<float>(maxq);
-  const uint16_t s_code = Mf12Encode(scale * to_rel, RoundDir::kUp);
-  const float s_q = Mf12Decode(s_code) * from_rel;
-  k.quantize(v, n, lo_q, s_q > 0.0f ? 1.0f / s_q : 0.0f, static_cast<float>(maxq), codes);
-  return static_cast<uint32_t>(lo_code) | (static_cast<uint32_t>(s_code & 0x7FF) << 12) |
-         (flagged ? (1u << 23) : 0u);
+  const GroupParams g = MakeGroupParams(lo, hi, exp, maxq, flagged);
+  k.quantize(v, n, g.lo_q, g.inv_scale, static_cast<float>(maxq), codes);
+  return g.word;
 }
 
 int NumGroups(int64_t dim, int g) { return static_cast<int>((dim + g - 1) / g); }

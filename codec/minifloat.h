@@ -52,6 +52,29 @@ LONGHAUL_HD inline float Pow2(int e) {
   return BitsFloat(static_cast<uint32_t>(e + 127) << 23);
 }
 
+// The parameters of one group of the grouped quantiser (group_quant.h) from its range [lo, hi] and
+// the token's exponent: lo rounded down and the scale up to mf12, so the stored grid always covers
+// the group, and the codes are computed against the decoded values. One definition for the CPU
+// reference and the CUDA kernels.
+struct GroupParams {
+  float lo_q = 0;       // decoded lo
+  float inv_scale = 0;  // 1 / decoded scale, 0 when the scale is 0
+  uint32_t word = 0;    // the 24-bit parameter word: lo (mf12), scale magnitude, transformed flag
+};
+
+LONGHAUL_HD inline GroupParams MakeGroupParams(float lo, float hi, int exp, int maxq, bool flagged) {
+  const float to_rel = Pow2(-exp), from_rel = Pow2(exp);
+  const uint16_t lo_code = Mf12Encode(lo * to_rel, RoundDir::kDown);
+  GroupParams g;
+  g.lo_q = Mf12Decode(lo_code) * from_rel;
+  const float scale = (hi - g.lo_q) / static_cast<float>(maxq);
+  const uint16_t s_code = Mf12Encode(scale * to_rel, RoundDir::kUp);
+  const float s_q = Mf12Decode(s_code) * from_rel;
+  g.inv_scale = s_q > 0.0f ? 1.0f / s_q : 0.0f;
+  g.word = static_cast<uint32_t>(lo_code) | (static_cast<uint32_t>(s_code & 0x7FF) << 12) | (flagged ? (1u << 23) : 0u);
+  return g;
+}
+
 }  // namespace longhaul::codec
 
 #endif  // LONGHAUL_CODEC_MINIFLOAT_H_

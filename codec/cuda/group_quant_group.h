@@ -135,16 +135,10 @@ LONGHAUL_HD LONGHAUL_GQ_INLINE void QuantizeSwapped(float* v, int n, int exp, in
   }
   // QuantizeGroup: lo rounded down, the scale up, the codes against the decoded values.
   const int maxq = (1 << bits) - 1;
-  const float to_rel = Pow2(-exp), from_rel = Pow2(exp);
-  const uint16_t lo_code = Mf12Encode(lo * to_rel, RoundDir::kDown);
-  const float lo_q = Mf12Decode(lo_code) * from_rel;
-  const float scale = (hi - lo_q) / static_cast<float>(maxq);
-  const uint16_t s_code = Mf12Encode(scale * to_rel, RoundDir::kUp);
-  const float s_q = Mf12Decode(s_code) * from_rel;
-  const float inv = s_q > 0.0f ? 1.0f / s_q : 0.0f;
+  const GroupParams gp = MakeGroupParams(lo, hi, exp, maxq, flagged);
+  const float lo_q = gp.lo_q, inv = gp.inv_scale;
   const float fmaxq = static_cast<float>(maxq);
-  const uint32_t word = static_cast<uint32_t>(lo_code) | (static_cast<uint32_t>(s_code & 0x7FF) << 12) |
-                        (flagged ? (1u << 23) : 0u);
+  const uint32_t word = gp.word;
   params3[0] = static_cast<uint8_t>(word & 0xFF);
   params3[1] = static_cast<uint8_t>((word >> 8) & 0xFF);
   params3[2] = static_cast<uint8_t>((word >> 16) & 0xFF);

@@ -13,9 +13,18 @@
 #include "codec/cuda/gpu_codec.h"
 #include "codec/group_quant.h"
 #include "gtest/gtest.h"
+#include "tests/codec/group_quant_cases.h"
 
 namespace longhaul::codec {
 namespace {
+
+using gq_testing::Activations;
+using gq_testing::Case;
+using gq_testing::Cases;
+using gq_testing::FromBf16;
+using gq_testing::kShapes;
+using gq_testing::Shape;
+using gq_testing::ToBf16;
 
 #define SKIP_WITHOUT_GPU()                          \
   do {                                              \
@@ -23,89 +32,6 @@ namespace {
     if (!gpu::Available(&why)) GTEST_SKIP() << why; \
   } while (0)
 
-uint16_t ToBf16(float f) {  // round to nearest even, as LibTorch converts
-  uint32_t b;
-  std::memcpy(&b, &f, 4);
-  b += 0x7FFFu + ((b >> 16) & 1u);
-  return static_cast<uint16_t>(b >> 16);
-}
-float FromBf16(uint16_t h) {
-  const uint32_t b = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &b, 4);
-  return f;
-}
-
-// LLM-like rows: per-token scale, a few outlier channels, and some special rows.
-std::vector<float> Activations(int64_t tokens, int64_t dim, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::uniform_real_distribution<float> uni(0.0f, 1.0f);
-  std::vector<float> x(tokens * dim);
-  for (int64_t t = 0; t < tokens; ++t) {
-    float* row = x.data() + t * dim;
-    const float scale = std::exp(3.0f * (uni(rng) - 0.5f));
-    for (int64_t i = 0; i < dim; ++i) {
-      row[i] = normal(rng) * scale;
-      if (uni(rng) < 0.01f) row[i] *= 40.0f;
-    }
-    switch (t % 11) {
-      case 3: std::fill(row, row + dim, 0.0f); break;              // all zero
-      case 5: std::fill(row, row + dim, -0.0f); break;             // negative zeros
-      case 7: std::fill(row, row + dim, 1.5f); break;              // constant
-      case 9: std::fill(row, row + dim, 0.0f); row[dim / 2] = -3.0f; break;  // one-hot
-      case 10: for (int64_t i = 0; i < dim; ++i) row[i] *= 1e-41f; break;    // subnormals
-      default: break;
-    }
-  }
-  return x;
-}
-
-struct Case {
-  const char* name;
-  GroupQuantParams p;
-};
-
-std::vector<Case> Cases() {
-  std::vector<Case> c;
-  for (int g : {8, 16, 32, 64, 128, 256}) {
-    GroupQuantParams tah;  // tahquant defaults, this group size
-    tah.group_size = g;
-    c.push_back({"tahquant", tah});
-    GroupQuantParams tight = tah;
-    tight.tau = 1.05f;  // most full groups flagged
-    c.push_back({"tahquant-tau1.05", tight});
-    GroupQuantParams fixed = tah;
-    fixed.adaptive = false;
-    c.push_back({"tahquant-hash", fixed});
-    GroupQuantParams k8;
-    k8.group_size = g;
-    k8.bits_hi = k8.bits_lo = 8;
-    k8.adaptive = false;
-    k8.hadamard = false;
-    k8.ratio = 1.0f;
-    c.push_back({"int8", k8});
-  }
-  for (int bits : {2, 3, 5, 7}) {
-    GroupQuantParams k;
-    k.bits_hi = k.bits_lo = bits;
-    k.adaptive = false;
-    k.hadamard = false;
-    c.push_back({"int<k>", k});
-  }
-  for (float ratio : {0.0f, 0.5f, 1.0f}) {
-    GroupQuantParams r;
-    r.ratio = ratio;
-    r.bits_hi = 6;
-    r.bits_lo = 2;
-    c.push_back({"ratio", r});
-  }
-  return c;
-}
-
-struct Shape {
-  int64_t tokens, dim;
-};
 
 class GpuGroupQuant : public ::testing::Test {
  protected:
@@ -163,8 +89,6 @@ class GpuGroupQuant : public ::testing::Test {
 
   gpu::Workspace ws_;
 };
-
-const Shape kShapes[] = {{1, 1}, {3, 7}, {5, 64}, {17, 100}, {33, 257}, {11, 1000}, {64, 4096}, {300, 96}, {2, 8200}};
 
 TEST_F(GpuGroupQuant, Fp32PayloadsAndDecodesMatchTheCpuReference) {
   SKIP_WITHOUT_GPU();

@@ -17,100 +17,22 @@
 #include "codec/cpu/kernels.h"
 #include "codec/group_quant.h"
 #include "gtest/gtest.h"
+#include "tests/codec/group_quant_cases.h"
 
 namespace longhaul::codec {
 namespace {
 
-uint16_t ToBf16(float f) {  // round to nearest even, as LibTorch converts
-  uint32_t b;
-  std::memcpy(&b, &f, 4);
-  b += 0x7FFFu + ((b >> 16) & 1u);
-  return static_cast<uint16_t>(b >> 16);
-}
-float FromBf16(uint16_t h) {
-  const uint32_t b = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &b, 4);
-  return f;
-}
+using gq_testing::Activations;
+using gq_testing::Case;
+using gq_testing::Cases;
+using gq_testing::FromBf16;
+using gq_testing::kShapes;
+using gq_testing::Shape;
+using gq_testing::ToBf16;
 
-// LLM-like rows (as gpu_group_quant_test.cc): per-token scale, a few outlier channels, and some
-// special rows.
-std::vector<float> Activations(int64_t tokens, int64_t dim, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::uniform_real_distribution<float> uni(0.0f, 1.0f);
-  std::vector<float> x(tokens * dim);
-  for (int64_t t = 0; t < tokens; ++t) {
-    float* row = x.data() + t * dim;
-    const float scale = std::exp(3.0f * (uni(rng) - 0.5f));
-    for (int64_t i = 0; i < dim; ++i) {
-      row[i] = normal(rng) * scale;
-      if (uni(rng) < 0.01f) row[i] *= 40.0f;
-    }
-    switch (t % 11) {
-      case 3: std::fill(row, row + dim, 0.0f); break;              // all zero
-      case 5: std::fill(row, row + dim, -0.0f); break;             // negative zeros
-      case 7: std::fill(row, row + dim, 1.5f); break;              // constant
-      case 9: std::fill(row, row + dim, 0.0f); row[dim / 2] = -3.0f; break;  // one-hot
-      case 10: for (int64_t i = 0; i < dim; ++i) row[i] *= 1e-41f; break;    // subnormals
-      default: break;
-    }
-  }
-  return x;
-}
+// Below 1, tau flags groups whose maximum repeats (the pivot is then the first of them).
+constexpr float kTiesTau = 0.5f;
 
-struct Case {
-  const char* name;
-  GroupQuantParams p;
-};
-
-// gpu_group_quant_test.cc's cases, and tau below 1, which flags groups whose maximum repeats (the
-// pivot is then the first of them).
-std::vector<Case> Cases() {
-  std::vector<Case> c;
-  for (int g : {8, 16, 32, 64, 128, 256}) {
-    GroupQuantParams tah;
-    tah.group_size = g;
-    c.push_back({"tahquant", tah});
-    GroupQuantParams tight = tah;
-    tight.tau = 1.05f;
-    c.push_back({"tahquant-tau1.05", tight});
-    GroupQuantParams ties = tah;
-    ties.tau = 0.5f;
-    c.push_back({"tahquant-tau0.5", ties});
-    GroupQuantParams fixed = tah;
-    fixed.adaptive = false;
-    c.push_back({"tahquant-hash", fixed});
-    GroupQuantParams k8;
-    k8.group_size = g;
-    k8.bits_hi = k8.bits_lo = 8;
-    k8.adaptive = false;
-    k8.hadamard = false;
-    k8.ratio = 1.0f;
-    c.push_back({"int8", k8});
-  }
-  for (int bits : {2, 3, 5, 7}) {
-    GroupQuantParams k;
-    k.bits_hi = k.bits_lo = bits;
-    k.adaptive = false;
-    k.hadamard = false;
-    c.push_back({"int<k>", k});
-  }
-  for (float ratio : {0.0f, 0.5f, 1.0f}) {
-    GroupQuantParams r;
-    r.ratio = ratio;
-    r.bits_hi = 6;
-    r.bits_lo = 2;
-    c.push_back({"ratio", r});
-  }
-  return c;
-}
-
-struct Shape {
-  int64_t tokens, dim;
-};
-const Shape kShapes[] = {{1, 1}, {3, 7}, {5, 64}, {17, 100}, {33, 257}, {11, 1000}, {64, 4096}, {300, 96}, {2, 8200}};
 
 struct HostLoad {
   const float* x;
@@ -237,7 +159,7 @@ TEST(GpuGroupQuantEmulation, Fp32PayloadsMatchTheCpuReference) {
   uint32_t seed = 1;
   for (const Shape& s : kShapes) {
     const std::vector<float> x = Activations(s.tokens, s.dim, seed++);
-    for (const Case& c : Cases()) {
+    for (const Case& c : Cases(kTiesTau)) {
       CheckAgainstCpu(x, s, c, "fp32");
       if (::testing::Test::HasFatalFailure()) return;
     }
@@ -249,7 +171,7 @@ TEST(GpuGroupQuantEmulation, Bf16ValuesMatchTheCpuReference) {
   for (const Shape& s : kShapes) {
     std::vector<float> x = Activations(s.tokens, s.dim, seed++);
     for (float& v : x) v = FromBf16(ToBf16(v));
-    for (const Case& c : Cases()) {
+    for (const Case& c : Cases(kTiesTau)) {
       CheckAgainstCpu(x, s, c, "bf16 values");
       if (::testing::Test::HasFatalFailure()) return;
     }
@@ -261,7 +183,7 @@ TEST(GpuGroupQuantEmulation, Bf16ValuesMatchTheCpuReference) {
 TEST(GpuGroupQuantEmulation, BadTokensAreSkippedWithoutTouchingOtherBlocks) {
   const Shape s{33, 257};
   const std::vector<float> x = Activations(s.tokens, s.dim, 5);
-  for (const Case& c : Cases()) {
+  for (const Case& c : Cases(kTiesTau)) {
     SCOPED_TRACE(::testing::Message() << c.name << " g=" << c.p.group_size);
     std::string cpu;
     ASSERT_TRUE(GroupQuantEncode(x.data(), s.tokens, s.dim, c.p, 1, ScalarKernels(), &cpu, nullptr).ok());
