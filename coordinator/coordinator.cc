@@ -566,4 +566,21 @@ grpc::Status CoordinatorService::ListWorkers(grpc::ServerContext*, const v1::Lis
   return grpc::Status::OK;
 }
 
+CoordinatorService::MetricsView CoordinatorService::ViewForMetrics(size_t max_jobs) {
+  MetricsView v;
+  absl::MutexLock l(&mu_);
+  const absl::Time now = opt_.clock->Now();
+  auto first = jobs_.end();
+  for (size_t n = 0; n < max_jobs && first != jobs_.begin(); ++n) --first;
+  for (auto it = first; it != jobs_.end(); ++it) {
+    v.jobs.push_back(it->second.status);
+    v.jobs.back().clear_spec_yaml();
+  }
+  for (const auto& [id, w] : workers_) {
+    const bool live = w.status.state() != v1::WORKER_STATE_DEAD;
+    v.workers.push_back({w.status, live ? absl::ToDoubleSeconds(now - w.last_heartbeat) : 0.0});
+  }
+  return v;
+}
+
 }  // namespace longhaul::coordinator

@@ -75,6 +75,17 @@ class CoordinatorService final : public v1::Coordinator::Service {
   // tests with a fake clock.
   void CheckHeartbeats();
 
+  // What the metrics export (coordinator_metrics.h) reads at each scrape: copies taken under mu_.
+  struct MetricsView {
+    std::vector<v1::JobStatus> jobs;  // the `max_jobs` most recent (highest ids), oldest first; no spec_yaml
+    struct WorkerView {
+      v1::WorkerStatus status;
+      double heartbeat_age_seconds = 0;  // since its last heartbeat (0 for a dead worker)
+    };
+    std::vector<WorkerView> workers;  // every worker known, dead ones included
+  };
+  MetricsView ViewForMetrics(size_t max_jobs);
+
   grpc::Status Register(grpc::ServerContext*, const v1::RegisterRequest*, v1::RegisterResponse*) override;
   grpc::Status Session(grpc::ServerContext*,
                        grpc::ServerReaderWriter<v1::CoordinatorMessage, v1::WorkerMessage>*) override;

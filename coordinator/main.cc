@@ -10,9 +10,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "coordinator/coordinator.h"
+#include "coordinator/coordinator_metrics.h"
 #include "coordinator/store.h"
 #include "common/flags.h"
 #include "common/log.h"
+#include "common/metrics.h"
 #include "common/signals.h"
 #include "proto/channel_config.h"
 
@@ -28,12 +30,19 @@ bool ParseDurationFlag(const std::string& text, absl::Duration* d) {
   return absl::ParseDuration(text, d);
 }
 
+void WritePortFile(const std::string& path, int port) {
+  const std::string tmp = path + ".tmp";
+  std::ofstream(tmp) << port << "\n";
+  std::rename(tmp.c_str(), path.c_str());  // atomic: readers never see a partial number
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   using namespace longhaul::coordinator;
   std::string listen = "0.0.0.0:7400", state = "longhaul-coordinator.db", port_file;
   std::string interval_flag = "1s", timeout_flag = "3s", reserve_flag = "10m";
+  std::string metrics_listen = "0.0.0.0:9464", metrics_port_file;
   CLI::App app{
       "Keeps the worker registry (heartbeats), accepts jobs from longhaulctl, places their stages on\n"
       "idle workers and follows their progress. Everything is recorded in a SQLite state file, so a\n"
@@ -55,6 +64,13 @@ int main(int argc, char** argv) {
                  "a pending job that has waited this long holds back the jobs submitted after it until it starts "
                  "(so small jobs cannot starve a big one)")
       ->type_name("DURATION");
+  CLI::Option* metrics_flag =
+      app.add_option("--metrics-listen", metrics_listen,
+                     "Prometheus endpoint: /metrics, and /sd (the workers' endpoints for http_sd_configs); "
+                     "none: off. Port 0 picks a free one; the default port, if taken, falls back to a free one")
+          ->type_name("HOST:PORT|none");
+  app.add_option("--metrics-port-file", metrics_port_file, "write the metrics server's port here once listening")
+      ->type_name("PATH");
   app.footer("A DURATION is a number of seconds or a number with a unit: 300ms, 1.5s, 10m, 1h.");
   if (std::optional<int> rc = longhaul::common::ParseFlags(app, argc, argv)) return *rc;
   absl::Duration interval, timeout, reserve_after;
@@ -91,6 +107,23 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "longhaul-coordinator: %s\n", std::string(svc.status().message()).c_str());
     return 1;
   }
+  // Declared before the server, so the server (whose handlers use it) is destroyed first.
+  std::unique_ptr<CoordinatorMetrics> exported;
+  std::string metrics_note;
+  absl::StatusOr<std::unique_ptr<longhaul::common::MetricsServer>> metrics =
+      longhaul::common::StartMetricsServer(metrics_listen, metrics_flag->count() == 0, &metrics_note);
+  if (!metrics.ok()) {
+    std::fprintf(stderr, "longhaul-coordinator: --metrics-listen: %s\n", std::string(metrics.status().message()).c_str());
+    return 1;
+  }
+  if (!metrics_note.empty()) longhaul::common::Log("coordinator", metrics_note);
+  if (*metrics) {
+    exported = std::make_unique<CoordinatorMetrics>(*longhaul::common::MetricsRegistry(), svc->get());
+    (*metrics)->OnScrape([m = exported.get()] { m->Refresh(); });
+    (*metrics)->Serve("/sd", "application/json", [m = exported.get()] { return m->DiscoveryJson(); });
+    longhaul::common::Log("coordinator", absl::StrCat("metrics on port ", (*metrics)->port(), " (/metrics, /sd)"));
+    if (!metrics_port_file.empty()) WritePortFile(metrics_port_file, (*metrics)->port());
+  }
   grpc::ServerBuilder b;
   int port = 0;
   b.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
@@ -101,11 +134,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "longhaul-coordinator: cannot listen on %s (address in use or invalid?)\n", listen.c_str());
     return 1;
   }
-  if (!port_file.empty()) {
-    const std::string tmp = port_file + ".tmp";
-    std::ofstream(tmp) << port << "\n";
-    std::rename(tmp.c_str(), port_file.c_str());  // atomic: readers never see a partial number
-  }
+  if (!port_file.empty()) WritePortFile(port_file, port);
   longhaul::common::Log("coordinator", absl::StrCat("listening on port ", port, ", state file ", state, ", heartbeat every ",
                                                     absl::FormatDuration(interval), ", timeout ",
                                                     absl::FormatDuration(timeout)));
@@ -113,6 +142,7 @@ int main(int argc, char** argv) {
   const int sig = longhaul::common::WaitForTerminationSignal();
   longhaul::common::Log("coordinator", absl::StrCat(longhaul::common::SignalName(sig), ": shutting down"));
   (*svc)->Stop();
+  metrics->reset();  // no scrape reads the service after this
   server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
   return 0;
 }

@@ -16,7 +16,10 @@ PACKAGES=(
   libcli11-dev libboost-filesystem-dev libsentencepiece-dev
   fortunes fortunes-min
   iproute2
+  prometheus
 )
+# prometheus: promtool (the metrics tests lint every /metrics with it) and the server that scrapes
+# the daemons (docs/observability.md).
 
 die() { echo "setup: error: $*" >&2; exit 1; }
 

@@ -30,6 +30,8 @@ class GrpcLink final : public stage_runtime::Link {
   stage_runtime::LinkStats stats() override;
   absl::Duration TakeSendWait() override;
   const std::string& peer() const override { return inbox_->peer(); }
+  // The sending direction's queue occupancy (LinkSender::queue_depth), for metrics.
+  size_t queue_depth() { return sender_->queue_depth(); }
 
  private:
   const std::shared_ptr<Inbox> inbox_;

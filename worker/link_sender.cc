@@ -416,4 +416,9 @@ absl::Duration LinkSender::TakeSendWait() {
   return std::exchange(send_wait_, absl::ZeroDuration());
 }
 
+size_t LinkSender::queue_depth() {
+  absl::MutexLock l(&mu_);
+  return q_.size() + in_flight_;
+}
+
 }  // namespace longhaul::worker

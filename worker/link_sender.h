@@ -122,6 +122,9 @@ class LinkSender {
   int streams() const { return static_cast<int>(stripes_.size()); }
   // Time Send() spent blocked on a full queue since the last call.
   absl::Duration TakeSendWait();
+  // Messages queued by Send and not yet written (the send queue's occupancy, as its capacity counts
+  // it). Any thread.
+  size_t queue_depth();
 
  private:
   struct Item {

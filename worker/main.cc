@@ -33,7 +33,15 @@ int main(int argc, char** argv) {
   app.add_option("--device", o.device, "where the stage computes: cpu, cuda or cuda:N")->type_name("DEV");
   app.add_option("--data-dir", o.data_dir, "checkpoints and job files")->type_name("DIR");
   app.add_option("--threads", threads, "LibTorch intra-op threads (0: all cores)")->type_name("N");
+  o.metrics_listen = "0.0.0.0:9465";
+  CLI::Option* metrics_flag =
+      app.add_option("--metrics-listen", o.metrics_listen,
+                     "Prometheus /metrics endpoint, reported to the coordinator for its service discovery;\n"
+                     "none: off. Port 0 picks a free one; the default port, if taken (several workers on\n"
+                     "one host), falls back to a free one")
+          ->type_name("HOST:PORT|none");
   if (std::optional<int> rc = longhaul::common::ParseFlags(app, argc, argv)) return *rc;
+  o.metrics_fallback = metrics_flag->count() == 0;
   if (absl::StatusOr<torch::Device> d = longhaul::stage_runtime::ParseDevice(o.device); !d.ok()) {
     return longhaul::common::FlagError(app, "--device=" + o.device + ": " + std::string(d.status().message()));
   }

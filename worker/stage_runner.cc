@@ -55,11 +55,12 @@ std::string PeerName(const v1::StagePeer& p, int stage) {
 }  // namespace
 
 StageRunner::StageRunner(v1::StageAssignment assignment, std::string data_dir, torch::Device device,
-                         ProgressFn progress)
+                         ProgressFn progress, WorkerMetrics* metrics)
     : a_(std::move(assignment)),
       data_dir_(std::move(data_dir)),
       device_(device),
       progress_(std::move(progress)),
+      metrics_(metrics),
       first_(a_.stage() == 0),
       last_(a_.stage() == a_.spec().stages() - 1) {
   // Inboxes exist from construction so a neighbour that starts sending early finds them. They
@@ -110,6 +111,7 @@ absl::StatusOr<std::unique_ptr<GrpcLink>> StageRunner::Connect(bool forward, con
   so.job_id = a_.job_id();
   so.from_stage = a_.stage();
   so.profile = ls->profile;
+  (forward ? fwd_rate_ : bwd_rate_) = ls->profile.rate_bytes_per_s;
   so.streams = ls->streams;
   so.codec_device = ls->codec_device;
   so.queue_capacity = stage_runtime::LinkCapacity(opt_);
@@ -182,7 +184,8 @@ absl::Status StageRunner::Setup() {
   return absl::OkStatus();
 }
 
-v1::StepProgress StageRunner::Progress(const stage_runtime::StepResult& r, absl::Duration took) {
+v1::StepProgress StageRunner::Progress(const stage_runtime::StepResult& r, absl::Duration took,
+                                      StageStepSample* sample) {
   v1::StepProgress p;
   p.set_job_id(a_.job_id());
   p.set_stage(a_.stage());
@@ -196,9 +199,20 @@ v1::StepProgress StageRunner::Progress(const stage_runtime::StepResult& r, absl:
   for (GrpcLink* l : {next_.get(), prev_.get()}) {
     if (l == nullptr) continue;
     const stage_runtime::LinkStats st = l->stats();
+    const double blocked = absl::ToDoubleSeconds(l->TakeSendWait());
     wire += st.wire_bytes;
     raw += st.raw_bytes;
-    send_wait += absl::ToDoubleSeconds(l->TakeSendWait());
+    send_wait += blocked;
+    const bool fwd = l == next_.get();
+    LinkStepSample ls;
+    ls.direction = fwd ? "forward" : "backward";
+    ls.peer = fwd ? a_.next().name() : a_.prev().name();
+    ls.codec = fwd ? opt_.forward_codec : opt_.backward_codec;
+    ls.stats = st;
+    ls.send_blocked_seconds = blocked;
+    ls.queue_depth = static_cast<int64_t>(l->queue_depth());
+    ls.rate_limit_bytes_per_second = fwd ? fwd_rate_ : bwd_rate_;
+    sample->links.push_back(std::move(ls));
     if (l == next_.get()) {  // quantisation error is reported for the forward (activation) link
       const int64_t n = st.error_samples - reported_error_samples_;
       p.set_mean_rel_error(n > 0 ? (st.sum_rel_error - reported_error_sum_) / n : 0.0);
@@ -210,6 +224,10 @@ v1::StepProgress StageRunner::Progress(const stage_runtime::StepResult& r, absl:
   p.set_raw_bytes(raw);
   p.set_send_wait_seconds(send_wait);
   p.set_recv_wait_seconds(absl::ToDoubleSeconds(r.receive_wait));
+  sample->job_id = a_.job_id();
+  sample->stage = a_.stage();
+  sample->step_seconds = p.step_seconds();
+  sample->receive_wait_seconds = p.recv_wait_seconds();
   return p;
 }
 
@@ -226,7 +244,10 @@ absl::Status StageRunner::RunSteps() {
     }
     absl::StatusOr<stage_runtime::StepResult> r = loop_->Step(batches);
     if (!r.ok()) return r.status();
-    if (progress_) progress_(Progress(*r, absl::Now() - t0));
+    StageStepSample sample;
+    const v1::StepProgress p = Progress(*r, absl::Now() - t0, &sample);
+    if (metrics_ != nullptr) metrics_->RecordStep(sample);
+    if (progress_) progress_(p);
   }
   return loop_->Finish();  // the neighbours need every message we queued
 }

@@ -19,6 +19,7 @@
 #include "stage_runtime/stage_loop.h"
 #include "worker/grpc_link.h"
 #include "worker/inbox.h"
+#include "worker/worker_metrics.h"
 
 namespace longhaul::worker {
 
@@ -32,7 +33,9 @@ class StageRunner {
 
   // `data_dir` is the worker's data directory (checkpoints go under it unless the spec names one);
   // `device` where the stage computes.
-  StageRunner(v1::StageAssignment assignment, std::string data_dir, torch::Device device, ProgressFn progress);
+  // `metrics` (may be null; must outlive the runner) gets each step's stage and link samples.
+  StageRunner(v1::StageAssignment assignment, std::string data_dir, torch::Device device, ProgressFn progress,
+              WorkerMetrics* metrics = nullptr);
   ~StageRunner();
 
   // The inbox for frames sent by `from_stage`, or an error if that stage is not a neighbour.
@@ -52,13 +55,17 @@ class StageRunner {
   absl::Status RunSteps();
   // The link to the next (forward) or previous stage: a sender to it and the inbox from it.
   absl::StatusOr<std::unique_ptr<GrpcLink>> Connect(bool forward, const codec::Codec* codec);
-  v1::StepProgress Progress(const stage_runtime::StepResult& r, absl::Duration took);
+  // The step's progress message; fills `sample` (the metrics' view of the same step) on the way.
+  v1::StepProgress Progress(const stage_runtime::StepResult& r, absl::Duration took, StageStepSample* sample);
   absl::Status Cancelled();
 
   const v1::StageAssignment a_;
   const std::string data_dir_;
   const torch::Device device_;
   ProgressFn progress_;
+  WorkerMetrics* const metrics_;
+  // Configured rates of the links this stage sends on (bytes/s; <= 0 unlimited), for metrics.
+  double fwd_rate_ = 0, bwd_rate_ = 0;
   const bool first_, last_;
   std::shared_ptr<Inbox> from_prev_, from_next_;  // null at the ends
   stage_runtime::PipelineOptions opt_;

@@ -41,9 +41,21 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& o) {
     gethostname(hn, sizeof(hn) - 1);
     w->opt_.name = absl::StrCat(hn, "-", port);
   }
+  std::string note;
+  absl::StatusOr<std::unique_ptr<common::MetricsServer>> ms =
+      common::StartMetricsServer(o.metrics_listen, o.metrics_fallback, &note);
+  if (!ms.ok()) return absl::Status(ms.status().code(), absl::StrCat("--metrics-listen: ", ms.status().message()));
+  if (*ms) {
+    w->metrics_ = std::make_unique<WorkerMetrics>(*common::MetricsRegistry());
+    w->metrics_server_ = std::move(*ms);
+    w->metrics_address_ = common::AdvertisedAddress(o.metrics_listen, w->metrics_server_->port(), o.advertise_host);
+  }
   w->coord_channel_ = grpc::CreateCustomChannel(o.coordinator, grpc::InsecureChannelCredentials(), LonghaulChannelArgs());
   w->coord_ = v1::Coordinator::NewStub(w->coord_channel_);
-  common::Log(absl::StrCat("worker ", w->opt_.name), absl::StrCat("listening on ", w->address_, ", coordinator ", o.coordinator));
+  common::Log(absl::StrCat("worker ", w->opt_.name),
+              absl::StrCat("listening on ", w->address_, ", coordinator ", o.coordinator,
+                           w->metrics_address_.empty() ? "" : absl::StrCat(", metrics on ", w->metrics_address_)));
+  if (!note.empty()) common::Log(absl::StrCat("worker ", w->opt_.name), note);
   return w;
 }
 
@@ -82,6 +94,7 @@ bool Worker::RunSession() {
   req.mutable_info()->set_address(address_);
   req.mutable_info()->set_region(opt_.region);
   req.mutable_info()->set_device(opt_.device);
+  req.mutable_info()->set_metrics_address(metrics_address_);
   v1::RegisterResponse resp;
   grpc::ClientContext rctx;
   rctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
@@ -176,7 +189,7 @@ void Worker::StartJob(const v1::StageAssignment& a) {
         m.set_worker_id(id);
         *m.mutable_progress() = p;
         Send(m);
-      });
+      }, metrics_.get());
       job_done_ = false;
       job_thread_ = std::thread([this, id, who, runner = job_] {
         v1::WorkerMessage m;

@@ -23,9 +23,11 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/metrics.h"
 #include "longhaul/v1/control_plane.grpc.pb.h"
 #include "worker/link_service.h"
 #include "worker/stage_runner.h"
+#include "worker/worker_metrics.h"
 
 namespace longhaul::worker {
 
@@ -37,6 +39,11 @@ struct WorkerOptions {
   std::string region = "local";
   std::string device = "cpu";        // cpu, cuda, cuda:N (stage_runtime::ParseDevice)
   std::string data_dir = "/tmp/longhaul-worker";
+  // Prometheus /metrics (docs/observability.md): HOST:PORT, port 0 for a free one, "none" for off.
+  std::string metrics_listen = "none";
+  // When metrics_listen cannot be served (the default port taken by another worker on this host),
+  // serve on a free port instead of failing.
+  bool metrics_fallback = false;
 };
 
 class Worker : public InboxRouter {
@@ -51,6 +58,8 @@ class Worker : public InboxRouter {
   void Shutdown();
 
   const std::string& address() const { return address_; }
+  // host:port of the /metrics endpoint, "" when metrics are off.
+  const std::string& metrics_address() const { return metrics_address_; }
   const std::string& name() const { return opt_.name; }
 
   absl::StatusOr<std::shared_ptr<Inbox>> Find(uint64_t job_id, int from_stage, absl::Duration wait) override;
@@ -66,6 +75,10 @@ class Worker : public InboxRouter {
   WorkerOptions opt_;
   const torch::Device device_;  // where stages compute (opt_.device, parsed)
   std::string address_;
+  std::string metrics_address_;
+  // Before the server: the server's threads read them until it is destroyed.
+  std::unique_ptr<WorkerMetrics> metrics_;
+  std::unique_ptr<common::MetricsServer> metrics_server_;
   std::unique_ptr<StageLinkService> link_service_;
   std::unique_ptr<grpc::Server> server_;
   std::shared_ptr<grpc::Channel> coord_channel_;

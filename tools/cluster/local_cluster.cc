@@ -1,6 +1,9 @@
 #include "tools/cluster/local_cluster.h"
 
+#include <netdb.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -119,24 +122,30 @@ std::string Cluster::Bin(const std::string& name) { return absl::StrCat(LONGHAUL
 
 absl::Status Cluster::StartCoordinator() {
   const std::string port_file = absl::StrCat(dir_, "/coordinator.port");
+  const std::string metrics_port_file = absl::StrCat(dir_, "/coordinator.metrics-port");
   std::filesystem::remove(port_file);
+  std::filesystem::remove(metrics_port_file);
   std::vector<std::string> argv = Prefix("coordinator");
   argv.insert(argv.end(), {Bin("longhaul-coordinator"),
                            // A restart reuses the port, so running workers find the new coordinator.
                            address_.empty() ? absl::StrCat("--listen=", Host("coordinator"), ":0")
                                             : absl::StrCat("--listen=", address_),
                            absl::StrCat("--port-file=", port_file), absl::StrCat("--state=", dir_, "/coordinator.db"),
-                           "--heartbeat-timeout=3s", "--heartbeat-interval=300ms"});
+                           "--heartbeat-timeout=3s", "--heartbeat-interval=300ms",
+                           absl::StrCat("--metrics-listen=", Host("coordinator"), ":0"),
+                           absl::StrCat("--metrics-port-file=", metrics_port_file)});
   argv.insert(argv.end(), coordinator_flags_.begin(), coordinator_flags_.end());
   absl::StatusOr<std::unique_ptr<Process>> p = Process::Spawn(argv, absl::StrCat(dir_, "/coordinator.log"));
   if (!p.ok()) return p.status();
   coordinator_ = std::move(*p);
   const absl::Time end = absl::Now() + absl::Seconds(30);
   for (;;) {
-    std::ifstream f(port_file);
-    int port = 0;
+    // The metrics port file is written before the control-plane one.
+    std::ifstream f(port_file), mf(metrics_port_file);
+    int port = 0, metrics_port = 0;
     if (f >> port && port > 0) {
       address_ = absl::StrCat(Host("coordinator"), ":", port);
+      metrics_address_ = mf >> metrics_port ? absl::StrCat(Host("coordinator"), ":", metrics_port) : "";
       return Connect();
     }
     if (!coordinator_->running()) return absl::InternalError("the coordinator exited at start-up");
@@ -163,7 +172,8 @@ absl::Status Cluster::StartWorkers(int n) {
     std::vector<std::string> argv = Prefix(name);
     argv.insert(argv.end(), {Bin("longhaul-worker"), absl::StrCat("--coordinator=", address_),
                              absl::StrCat("--listen=", Host(name), ":0"), absl::StrCat("--name=", name),
-                             absl::StrCat("--threads=", threads_), absl::StrCat("--data-dir=", dir_, "/", name)});
+                             absl::StrCat("--threads=", threads_), absl::StrCat("--data-dir=", dir_, "/", name),
+                             absl::StrCat("--metrics-listen=", Host(name), ":0")});
     if (!devices_.empty()) argv.push_back(absl::StrCat("--device=", devices_[(before + i) % devices_.size()]));
     absl::StatusOr<std::unique_ptr<Process>> p = Process::Spawn(argv, absl::StrCat(dir_, "/", name, ".log"));
     if (!p.ok()) return p.status();
@@ -248,6 +258,62 @@ absl::StatusOr<std::string> Cluster::WorkerOf(uint64_t job, int stage) {
   if (!st.ok()) return st.status();
   if (stage >= st->stages_size()) return absl::NotFoundError("stage not placed");
   return st->stages(stage).worker_name();
+}
+
+absl::StatusOr<std::string> Cluster::HttpGet(const std::string& host_port, const std::string& path,
+                                             absl::Duration timeout) {
+  const size_t colon = host_port.rfind(':');
+  if (colon == std::string::npos) return absl::InvalidArgumentError(absl::StrCat("not host:port: ", host_port));
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  std::string host = host_port.substr(0, colon);
+  if (host.size() > 1 && host.front() == '[') host = host.substr(1, host.size() - 2);
+  if (int rc = getaddrinfo(host.c_str(), host_port.substr(colon + 1).c_str(), &hints, &res); rc != 0) {
+    return absl::UnavailableError(absl::StrCat(host_port, ": ", gai_strerror(rc)));
+  }
+  const int fd = socket(res->ai_family, res->ai_socktype, res->ai_protocol);
+  if (fd < 0) {
+    freeaddrinfo(res);
+    return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
+  }
+  timeval tv{static_cast<time_t>(absl::ToInt64Seconds(timeout)), 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  const int rc = connect(fd, res->ai_addr, res->ai_addrlen);
+  freeaddrinfo(res);
+  if (rc != 0) {
+    const std::string why = std::strerror(errno);
+    close(fd);
+    return absl::UnavailableError(absl::StrCat("cannot connect to ", host_port, ": ", why));
+  }
+  // HTTP/1.0: the server closes the connection after the answer, so reading to EOF gets all of it.
+  const std::string req = absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: ", host_port, "\r\n\r\n");
+  if (send(fd, req.data(), req.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(req.size())) {
+    close(fd);
+    return absl::UnavailableError(absl::StrCat("cannot send to ", host_port));
+  }
+  std::string resp;
+  char buf[65536];
+  for (;;) {
+    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    if (n == 0) break;
+    if (n < 0) {
+      const std::string why = std::strerror(errno);
+      close(fd);
+      return absl::UnavailableError(absl::StrCat("reading from ", host_port, path, ": ", why));
+    }
+    resp.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  const size_t end = resp.find("\r\n\r\n");
+  if (end == std::string::npos) return absl::DataLossError(absl::StrCat(host_port, path, ": no HTTP header"));
+  const std::string status_line = resp.substr(0, resp.find("\r\n"));
+  if (status_line.find(" 200") == std::string::npos) {
+    return absl::UnavailableError(absl::StrCat("GET ", host_port, path, ": ", status_line));
+  }
+  return resp.substr(end + 4);
 }
 
 std::pair<int, std::string> Cluster::Run(const std::string& cmd) {

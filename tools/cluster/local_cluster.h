@@ -82,6 +82,9 @@ class Cluster {
 
   v1::Coordinator::Stub& stub() { return *stub_; }
   const std::string& address() const { return address_; }
+  // host:port of the coordinator's Prometheus endpoint (/metrics, /sd). Every daemon of the
+  // cluster serves metrics on a free port; a worker's address is in its WorkerInfo.metrics_address.
+  const std::string& metrics_address() const { return metrics_address_; }
   const std::string& dir() const { return dir_; }
   Process* worker(const std::string& name) { return workers_.at(name).get(); }
   Process* coordinator() { return coordinator_.get(); }
@@ -94,6 +97,10 @@ class Cluster {
   // Name of the worker hosting `stage` of `job`.
   absl::StatusOr<std::string> WorkerOf(uint64_t job, int stage);
 
+  // A plain HTTP/1.0 GET of http://<host_port><path> (a blocking socket; for the metrics endpoints):
+  // the body of a 200 answer, an error otherwise.
+  static absl::StatusOr<std::string> HttpGet(const std::string& host_port, const std::string& path,
+                                             absl::Duration timeout = absl::Seconds(10));
   // Runs a command line, returns (exit code, combined output).
   static std::pair<int, std::string> Run(const std::string& cmd);
   static std::string Bin(const std::string& name);
@@ -106,6 +113,7 @@ class Cluster {
   absl::Status Connect();
   std::string dir_;
   std::string address_;
+  std::string metrics_address_;
   std::unique_ptr<Process> coordinator_;
   std::map<std::string, std::unique_ptr<Process>> workers_;
   std::unique_ptr<v1::Coordinator::Stub> stub_;

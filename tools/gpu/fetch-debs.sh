@@ -22,7 +22,14 @@ PACKAGES=(
   libgtest-dev libgmock-dev googletest libssl-dev libssl3 zlib1g zlib1g-dev libsystemd-dev
   fortunes-min fortunes
   iproute2 libmnl0 libbpf1 libxtables12 libtirpc3 libtirpc-common
+  prometheus-cpp-dev libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libprometheus-cpp-push1.0
+  libcivetweb-dev libcivetweb1 libcurl4-openssl-dev
 )
+# prometheus-cpp's CMake config checks for all three of its libraries and finds CivetWeb and CURL
+# (for the pull and push libraries, which longhaul does not link). libcurl4-openssl-dev gives CURL's
+# headers and static library for that check; Debian's libcurl4 is left out on purpose: unpacked
+# into the prefix it would shadow the machine's own libcurl.so.4 (on LD_LIBRARY_PATH during the
+# build) for cmake itself, with dependencies Ubuntu 24.04 does not have.
 
 command -v apt-get >/dev/null || { echo "fetch-debs: needs apt-get (run it on the Debian 12 development machine)" >&2; exit 1; }
 mkdir -p "$OUT"

@@ -1,0 +1,102 @@
+#include "coordinator/coordinator_metrics.h"
+
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+
+namespace longhaul::coordinator {
+namespace {
+
+constexpr v1::JobState kJobStates[] = {v1::JOB_STATE_PENDING, v1::JOB_STATE_RUNNING, v1::JOB_STATE_SUCCEEDED,
+                                       v1::JOB_STATE_FAILED, v1::JOB_STATE_CANCELLED};
+constexpr v1::WorkerState kWorkerStates[] = {v1::WORKER_STATE_IDLE, v1::WORKER_STATE_BUSY, v1::WORKER_STATE_DEAD};
+
+std::string Lower(const char* s) { return absl::AsciiStrToLower(s); }
+
+prometheus::Family<prometheus::Gauge>& Gauge(prometheus::Registry& r, const char* name, const char* help) {
+  return prometheus::BuildGauge().Name(name).Help(help).Register(r);
+}
+
+}  // namespace
+
+CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& r, CoordinatorService* service)
+    : service_(service),
+      job_info_(Gauge(r, "longhaul_job_info", "Always 1; labels job_id and name (join on job_id for the name)")),
+      job_step_(Gauge(r, "longhaul_job_step", "Steps the job has completed (as reported by its last stage)")),
+      job_loss_(Gauge(r, "longhaul_job_loss", "Training loss of the job's last completed step")),
+      job_tokens_(Gauge(r, "longhaul_job_tokens_per_second",
+                        "Training throughput: tokens per second since the first step (start-up excluded)")),
+      job_state_(Gauge(r, "longhaul_job_state", "1 for the job's current state (label state), 0 for the others")),
+      job_restarts_(prometheus::BuildCounter()
+                        .Name("longhaul_job_restarts_total")
+                        .Help("Times the job was restarted after a failure (always 0 until recovery exists)")
+                        .Register(r)),
+      worker_heartbeat_age_(Gauge(r, "longhaul_worker_heartbeat_age_seconds",
+                                  "Seconds since the worker's last message (live workers; 0 for dead ones)")),
+      worker_state_(Gauge(r, "longhaul_worker_state", "1 for the worker's current state (label state), 0 for the others")),
+      workers_(Gauge(r, "longhaul_workers", "Workers known to the coordinator, by state")) {}
+
+void CoordinatorMetrics::RemoveJob(const std::string& id) {
+  // Add returns the existing series for these labels (or makes one), which Remove then drops.
+  for (auto* f : {&job_step_, &job_loss_, &job_tokens_}) f->Remove(&f->Add({{"job_id", id}}));
+  job_restarts_.Remove(&job_restarts_.Add({{"job_id", id}}));
+  for (v1::JobState s : kJobStates) {
+    job_state_.Remove(&job_state_.Add({{"job_id", id}, {"state", Lower(JobStateName(s))}}));
+  }
+  auto name = job_names_.find(id);
+  if (name != job_names_.end()) {
+    job_info_.Remove(&job_info_.Add({{"job_id", id}, {"name", name->second}}));
+    job_names_.erase(name);
+  }
+}
+
+void CoordinatorMetrics::Refresh() {
+  const CoordinatorService::MetricsView v = service_->ViewForMetrics(kMaxJobs);
+  std::set<std::string> now;
+  for (const v1::JobStatus& j : v.jobs) {
+    const std::string id = absl::StrCat(j.job_id());
+    now.insert(id);
+    job_names_[id] = j.name();
+    job_info_.Add({{"job_id", id}, {"name", j.name()}}).Set(1);
+    job_step_.Add({{"job_id", id}}).Set(static_cast<double>(j.step()));
+    job_loss_.Add({{"job_id", id}}).Set(j.loss());
+    job_tokens_.Add({{"job_id", id}}).Set(j.tokens_per_s());
+    job_restarts_.Add({{"job_id", id}});  // exists at 0: recovery (and so restarts) is a later issue
+    for (v1::JobState s : kJobStates) {
+      job_state_.Add({{"job_id", id}, {"state", Lower(JobStateName(s))}}).Set(j.state() == s ? 1 : 0);
+    }
+  }
+  for (const std::string& id : jobs_) {
+    if (!now.count(id)) RemoveJob(id);
+  }
+  jobs_ = std::move(now);
+
+  std::map<v1::WorkerState, int> by_state;
+  for (v1::WorkerState s : kWorkerStates) by_state[s] = 0;
+  for (const auto& w : v.workers) {
+    const std::string& name = w.status.info().name();
+    worker_heartbeat_age_.Add({{"worker", name}}).Set(w.heartbeat_age_seconds);
+    for (v1::WorkerState s : kWorkerStates) {
+      worker_state_.Add({{"worker", name}, {"state", Lower(WorkerStateName(s))}}).Set(w.status.state() == s ? 1 : 0);
+    }
+    ++by_state[w.status.state()];
+  }
+  for (const auto& [s, n] : by_state) workers_.Add({{"state", Lower(WorkerStateName(s))}}).Set(n);
+}
+
+std::string CoordinatorMetrics::DiscoveryJson() {
+  const CoordinatorService::MetricsView v = service_->ViewForMetrics(0);
+  nlohmann::json groups = nlohmann::json::array();
+  for (const auto& w : v.workers) {
+    const v1::WorkerInfo& info = w.status.info();
+    if (w.status.state() == v1::WORKER_STATE_DEAD || info.metrics_address().empty()) continue;
+    groups.push_back({{"targets", {info.metrics_address()}},
+                      {"labels", {{"worker", info.name()}, {"region", info.region()}, {"device", info.device()}}}});
+  }
+  return groups.dump();
+}
+
+}  // namespace longhaul::coordinator

@@ -1,0 +1,65 @@
+// The coordinator's Prometheus metrics and its service discovery for Prometheus (docs/observability.md).
+//
+//   CoordinatorMetrics m(*common::MetricsRegistry(), svc);
+//   server->OnScrape([&] { m.Refresh(); });
+//   server->Serve("/sd", "application/json", [&] { return m.DiscoveryJson(); });
+//
+// Everything is read from the service at scrape time (CoordinatorService::ViewForMetrics), so the
+// handlers carry no instrumentation. Per job: step, loss, tokens/s, state, restarts, labelled
+// job_id (not `job`: Prometheus gives every scraped series a `job` label of its own, the scrape
+// job's, and would rename ours to exported_job). Only the kMaxJobs most recent jobs have series;
+// an older job's series are removed when a newer one pushes it out (bounded cardinality). Per
+// worker: heartbeat age and state, labelled worker (its name; one series set per worker ever
+// registered, which is bounded by the cluster).
+//
+// Threading: Refresh and DiscoveryJson are called by the metrics server, one request at a time.
+#ifndef LONGHAUL_COORDINATOR_COORDINATOR_METRICS_H_
+#define LONGHAUL_COORDINATOR_COORDINATOR_METRICS_H_
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/registry.h>
+
+#include "coordinator/coordinator.h"
+
+namespace longhaul::coordinator {
+
+class CoordinatorMetrics {
+ public:
+  // Jobs with series at any time (the most recent ones by id).
+  static constexpr size_t kMaxJobs = 20;
+
+  CoordinatorMetrics(prometheus::Registry& registry, CoordinatorService* service);
+
+  // Sets every series from the service's current state.
+  void Refresh();
+  // Prometheus http_sd JSON: one target group per live worker that reported a metrics address,
+  // labelled worker, region and device.
+  std::string DiscoveryJson();
+
+ private:
+  void RemoveJob(const std::string& id);
+
+  CoordinatorService* const service_;
+  prometheus::Family<prometheus::Gauge>& job_info_;
+  prometheus::Family<prometheus::Gauge>& job_step_;
+  prometheus::Family<prometheus::Gauge>& job_loss_;
+  prometheus::Family<prometheus::Gauge>& job_tokens_;
+  prometheus::Family<prometheus::Gauge>& job_state_;
+  prometheus::Family<prometheus::Counter>& job_restarts_;
+  prometheus::Family<prometheus::Gauge>& worker_heartbeat_age_;
+  prometheus::Family<prometheus::Gauge>& worker_state_;
+  prometheus::Family<prometheus::Gauge>& workers_;
+  std::set<std::string> jobs_;  // job ids with series
+  std::map<std::string, std::string> job_names_;  // id -> the name in its info series
+};
+
+}  // namespace longhaul::coordinator
+
+#endif  // LONGHAUL_COORDINATOR_COORDINATOR_METRICS_H_

@@ -1,0 +1,103 @@
+// The worker's Prometheus metrics: per link and per stage, updated once per step from what the
+// stage runner already measures (LinkStats, the step's timings): no instrumentation inside the
+// data plane's loops. Names and labels are listed in docs/observability.md.
+//
+//   WorkerMetrics m(*common::MetricsRegistry());
+//   m.RecordStep(sample);   // by the stage's compute thread, after each step
+//
+// Labels: job_id (not `job`, which Prometheus reserves for the scrape job), stage, and per link
+// peer (the neighbour worker's name), direction (forward: activations to the next stage; backward:
+// gradients to the previous one) and codec (the link's codec spec). Cardinality: a worker runs one
+// stage at a time; the series of the kJobsKept most recent jobs are kept (so a finished job's final
+// values stay scrapeable until another job ends), older ones are removed.
+//
+// Threading: RecordStep may be called from any thread (a mutex guards the bookkeeping; the
+// metrics themselves are prometheus-cpp's, thread-safe, read by the metrics server's threads).
+#ifndef LONGHAUL_WORKER_WORKER_METRICS_H_
+#define LONGHAUL_WORKER_WORKER_METRICS_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <set>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "stage_runtime/link.h"
+
+namespace longhaul::worker {
+
+// One sending direction of a stage after a step.
+struct LinkStepSample {
+  std::string direction;  // "forward" or "backward"
+  std::string peer;       // the neighbour worker's name
+  std::string codec;      // the codec spec of this direction
+  stage_runtime::LinkStats stats;  // cumulative since the job started
+  double send_blocked_seconds = 0;  // this step: Send() blocked on a full queue
+  int64_t queue_depth = 0;          // messages queued, not yet written, at the end of the step
+  double rate_limit_bytes_per_second = 0;  // configured (in-process shaping); <= 0: unlimited
+};
+
+struct StageStepSample {
+  uint64_t job_id = 0;
+  int stage = 0;
+  double step_seconds = 0;
+  double receive_wait_seconds = 0;  // this step: blocked waiting for a neighbour's message
+  std::vector<LinkStepSample> links;
+};
+
+class WorkerMetrics {
+ public:
+  static constexpr size_t kJobsKept = 2;
+
+  explicit WorkerMetrics(prometheus::Registry& registry);
+
+  void RecordStep(const StageStepSample& s);
+
+ private:
+  using LinkKey = std::tuple<uint64_t, int, std::string>;  // job, stage, direction
+  // The series of `job`, made on first use and remembered for removal.
+  template <typename T>
+  T& Series(prometheus::Family<T>& f, uint64_t job, const prometheus::Labels& labels)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  prometheus::Histogram& HistogramSeries(prometheus::Family<prometheus::Histogram>& f, uint64_t job,
+                                         const prometheus::Labels& labels,
+                                         const prometheus::Histogram::BucketBoundaries& buckets)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Track(uint64_t job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  prometheus::Family<prometheus::Counter>& wire_bytes_;
+  prometheus::Family<prometheus::Counter>& raw_bytes_;
+  prometheus::Family<prometheus::Counter>& frames_;
+  prometheus::Family<prometheus::Counter>& send_blocked_;
+  prometheus::Family<prometheus::Counter>& shaper_wait_;
+  prometheus::Family<prometheus::Gauge>& queue_depth_;
+  prometheus::Family<prometheus::Gauge>& rate_limit_;
+  prometheus::Family<prometheus::Gauge>& error_;
+  prometheus::Family<prometheus::Histogram>& error_hist_;
+  prometheus::Family<prometheus::Histogram>& step_time_;
+  prometheus::Family<prometheus::Counter>& steps_;
+  prometheus::Family<prometheus::Counter>& receive_wait_;
+
+  absl::Mutex mu_;
+  std::map<LinkKey, stage_runtime::LinkStats> last_ ABSL_GUARDED_BY(mu_);  // what was already counted
+  std::deque<uint64_t> jobs_ ABSL_GUARDED_BY(mu_);                        // with series, oldest first
+  // Per job, its series and how to remove each.
+  std::map<uint64_t, std::vector<std::pair<const void*, std::function<void()>>>> removers_ ABSL_GUARDED_BY(mu_);
+  std::set<const void*> seen_ ABSL_GUARDED_BY(mu_);  // series already in removers_
+};
+
+}  // namespace longhaul::worker
+
+#endif  // LONGHAUL_WORKER_WORKER_METRICS_H_
