@@ -133,70 +133,43 @@ absl::StatusOr<DeviceResult> MeasureOnDevice(const std::string& spec_text, const
   const torch::Tensor xd = x_host.to(torch::kFloat64);
   r.rel_l2 = ((xd - y_host.to(torch::kFloat64)).norm() / xd.norm()).item<double>();
 
-  // The payload as the decoders take it: validated on the host, uploaded once.
   absl::StatusOr<codec::FrameView> v = codec::ParseFrame(*frame, codec::DecodeLimits{});
   if (!v.ok()) return v.status();
   const std::vector<int64_t>& shape = v->header.shape;
-  const int64_t numel = v->numel;
   const codec::CodecFamily family = codec::CodecTraitsFor(spec->id)->family;
   const auto on_dev = torch::TensorOptions().device(dev);
-  torch::Tensor payload_dev = torch::empty({static_cast<int64_t>(v->payload.size())}, on_dev.dtype(torch::kUInt8));
-  if (absl::Status s = codec::gpu::Upload(payload_dev.data_ptr(), v->payload.data(), v->payload.size(), nullptr);
-      !s.ok()) {
-    return s;
-  }
   torch::Tensor out = torch::empty(shape, on_dev.dtype(torch::kFloat32));
   codec::gpu::Workspace enc_ws, dec_ws;
   std::function<absl::Status()> encode, decode;
-  switch (family) {
-    case codec::CodecFamily::kRaw: {
-      // No kernels: encoding is the cast to the wire dtype (a copy when it is the input's), decoding
-      // the cast back, both LibTorch's on the device.
-      const torch::ScalarType wire = codec::internal::TorchType(codec::CodecTraitsFor(spec->id)->wire_dtype);
-      const torch::Tensor w = x_dev.to(wire);
-      encode = [&x_dev, wire] {
-        (void)x_dev.to(wire, /*non_blocking=*/false, /*copy=*/true);
-        return absl::OkStatus();
-      };
-      decode = [w, t = x_dev.scalar_type()] {
-        (void)w.to(t, /*non_blocking=*/false, /*copy=*/true);
-        return absl::OkStatus();
-      };
-      break;
+  torch::Tensor payload_dev;
+  codec::internal::ValidatedPayload validated;
+  if (family == codec::CodecFamily::kRaw) {
+    // No kernels: encoding is the cast to the wire dtype (a copy when it is the input's), decoding
+    // the cast back, both LibTorch's on the device.
+    const torch::ScalarType wire = codec::internal::TorchType(codec::CodecTraitsFor(spec->id)->wire_dtype);
+    const torch::Tensor w = x_dev.to(wire);
+    encode = [&x_dev, wire] {
+      (void)x_dev.to(wire, /*non_blocking=*/false, /*copy=*/true);
+      return absl::OkStatus();
+    };
+    decode = [w, t = x_dev.scalar_type()] {
+      (void)w.to(t, /*non_blocking=*/false, /*copy=*/true);
+      return absl::OkStatus();
+    };
+  } else {
+    // The payload as the decoders take it: validated on the host (as DecodeFrame does), uploaded once.
+    absl::StatusOr<codec::internal::ValidatedPayload> vp = codec::internal::ValidatePayload(*v);
+    if (!vp.ok()) return vp.status();
+    validated = *std::move(vp);
+    payload_dev = torch::empty({static_cast<int64_t>(v->payload.size())}, on_dev.dtype(torch::kUInt8));
+    if (absl::Status s = codec::gpu::Upload(payload_dev.data_ptr(), v->payload.data(), v->payload.size(), nullptr);
+        !s.ok()) {
+      return s;
     }
-    case codec::CodecFamily::kGroupQuant: {
-      int64_t tokens, dim;
-      codec::internal::RowsOf(shape, numel, &tokens, &dim);
-      // The parameters as the frame carries them, as DecodeFrame reads them.
-      absl::StatusOr<codec::GroupQuantParams> p = codec::GroupQuantParams::Parse(v->header.params);
-      if (!p.ok()) return p.status();
-      absl::StatusOr<codec::GroupQuantLayout> layout = codec::GroupQuantValidate(v->payload, tokens, dim, *p);
-      if (!layout.ok()) return layout.status();
-      decode = [&, tokens, dim, p = *p, layout = *std::move(layout)] {
-        return codec::gpu::GroupQuantDecode(payload_dev.data_ptr<uint8_t>(), layout, tokens, dim, p,
-                                            out.data_ptr<float>(), dec_ws, nullptr);
-      };
-      break;
-    }
-    case codec::CodecFamily::kSymQuant: {
-      absl::StatusOr<codec::SymQuantParams> p = codec::SymQuantParams::Parse(v->header.params);
-      if (!p.ok()) return p.status();
-      if (absl::Status s = codec::SymQuantValidate(v->payload, numel, *p); !s.ok()) return s;
-      decode = [&, p = *p] {
-        return codec::gpu::SymQuantDecode(payload_dev.data_ptr<uint8_t>(), numel, p, out.data_ptr<float>(), nullptr);
-      };
-      break;
-    }
-    case codec::CodecFamily::kBitDp: {
-      int64_t rows, cols;
-      codec::internal::MatrixOf(shape, numel, &rows, &cols);
-      if (absl::Status s = codec::BitDpValidate(v->payload, rows, cols, spec->bitdp_bits); !s.ok()) return s;
-      decode = [&, rows, cols] {
-        return codec::gpu::BitDpDecode(payload_dev.data_ptr<uint8_t>(), rows, cols, spec->bitdp_bits,
-                                       out.data_ptr<float>(), nullptr);
-      };
-      break;
-    }
+    decode = [&] {
+      return codec::internal::DecodeValidatedOnGpu(validated, payload_dev.data_ptr<uint8_t>(), out.data_ptr<float>(),
+                                                   dec_ws);
+    };
   }
   if (family != codec::CodecFamily::kRaw) {
     // The payload left in device memory (each call synchronises once: its size depends on the data).

@@ -1,7 +1,6 @@
 #include "codec/codec.h"
 
 #include <cstring>
-#include <functional>
 
 #include "absl/strings/str_cat.h"
 #include "codec/bitdp.h"
@@ -81,6 +80,55 @@ void RowsOf(const std::vector<int64_t>& shape, int64_t numel, int64_t* tokens, i
 void MatrixOf(const std::vector<int64_t>& shape, int64_t numel, int64_t* rows, int64_t* cols) {
   *rows = shape.empty() ? 1 : shape[0];
   *cols = *rows == 0 ? 0 : numel / *rows;
+}
+
+absl::StatusOr<ValidatedPayload> ValidatePayload(const FrameView& v) {
+  const FrameHeader& h = v.header;
+  ValidatedPayload p;
+  p.family = CodecTraitsFor(h.codec)->family;  // the caller checked the id
+  p.payload = v.payload;
+  p.numel = v.numel;
+  switch (p.family) {
+    case CodecFamily::kGroupQuant: {
+      absl::StatusOr<GroupQuantParams> gp = GroupQuantParams::Parse(h.params);
+      if (!gp.ok()) return gp.status();
+      p.group_quant = *gp;
+      RowsOf(h.shape, v.numel, &p.tokens, &p.dim);
+      absl::StatusOr<GroupQuantLayout> layout = GroupQuantValidate(v.payload, p.tokens, p.dim, p.group_quant);
+      if (!layout.ok()) return layout.status();
+      p.layout = *std::move(layout);
+      return p;
+    }
+    case CodecFamily::kSymQuant: {
+      absl::StatusOr<SymQuantParams> sp = SymQuantParams::Parse(h.params);
+      if (!sp.ok()) return sp.status();
+      p.sym_quant = *sp;
+      if (absl::Status st = SymQuantValidate(v.payload, v.numel, p.sym_quant); !st.ok()) return st;
+      return p;
+    }
+    case CodecFamily::kBitDp: {
+      p.bitdp_bits = h.params[0];
+      for (int i = 1; i < kCodecParamBytes; ++i) {
+        if (h.params[i] != 0) return absl::InvalidArgumentError("bitdp frame: non-zero reserved parameter bytes");
+      }
+      MatrixOf(h.shape, v.numel, &p.rows, &p.cols);
+      if (absl::Status st = BitDpValidate(v.payload, p.rows, p.cols, p.bitdp_bits); !st.ok()) return st;
+      return p;
+    }
+    case CodecFamily::kRaw: break;
+  }
+  return absl::InternalError("a raw frame has no payload to validate");
+}
+
+void DecodeValidated(const ValidatedPayload& p, int threads, const Kernels& k, float* out) {
+  switch (p.family) {
+    case CodecFamily::kGroupQuant:
+      GroupQuantDecode(p.payload, p.layout, p.tokens, p.dim, p.group_quant, threads, k, out);
+      return;
+    case CodecFamily::kSymQuant: SymQuantDecode(p.payload, p.numel, p.sym_quant, {}, out, k); return;
+    case CodecFamily::kBitDp: BitDpDecode(p.payload, p.rows, p.cols, p.bitdp_bits, out); return;
+    case CodecFamily::kRaw: return;
+  }
 }
 
 }  // namespace internal
@@ -291,15 +339,6 @@ absl::Status DecodeImpl(absl::string_view frame, torch::Tensor* out, const Decod
     }
     return torch::empty(h.shape, torch::TensorOptions().dtype(type));
   };
-  // The quantising families: a validated payload decoded into fp32 on the CPU (cpu_decode) or on
-  // the device (gpu_decode), then cast to the frame's dtype there.
-  auto decode_float = [&](const std::function<void(float*)>& cpu_decode,
-                          const internal::DeviceDecodeFn& gpu_decode) -> absl::StatusOr<torch::Tensor> {
-    if (*gpu) return internal::DecodeOnGpu(v->payload, h.shape, out_type, *o.device, gpu_decode);
-    torch::Tensor t = out_type == torch::kFloat32 ? target(torch::kFloat32) : torch::empty(h.shape, torch::kFloat32);
-    cpu_decode(t.data_ptr<float>());
-    return out_type == torch::kFloat32 ? t : t.to(out_type);
-  };
   absl::StatusOr<torch::Tensor> result = CatchTorch("decode", [&]() -> absl::StatusOr<torch::Tensor> {
     switch (traits->family) {
       case CodecFamily::kRaw: {
@@ -330,43 +369,17 @@ absl::Status DecodeImpl(absl::string_view frame, torch::Tensor* out, const Decod
         if (v->numel > 0) std::memcpy(t.data_ptr(), v->payload.data(), h.payload_len);
         return t.to(out_type);
       }
-      case CodecFamily::kGroupQuant: {
-        absl::StatusOr<GroupQuantParams> p = GroupQuantParams::Parse(h.params);
-        if (!p.ok()) return p.status();
-        int64_t tokens, dim;
-        RowsOf(h.shape, v->numel, &tokens, &dim);
-        absl::StatusOr<GroupQuantLayout> layout = GroupQuantValidate(v->payload, tokens, dim, *p);
-        if (!layout.ok()) return layout.status();
-        return decode_float(
-            [&](float* t) {
-              GroupQuantDecode(v->payload, *layout, tokens, dim, *p, o.threads,
-                               o.kernels ? *o.kernels : BestKernels(), t);
-            },
-            [&](const uint8_t* payload, float* t, gpu::Workspace& ws) {
-              return gpu::GroupQuantDecode(payload, *layout, tokens, dim, *p, t, ws, nullptr);
-            });
-      }
-      case CodecFamily::kSymQuant: {
-        absl::StatusOr<SymQuantParams> p = SymQuantParams::Parse(h.params);
-        if (!p.ok()) return p.status();
-        if (absl::Status s = SymQuantValidate(v->payload, v->numel, *p); !s.ok()) return s;
-        return decode_float([&](float* t) { SymQuantDecode(v->payload, v->numel, *p, {}, t); },
-                            [&](const uint8_t* payload, float* t, gpu::Workspace&) {
-                              return gpu::SymQuantDecode(payload, v->numel, *p, t, nullptr);
-                            });
-      }
+      case CodecFamily::kGroupQuant:
+      case CodecFamily::kSymQuant:
       case CodecFamily::kBitDp: {
-        const int bits = h.params[0];
-        for (int i = 1; i < kCodecParamBytes; ++i) {
-          if (h.params[i] != 0) return absl::InvalidArgumentError("bitdp frame: non-zero reserved parameter bytes");
-        }
-        int64_t rows, cols;
-        MatrixOf(h.shape, v->numel, &rows, &cols);
-        if (absl::Status s = BitDpValidate(v->payload, rows, cols, bits); !s.ok()) return s;
-        return decode_float([&](float* t) { BitDpDecode(v->payload, rows, cols, bits, t); },
-                            [&](const uint8_t* payload, float* t, gpu::Workspace&) {
-                              return gpu::BitDpDecode(payload, rows, cols, bits, t, nullptr);
-                            });
+        // Validated once on the host; decoded into fp32 on the CPU or on the device, then cast to
+        // the frame's dtype there.
+        absl::StatusOr<internal::ValidatedPayload> p = internal::ValidatePayload(*v);
+        if (!p.ok()) return p.status();
+        if (*gpu) return internal::DecodeOnGpu(*p, h.shape, out_type, *o.device);
+        torch::Tensor t = out_type == torch::kFloat32 ? target(torch::kFloat32) : torch::empty(h.shape, torch::kFloat32);
+        internal::DecodeValidated(*p, o.threads, o.kernels ? *o.kernels : BestKernels(), t.data_ptr<float>());
+        return out_type == torch::kFloat32 ? t : t.to(out_type);
       }
     }
     return absl::InternalError(absl::StrCat("codec id ", static_cast<int>(h.codec), " has no decoder"));

@@ -190,9 +190,21 @@ absl::StatusOr<torch::Tensor> RawBodyOnGpu(const torch::Tensor& x, torch::Scalar
   });
 }
 
-absl::StatusOr<torch::Tensor> DecodeOnGpu(absl::string_view payload, const std::vector<int64_t>& shape,
-                                          torch::ScalarType out_type, const torch::Device& device,
-                                          const DeviceDecodeFn& decode) {
+absl::Status DecodeValidatedOnGpu(const ValidatedPayload& p, const uint8_t* payload_dev, float* out,
+                                  gpu::Workspace& ws) {
+  switch (p.family) {
+    case CodecFamily::kGroupQuant:
+      return gpu::GroupQuantDecode(payload_dev, p.layout, p.tokens, p.dim, p.group_quant, out, ws, nullptr);
+    case CodecFamily::kSymQuant: return gpu::SymQuantDecode(payload_dev, p.numel, p.sym_quant, out, nullptr);
+    case CodecFamily::kBitDp: return gpu::BitDpDecode(payload_dev, p.rows, p.cols, p.bitdp_bits, out, nullptr);
+    case CodecFamily::kRaw: break;
+  }
+  return absl::InternalError("a raw frame has no payload decoder");
+}
+
+absl::StatusOr<torch::Tensor> DecodeOnGpu(const ValidatedPayload& p, const std::vector<int64_t>& shape,
+                                          torch::ScalarType out_type, const torch::Device& device) {
+  const absl::string_view payload = p.payload;
   return CatchTorch("decode on the GPU", [&]() -> absl::StatusOr<torch::Tensor> {
     const c10::DeviceGuard on_device(device);
     const torch::Device d = WithIndex(device);
@@ -206,7 +218,7 @@ absl::StatusOr<torch::Tensor> DecodeOnGpu(absl::string_view payload, const std::
     torch::Tensor out = torch::empty(shape, on_d.dtype(torch::kFloat32));
     if (!same) SynchronizeTorchStream(d);
     if (absl::Status st = gpu::Upload(bytes.data_ptr(), payload.data(), payload.size(), nullptr); !st.ok()) return st;
-    if (absl::Status st = decode(bytes.data_ptr<uint8_t>(), out.data_ptr<float>(), ThreadWorkspace(d.index()));
+    if (absl::Status st = DecodeValidatedOnGpu(p, bytes.data_ptr<uint8_t>(), out.data_ptr<float>(), ThreadWorkspace(d.index()));
         !st.ok()) {
       return st;
     }

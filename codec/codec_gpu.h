@@ -41,6 +41,24 @@ void RowsOf(const std::vector<int64_t>& shape, int64_t numel, int64_t* tokens, i
 // BitDP's matrix view of a tensor: rows = first dimension (output channels), cols = the rest.
 void MatrixOf(const std::vector<int64_t>& shape, int64_t numel, int64_t* rows, int64_t* cols);
 
+// A quantising frame's payload (group quant, sym quant, BitDP) validated on the host, with what its
+// decoders need: validated once, then decoded on the CPU or on a device.
+struct ValidatedPayload {
+  CodecFamily family = CodecFamily::kGroupQuant;
+  absl::string_view payload;  // points into the frame
+  int64_t numel = 0;
+  GroupQuantParams group_quant;  // kGroupQuant
+  GroupQuantLayout layout;
+  int64_t tokens = 0, dim = 0;
+  SymQuantParams sym_quant;  // kSymQuant
+  int bitdp_bits = 0;        // kBitDp
+  int64_t rows = 0, cols = 0;
+};
+// Parses the frame's parameters and validates every payload byte the decoders will read.
+absl::StatusOr<ValidatedPayload> ValidatePayload(const FrameView& v);
+// Decodes a validated payload into out[numel] (fp32, on the CPU).
+void DecodeValidated(const ValidatedPayload& p, int threads, const Kernels& k, float* out);
+
 // --- the GPU paths (codec_gpu.cc) ---
 
 // Whether Encode runs on x's GPU under `device` (see EncodeOptions::device); FailedPrecondition,
@@ -78,13 +96,15 @@ absl::StatusOr<std::string> EncodeFrameOnGpu(const CodecSpec& spec, const torch:
 // a CPU tensor (contiguous).
 absl::StatusOr<torch::Tensor> RawBodyOnGpu(const torch::Tensor& x, torch::ScalarType wire, gpu::Stream s);
 
-// Decodes a payload validated on the host to `device`: uploads it (one synchronous copy), runs
-// `decode(payload_on_device, out)` into a new fp32 tensor of `shape` there, and returns it cast to
-// `out_type` on the device. The decode runs on the legacy default stream (see DecodeOptions::device).
-using DeviceDecodeFn = std::function<absl::Status(const uint8_t* payload, float* out, gpu::Workspace& ws)>;
-absl::StatusOr<torch::Tensor> DecodeOnGpu(absl::string_view payload, const std::vector<int64_t>& shape,
-                                          torch::ScalarType out_type, const torch::Device& device,
-                                          const DeviceDecodeFn& decode);
+// The kernels' decode of a validated payload already in device memory (`payload_dev`) into fp32
+// out[numel] on the device, on the legacy default stream.
+absl::Status DecodeValidatedOnGpu(const ValidatedPayload& p, const uint8_t* payload_dev, float* out,
+                                  gpu::Workspace& ws);
+// Decodes a validated payload to `device`: uploads it (one synchronous copy), decodes it into a new
+// fp32 tensor of `shape` there, and returns it cast to `out_type` on the device. The decode runs on
+// the legacy default stream (see DecodeOptions::device).
+absl::StatusOr<torch::Tensor> DecodeOnGpu(const ValidatedPayload& p, const std::vector<int64_t>& shape,
+                                          torch::ScalarType out_type, const torch::Device& device);
 // A raw frame's payload (elements of `wire`) uploaded to `device` and cast to `out_type` there.
 absl::StatusOr<torch::Tensor> UploadRaw(absl::string_view payload, const std::vector<int64_t>& shape,
                                         torch::ScalarType wire, torch::ScalarType out_type,
