@@ -60,6 +60,10 @@ const char* CodecDeviceName(CodecDevice d);
 // (LONGHAUL_CODEC_CUDA) and a GPU is visible. `why` (optional) says why not.
 bool GpuCodecsAvailable(std::string* why = nullptr);
 
+// Whether Encode runs on x's GPU under `device` (EncodeOptions::device): FailedPrecondition, saying
+// why, for kGpu when it cannot. Empty tensors take the CPU path (nothing to copy).
+absl::StatusOr<bool> EncodesOnGpu(const torch::Tensor& x, CodecDevice device);
+
 struct EncodeOptions {
   int threads = 1;
   const Kernels* kernels = nullptr;  // nullptr: BestKernels()

@@ -26,6 +26,10 @@ bool GpuCodecsAvailable(std::string* why) {
   return probe->first;
 }
 
+absl::StatusOr<bool> EncodesOnGpu(const torch::Tensor& x, CodecDevice device) {
+  return internal::UseGpuEncode(x, device);
+}
+
 namespace internal {
 namespace {
 

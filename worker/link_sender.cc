@@ -81,14 +81,10 @@ absl::Status LinkSender::Enqueue(Item item) {
 }
 
 absl::StatusOr<bool> LinkSender::EncodeOnDevice(const torch::Tensor& t) const {
-  if (!t.is_cuda() || opt_.codec_device == codec::CodecDevice::kCpu) return false;
-  std::string why;
-  if (!codec::GpuCodecsAvailable(&why)) {
-    if (opt_.codec_device == codec::CodecDevice::kGpu) {
-      return absl::FailedPreconditionError(absl::StrCat("link to ", opt_.peer, ": links.codec_device is gpu, but ", why));
-    }
-    return false;
-  }
+  if (!t.is_cuda()) return false;  // a CPU stage's link, whatever the job's codec_device says
+  absl::StatusOr<bool> gpu = codec::EncodesOnGpu(t, opt_.codec_device);
+  if (!gpu.ok()) return absl::FailedPreconditionError(absl::StrCat("link to ", opt_.peer, ": ", gpu.status().message()));
+  if (!*gpu) return false;
   // A raw codec whose wire dtype is the tensor's has nothing to compute: its payload is the
   // tensor's bytes, which the DeviceCopier brings over asynchronously (a device encode would copy
   // them synchronously on the encoder thread).
