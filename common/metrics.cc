@@ -20,25 +20,19 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 
 namespace longhaul::common {
 namespace {
 
-struct ProcessMetrics {
-  prometheus::Gauge* resident_bytes;
-};
-
-ProcessMetrics& Process(prometheus::Registry& r) {
-  static ProcessMetrics* m = [&r] {
-    auto* p = new ProcessMetrics;
-    p->resident_bytes = &prometheus::BuildGauge()
-                             .Name("longhaul_process_resident_memory_bytes")
-                             .Help("Resident memory of this process (from /proc/self/statm)")
-                             .Register(r)
-                             .Add({});
-    return p;
-  }();
-  return *m;
+// The process gauge in `r` (the same series however often it is asked for: the registry merges a
+// family registered again under the same name and help).
+prometheus::Gauge& ResidentBytesGauge(prometheus::Registry& r) {
+  return prometheus::BuildGauge()
+      .Name("longhaul_process_resident_memory_bytes")
+      .Help("Resident memory of this process (from /proc/self/statm)")
+      .Register(r)
+      .Add({});
 }
 
 // Resident pages times the page size; 0 where /proc is not there.
@@ -54,7 +48,7 @@ double ResidentBytes() {
 std::shared_ptr<prometheus::Registry> MetricsRegistry() {
   static auto* r = [] {
     auto* p = new std::shared_ptr<prometheus::Registry>(std::make_shared<prometheus::Registry>());
-    Process(**p);  // the process family exists from the start
+    ResidentBytesGauge(**p);  // the process family exists from the start
     return p;
   }();
   return *r;
@@ -132,7 +126,9 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::s
   if (!ok) return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", listen, ": ", std::strerror(err)));
   sockaddr_storage bound{};
   socklen_t len = sizeof(bound);
-  getsockname(s->fd_, reinterpret_cast<sockaddr*>(&bound), &len);
+  if (getsockname(s->fd_, reinterpret_cast<sockaddr*>(&bound), &len) != 0) {
+    return absl::InternalError(absl::StrCat("metrics server: getsockname: ", std::strerror(errno)));
+  }
   s->port_ = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
                                                : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
   if (pipe2(s->wake_, O_CLOEXEC) != 0) return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
@@ -163,7 +159,7 @@ void MetricsServer::Serve(const std::string& path, const std::string& content_ty
 }
 
 std::string MetricsServer::Scrape() {
-  Process(*MetricsRegistry()).resident_bytes->Set(ResidentBytes());
+  ResidentBytesGauge(*registry_).Set(ResidentBytes());
   std::vector<std::function<void()>> refresh;
   {
     absl::MutexLock l(&mu_);
@@ -182,29 +178,43 @@ void MetricsServer::Loop() {
     }
     if (fds[1].revents != 0) return;  // the destructor
     if ((fds[0].revents & POLLIN) == 0) continue;
-    const int conn = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (conn < 0) continue;
+    const int conn = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (conn < 0) {
+      // Out of descriptors or memory: poll would report the pending connection again at once.
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) usleep(100 * 1000);
+      continue;
+    }
     Answer(conn);
     close(conn);
   }
 }
 
 // One request per connection (HTTP/1.0 semantics, "Connection: close"): a scraper sends a few
-// hundred bytes of GET; a slow or silent client is dropped after the socket timeouts.
+// hundred bytes of GET. The whole exchange has one deadline (a slow or silent client cannot hold
+// the server's only thread, nor its shutdown, for longer), and a request head is at most 8 KiB.
 void MetricsServer::Answer(int conn) {
-  timeval tv{5, 0};
-  setsockopt(conn, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  setsockopt(conn, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  constexpr size_t kMaxRequestBytes = 8192;
+  const absl::Time deadline = absl::Now() + absl::Seconds(2);
+  // Waits until `conn` is ready for `events` or the deadline passes.
+  auto ready = [&](short events) {
+    const int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+    pollfd p{conn, events, 0};
+    return ms > 0 && poll(&p, 1, static_cast<int>(ms)) == 1;
+  };
   std::string req;
   char buf[2048];
-  while (req.find("\r\n\r\n") == std::string::npos && req.size() < 16384) {
+  while (req.find("\r\n\r\n") == std::string::npos && req.size() < kMaxRequestBytes) {
+    if (!ready(POLLIN)) return;
     const ssize_t n = recv(conn, buf, sizeof(buf), 0);
     if (n <= 0) return;
     req.append(buf, static_cast<size_t>(n));
   }
   const std::vector<std::string> first = absl::StrSplit(req.substr(0, req.find("\r\n")), ' ');
   std::string status = "200 OK", type = "text/plain; charset=utf-8", body;
-  if (first.size() < 2 || first[0] != "GET") {
+  if (req.find("\r\n\r\n") == std::string::npos) {
+    status = "431 Request Header Fields Too Large";
+    body = "request head above 8 KiB\n";
+  } else if (first.size() < 2 || first[0] != "GET") {
     status = "405 Method Not Allowed";
     body = "only GET\n";
   } else {
@@ -226,6 +236,7 @@ void MetricsServer::Answer(int conn) {
   const std::string reply = absl::StrCat("HTTP/1.0 ", status, "\r\nContent-Type: ", type, "\r\nContent-Length: ",
                                          body.size(), "\r\nConnection: close\r\n\r\n", body);
   for (size_t done = 0; done < reply.size();) {
+    if (!ready(POLLOUT)) return;
     const ssize_t n = send(conn, reply.data() + done, reply.size() - done, MSG_NOSIGNAL);
     if (n <= 0) return;
     done += static_cast<size_t>(n);

@@ -1,6 +1,7 @@
 #include "coordinator/coordinator.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
@@ -570,10 +571,15 @@ CoordinatorService::MetricsView CoordinatorService::ViewForMetrics(size_t max_jo
   MetricsView v;
   absl::MutexLock l(&mu_);
   const absl::Time now = opt_.clock->Now();
-  auto first = jobs_.end();
-  for (size_t n = 0; n < max_jobs && first != jobs_.begin(); ++n) --first;
-  for (auto it = first; it != jobs_.end(); ++it) {
-    v.jobs.push_back(it->second.status);
+  // Every pending or running job, and the `max_jobs` most recent others: a long job never goes
+  // dark because newer jobs came and went.
+  auto recent = jobs_.end();
+  for (size_t n = 0; n < max_jobs && recent != jobs_.begin(); ++n) --recent;
+  const auto recent_id = recent == jobs_.end() ? std::numeric_limits<uint64_t>::max() : recent->first;
+  for (const auto& [id, job] : jobs_) {
+    const v1::JobState s = job.status.state();
+    if (id < recent_id && s != v1::JOB_STATE_PENDING && s != v1::JOB_STATE_RUNNING) continue;
+    v.jobs.push_back(job.status);
     v.jobs.back().clear_spec_yaml();
   }
   for (const auto& [id, w] : workers_) {

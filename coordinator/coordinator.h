@@ -77,7 +77,8 @@ class CoordinatorService final : public v1::Coordinator::Service {
 
   // What the metrics export (coordinator_metrics.h) reads at each scrape: copies taken under mu_.
   struct MetricsView {
-    std::vector<v1::JobStatus> jobs;  // the `max_jobs` most recent (highest ids), oldest first; no spec_yaml
+    // Every pending or running job and the `max_jobs` most recent (highest ids), by id; no spec_yaml.
+    std::vector<v1::JobStatus> jobs;
     struct WorkerView {
       v1::WorkerStatus status;
       double heartbeat_age_seconds = 0;  // since its last heartbeat (0 for a dead worker)

@@ -74,16 +74,29 @@ void CoordinatorMetrics::Refresh() {
   }
   jobs_ = std::move(now);
 
+  // Per-worker series for live workers only (a restarted worker registers anew, so dead ones would
+  // accumulate); the dead are counted in longhaul_workers{state="dead"}.
   std::map<v1::WorkerState, int> by_state;
   for (v1::WorkerState s : kWorkerStates) by_state[s] = 0;
+  std::set<std::string> live;
   for (const auto& w : v.workers) {
+    ++by_state[w.status.state()];
+    if (w.status.state() == v1::WORKER_STATE_DEAD) continue;
     const std::string& name = w.status.info().name();
+    live.insert(name);
     worker_heartbeat_age_.Add({{"worker", name}}).Set(w.heartbeat_age_seconds);
     for (v1::WorkerState s : kWorkerStates) {
       worker_state_.Add({{"worker", name}, {"state", Lower(WorkerStateName(s))}}).Set(w.status.state() == s ? 1 : 0);
     }
-    ++by_state[w.status.state()];
   }
+  for (const std::string& name : worker_series_) {
+    if (live.count(name)) continue;
+    worker_heartbeat_age_.Remove(&worker_heartbeat_age_.Add({{"worker", name}}));
+    for (v1::WorkerState s : kWorkerStates) {
+      worker_state_.Remove(&worker_state_.Add({{"worker", name}, {"state", Lower(WorkerStateName(s))}}));
+    }
+  }
+  worker_series_ = std::move(live);
   for (const auto& [s, n] : by_state) workers_.Add({{"state", Lower(WorkerStateName(s))}}).Set(n);
 }
 

@@ -7,10 +7,10 @@
 // Everything is read from the service at scrape time (CoordinatorService::ViewForMetrics), so the
 // handlers carry no instrumentation. Per job: step, loss, tokens/s, state, restarts, labelled
 // job_id (not `job`: Prometheus gives every scraped series a `job` label of its own, the scrape
-// job's, and would rename ours to exported_job). Only the kMaxJobs most recent jobs have series;
-// an older job's series are removed when a newer one pushes it out (bounded cardinality). Per
-// worker: heartbeat age and state, labelled worker (its name; one series set per worker ever
-// registered, which is bounded by the cluster).
+// job's, and would rename ours to exported_job). Pending and running jobs and the kMaxJobs most
+// recent others have series; a finished job's series are removed when newer ones push it out
+// (bounded cardinality). Per live worker: heartbeat age and state, labelled worker (its name); a
+// worker's series go when it dies (longhaul_workers counts the dead).
 //
 // Threading: Refresh and DiscoveryJson are called by the metrics server, one request at a time.
 #ifndef LONGHAUL_COORDINATOR_COORDINATOR_METRICS_H_
@@ -57,6 +57,7 @@ class CoordinatorMetrics {
   prometheus::Family<prometheus::Gauge>& worker_state_;
   prometheus::Family<prometheus::Gauge>& workers_;
   std::set<std::string> jobs_;  // job ids with series
+  std::set<std::string> worker_series_;  // names of the (live) workers with series
   std::map<std::string, std::string> job_names_;  // id -> the name in its info series
 };
 

@@ -64,11 +64,11 @@ int main(int argc, char** argv) {
                  "a pending job that has waited this long holds back the jobs submitted after it until it starts "
                  "(so small jobs cannot starve a big one)")
       ->type_name("DURATION");
-  CLI::Option* metrics_flag =
-      app.add_option("--metrics-listen", metrics_listen,
-                     "Prometheus endpoint: /metrics, and /sd (the workers' endpoints for http_sd_configs); "
-                     "none: off. Port 0 picks a free one; the default port, if taken, falls back to a free one")
-          ->type_name("HOST:PORT|none");
+  app.add_option("--metrics-listen", metrics_listen,
+                 "Prometheus endpoint: /metrics, and /sd (the workers' endpoints for http_sd_configs); "
+                 "none: off. Port 0 picks a free one; a port that is taken is an error (Prometheus's "
+                 "configuration names it)")
+      ->type_name("HOST:PORT|none");
   app.add_option("--metrics-port-file", metrics_port_file, "write the metrics server's port here once listening")
       ->type_name("PATH");
   app.footer("A DURATION is a number of seconds or a number with a unit: 300ms, 1.5s, 10m, 1h.");
@@ -111,7 +111,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<CoordinatorMetrics> exported;
   std::string metrics_note;
   absl::StatusOr<std::unique_ptr<longhaul::common::MetricsServer>> metrics =
-      longhaul::common::StartMetricsServer(metrics_listen, metrics_flag->count() == 0, &metrics_note);
+      longhaul::common::StartMetricsServer(metrics_listen, /*fallback_to_free_port=*/false, &metrics_note);
   if (!metrics.ok()) {
     std::fprintf(stderr, "longhaul-coordinator: --metrics-listen: %s\n", std::string(metrics.status().message()).c_str());
     return 1;

@@ -76,14 +76,16 @@ trap cleanup EXIT
 trap 'echo; echo "demo: interrupted; stopping the daemons" >&2; exit 130' INT TERM
 
 echo "demo: run directory $run_dir"
+# Its metrics on a free port (a fixed one may be taken on a shared machine), printed below.
 "$BIN/longhaul-coordinator" --listen=127.0.0.1:0 --port-file="$run_dir/coordinator.port" \
+  --metrics-listen=127.0.0.1:0 --metrics-port-file="$run_dir/coordinator-metrics.port" \
   --state="$run_dir/coordinator.db" >"$run_dir/coordinator.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do [[ -s "$run_dir/coordinator.port" ]] && break; sleep 0.1; done
 [[ -s "$run_dir/coordinator.port" ]] || { echo "demo: the coordinator did not start; see $run_dir/coordinator.log" >&2; exit 1; }
 addr="127.0.0.1:$(cat "$run_dir/coordinator.port")"
 export LONGHAUL_COORDINATOR="$addr"
-echo "demo: coordinator on $addr"
+echo "demo: coordinator on $addr, metrics at http://127.0.0.1:$(cat "$run_dir/coordinator-metrics.port" 2>/dev/null)/metrics (workers: /sd)"
 
 workers=$(sed -n 's/^stages: *\([0-9]*\).*/\1/p' "$job_spec"); workers=${workers:-4}
 IFS=, read -r -a device_list <<<"$devices"

@@ -76,7 +76,7 @@ class Worker : public InboxRouter {
   const torch::Device device_;  // where stages compute (opt_.device, parsed)
   std::string address_;
   std::string metrics_address_;
-  // Before the server: the server's threads read them until it is destroyed.
+  // Before the server, which serves their registry until it is destroyed (the job thread updates them).
   std::unique_ptr<WorkerMetrics> metrics_;
   std::unique_ptr<common::MetricsServer> metrics_server_;
   std::unique_ptr<StageLinkService> link_service_;

@@ -9,7 +9,7 @@
 // peer (the neighbour worker's name), direction (forward: activations to the next stage; backward:
 // gradients to the previous one) and codec (the link's codec spec). Cardinality: a worker runs one
 // stage at a time; the series of the kJobsKept most recent jobs are kept (so a finished job's final
-// values stay scrapeable until another job ends), older ones are removed.
+// values stay scrapeable until the next job but one records its first step), older ones are removed.
 //
 // Threading: RecordStep may be called from any thread (a mutex guards the bookkeeping; the
 // metrics themselves are prometheus-cpp's, thread-safe, read by the metrics server's threads).

@@ -4,6 +4,9 @@
 // discovery JSON lists the live workers that reported a metrics address.
 #include "coordinator/coordinator_metrics.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -14,6 +17,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/metrics.h"
 #include "tools/cluster/local_cluster.h"
 
@@ -53,6 +57,8 @@ TEST(MetricsServer, ServesMetricsAndOwnPathsOnAFreePort) {
   ASSERT_TRUE(sd.ok()) << sd.status();
   EXPECT_EQ(*sd, "[]");
   EXPECT_FALSE(cluster::Cluster::HttpGet(addr, "/nothing").ok());
+  // The server's own registry carries the process gauge.
+  EXPECT_TRUE(absl::StrContains(*cluster::Cluster::HttpGet(addr, "/metrics"), "longhaul_process_resident_memory_bytes"));
   // The same address again: taken; with the fallback a free port is used and the note says so.
   EXPECT_FALSE(common::MetricsServer::Start(addr, registry).ok());
   std::string note;
@@ -67,6 +73,31 @@ TEST(MetricsServer, ServesMetricsAndOwnPathsOnAFreePort) {
   EXPECT_EQ(*none, nullptr);
   EXPECT_EQ(common::AdvertisedAddress("0.0.0.0:9465", 9465, ""), "127.0.0.1:9465");
   EXPECT_EQ(common::AdvertisedAddress("0.0.0.0:0", 4242, "w1.example"), "w1.example:4242");
+}
+
+
+// A client that connects and says nothing, or dribbles an endless head, holds the server for at
+// most its deadline; a scrape behind it is then answered.
+TEST(MetricsServer, SilentAndEndlessClientsDoNotHoldTheServer) {
+  auto server = common::MetricsServer::Start("127.0.0.1:0", std::make_shared<prometheus::Registry>());
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string addr = absl::StrCat("127.0.0.1:", (*server)->port());
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>((*server)->port()));
+  inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+  const int silent = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_EQ(connect(silent, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  const int endless = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_EQ(connect(endless, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  const std::string junk(20000, 'x');  // no end of head: answered 431 or dropped at the deadline
+  (void)!write(endless, junk.data(), junk.size());
+  const absl::Time t0 = absl::Now();
+  absl::StatusOr<std::string> m = cluster::Cluster::HttpGet(addr, "/metrics", absl::Seconds(10));
+  EXPECT_TRUE(m.ok()) << m.status();
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(6));  // two deadlines of 2 s, not 20000 bytes' worth of waiting
+  close(silent);
+  close(endless);
 }
 
 class CoordinatorMetricsTest : public ::testing::Test {
@@ -107,6 +138,12 @@ class CoordinatorMetricsTest : public ::testing::Test {
     v1::SubmitJobResponse resp;
     EXPECT_TRUE(svc_->SubmitJob(nullptr, &req, &resp).ok());
     return resp.job_id();
+  }
+  void Cancel(uint64_t job) {
+    v1::CancelJobRequest req;
+    req.set_job_id(job);
+    v1::CancelJobResponse resp;
+    EXPECT_TRUE(svc_->CancelJob(nullptr, &req, &resp).ok());
   }
   // Value of the series of `name` whose labels include all of `labels`; nullopt when absent.
   std::optional<double> Value(const std::string& name, const std::map<std::string, std::string>& labels) {
@@ -161,15 +198,21 @@ TEST_F(CoordinatorMetricsTest, JobAndWorkerSeries) {
   EXPECT_EQ(Value("longhaul_workers", {{"state", "idle"}}), 1.0);
 }
 
-TEST_F(CoordinatorMetricsTest, OnlyTheMostRecentJobsHaveSeries) {
+TEST_F(CoordinatorMetricsTest, PendingJobsAndTheMostRecentOthersHaveSeries) {
+  // A pending (or running) job keeps its series however many jobs come after it.
+  const uint64_t waiting = Submit("waiting");
   std::vector<uint64_t> ids;
-  for (size_t i = 0; i < CoordinatorMetrics::kMaxJobs + 3; ++i) ids.push_back(Submit(absl::StrCat("j", i)));
+  for (size_t i = 0; i < CoordinatorMetrics::kMaxJobs + 3; ++i) {
+    ids.push_back(Submit(absl::StrCat("j", i)));
+    Cancel(ids.back());
+  }
   metrics_->Refresh();
+  EXPECT_TRUE(Value("longhaul_job_step", {{"job_id", absl::StrCat(waiting)}}).has_value());
   EXPECT_FALSE(Value("longhaul_job_step", {{"job_id", absl::StrCat(ids[0])}}).has_value());
   EXPECT_FALSE(Value("longhaul_job_info", {{"job_id", absl::StrCat(ids[2])}}).has_value());
   EXPECT_TRUE(Value("longhaul_job_step", {{"job_id", absl::StrCat(ids[3])}}).has_value());
   EXPECT_TRUE(Value("longhaul_job_step", {{"job_id", absl::StrCat(ids.back())}}).has_value());
-  Submit("one-more");
+  Cancel(Submit("one-more"));
   metrics_->Refresh();  // pushes ids[3] out
   EXPECT_FALSE(Value("longhaul_job_step", {{"job_id", absl::StrCat(ids[3])}}).has_value());
   EXPECT_FALSE(Value("longhaul_job_state", {{"job_id", absl::StrCat(ids[3])}}).has_value());
@@ -177,7 +220,7 @@ TEST_F(CoordinatorMetricsTest, OnlyTheMostRecentJobsHaveSeries) {
   for (const auto& f : registry_->Collect()) {
     if (f.name == "longhaul_job_step") steps = f.metric.size();
   }
-  EXPECT_EQ(steps, CoordinatorMetrics::kMaxJobs);
+  EXPECT_EQ(steps, CoordinatorMetrics::kMaxJobs + 1);  // and the pending one
 }
 
 TEST_F(CoordinatorMetricsTest, DiscoveryListsLiveWorkersWithMetrics) {
@@ -191,10 +234,16 @@ TEST_F(CoordinatorMetricsTest, DiscoveryListsLiveWorkersWithMetrics) {
   EXPECT_EQ(sd[0]["labels"]["worker"], "w0");
   EXPECT_EQ(sd[0]["labels"]["region"], "eu");
   EXPECT_EQ(sd[1]["targets"][0], "10.0.0.2:9465");
-  // A worker that stops sending heartbeats is dead: no longer a target.
+  metrics_->Refresh();
+  EXPECT_TRUE(Value("longhaul_worker_heartbeat_age_seconds", {{"worker", "w0"}}).has_value());
+  // A worker that stops sending heartbeats is dead: no longer a target, its series gone, counted.
   clock_.Advance(absl::Seconds(11));
   svc_->CheckHeartbeats();
   EXPECT_EQ(nlohmann::json::parse(metrics_->DiscoveryJson()).size(), 0u);
+  metrics_->Refresh();
+  EXPECT_FALSE(Value("longhaul_worker_heartbeat_age_seconds", {{"worker", "w0"}}).has_value());
+  EXPECT_FALSE(Value("longhaul_worker_state", {{"worker", "w0"}}).has_value());
+  EXPECT_EQ(Value("longhaul_workers", {{"state", "dead"}}), 3.0);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -278,7 +279,8 @@ absl::StatusOr<std::string> Cluster::HttpGet(const std::string& host_port, const
     freeaddrinfo(res);
     return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
   }
-  timeval tv{static_cast<time_t>(absl::ToInt64Seconds(timeout)), 0};
+  // absl::ToTimeval keeps the sub-second part (a zero timeval would mean "block forever").
+  timeval tv = absl::ToTimeval(std::max(timeout, absl::Milliseconds(1)));
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
   const int rc = connect(fd, res->ai_addr, res->ai_addrlen);
