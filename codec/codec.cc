@@ -12,22 +12,6 @@
 
 namespace longhaul::codec {
 
-absl::StatusOr<CodecDevice> ParseCodecDevice(absl::string_view name) {
-  if (name == "auto") return CodecDevice::kAuto;
-  if (name == "cpu") return CodecDevice::kCpu;
-  if (name == "gpu") return CodecDevice::kGpu;
-  return absl::InvalidArgumentError(absl::StrCat("codec device \"", name, "\" is not auto, cpu or gpu"));
-}
-
-const char* CodecDeviceName(CodecDevice d) {
-  switch (d) {
-    case CodecDevice::kAuto: return "auto";
-    case CodecDevice::kCpu: return "cpu";
-    case CodecDevice::kGpu: return "gpu";
-  }
-  return "auto";
-}
-
 namespace internal {
 
 absl::StatusOr<FrameDtype> DtypeOf(const torch::Tensor& x) {

@@ -43,18 +43,11 @@
 #include "absl/strings/string_view.h"
 #include "codec/cpu/kernels.h"
 #include "codec/frame.h"
+#include "codec/spec.h"
 
 namespace longhaul::codec {
 
-// Where a codec runs for tensors on (or decoded to) a CUDA device:
-//   kAuto  on the GPU when the GPU codecs are available, else on the CPU (the tensor is copied)
-//   kCpu   always on the CPU
-//   kGpu   on the GPU; an error (FailedPrecondition, saying why) when that is not possible
-enum class CodecDevice { kAuto, kCpu, kGpu };
-
-// "auto" | "cpu" | "gpu"; anything else is InvalidArgument naming the three.
-absl::StatusOr<CodecDevice> ParseCodecDevice(absl::string_view name);
-const char* CodecDeviceName(CodecDevice d);
+// CodecDevice (where a codec runs for CUDA tensors) and ParseCodecDevice are in spec.h.
 
 // Whether this process can run the codecs on CUDA devices: the kernels are built in
 // (LONGHAUL_CODEC_CUDA) and a GPU is visible. `why` (optional) says why not.

@@ -102,6 +102,16 @@ struct CodecSpec {
 // structs' own Validate() message.
 absl::StatusOr<CodecSpec> ParseCodecSpec(absl::string_view spec);
 
+// Where a codec runs for tensors on (or decoded to) a CUDA device (the job spec's
+// links.codec_device; codec.h's EncodeOptions/DecodeOptions):
+//   kAuto  on the GPU when the GPU codecs are available, else on the CPU (the tensor is copied)
+//   kCpu   always on the CPU
+//   kGpu   on the GPU; an error (FailedPrecondition, saying why) when that is not possible
+enum class CodecDevice { kAuto, kCpu, kGpu };
+// "auto" | "cpu" | "gpu"; anything else is InvalidArgument naming the three.
+absl::StatusOr<CodecDevice> ParseCodecDevice(absl::string_view name);
+const char* CodecDeviceName(CodecDevice d);
+
 // The canonical spec string (what Codec::spec() returns); `s` must come from ParseCodecSpec.
 std::string CanonicalSpec(const CodecSpec& s);
 

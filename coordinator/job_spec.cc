@@ -279,10 +279,11 @@ absl::Status ValidateJobSpec(const v1::JobSpec& s) {
   range("links.loss", s.links().loss(), 0, 0.5);
   range("links.retransmit_ms", s.links().retransmit_ms(), 0, 60000);
   range("links.streams", s.links().streams(), 0, 8);
-  // The workers parse it with codec::ParseCodecDevice (LibTorch's side of the codecs, which the
-  // coordinator does not link); "" is the default, auto.
-  if (const std::string& d = s.links().codec_device(); d != "" && d != "auto" && d != "cpu" && d != "gpu") {
-    p.push_back(absl::StrCat("links.codec_device: \"", d, "\" is not auto, cpu or gpu"));
+  // "" is the default, auto.
+  if (const std::string& d = s.links().codec_device(); !d.empty()) {
+    if (!codec::ParseCodecDevice(d).ok()) {
+      p.push_back(absl::StrCat("links.codec_device: \"", d, "\" is not auto, cpu or gpu"));
+    }
   }
   range("codec_threads", s.codec_threads(), 1, 64);
   if (s.name().empty() || s.name().size() > 128) p.push_back("name: must be 1..128 characters");
