@@ -66,11 +66,11 @@ StageRunner::StageRunner(v1::StageAssignment assignment, std::string data_dir, t
   // Inboxes exist from construction so a neighbour that starts sending early finds them. They
   // hold a step's messages in one direction (stage_runtime::LinkCapacity).
   const size_t cap = static_cast<size_t>(std::max(1, a_.spec().micro_batches())) + 1;
-  // Tensors for a stage on a CUDA device are decoded there (links.codec_device; an invalid value is
-  // reported by Setup, through ResolveLinkSpec).
-  absl::StatusOr<LinkSettings> ls = ResolveLinkSpec(a_.spec().links(), 0);
-  const DecodeTarget decode =
-      DecodeTargetFor(device_, ls.ok() ? ls->codec_device : codec::CodecDevice::kAuto);
+  // Tensors for a stage on a CUDA device are decoded there (links.codec_device, parsed once here;
+  // an invalid value is reported by Setup).
+  const std::string& cd = a_.spec().links().codec_device();
+  codec_device_ = cd.empty() ? codec::CodecDevice::kAuto : codec::ParseCodecDevice(cd);
+  const DecodeTarget decode = DecodeTargetFor(device_, codec_device_.value_or(codec::CodecDevice::kAuto));
   if (!first_) from_prev_ = std::make_shared<Inbox>(cap, PeerName(a_.prev(), a_.stage() - 1), decode);
   if (!last_) from_next_ = std::make_shared<Inbox>(cap, PeerName(a_.next(), a_.stage() + 1), decode);
 }
@@ -153,11 +153,10 @@ absl::Status StageRunner::Setup() {
   bwd_codec_ = std::move(*bc);
   // links.codec_device gpu on a stage that computes on a CUDA device: fail here, naming the reason,
   // rather than at the first Send.
+  if (!codec_device_.ok()) return codec_device_.status();
   if (device_.is_cuda() && (!first_ || !last_)) {  // a one-stage job has no links
-    absl::StatusOr<LinkSettings> ls = ResolveLinkSpec(spec.links(), 0);
-    if (!ls.ok()) return ls.status();
     std::string why;
-    if (ls->codec_device == codec::CodecDevice::kGpu && !codec::GpuCodecsAvailable(&why)) {
+    if (*codec_device_ == codec::CodecDevice::kGpu && !codec::GpuCodecsAvailable(&why)) {
       return absl::FailedPreconditionError(absl::StrCat("links.codec_device is gpu, but ", why));
     }
   }

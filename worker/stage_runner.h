@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "codec/spec.h"
 #include "longhaul/v1/control_plane.pb.h"
 #include "stage_runtime/executor.h"
 #include "stage_runtime/stage_loop.h"
@@ -67,6 +68,7 @@ class StageRunner {
   // Configured rates of the links this stage sends on (bytes/s; <= 0 unlimited), for metrics.
   double fwd_rate_ = 0, bwd_rate_ = 0;
   const bool first_, last_;
+  absl::StatusOr<codec::CodecDevice> codec_device_;  // links.codec_device, parsed once
   std::shared_ptr<Inbox> from_prev_, from_next_;  // null at the ends
   stage_runtime::PipelineOptions opt_;
   std::unique_ptr<codec::Codec> fwd_codec_, bwd_codec_;
