@@ -172,7 +172,8 @@ absl::StatusOr<DeviceResult> MeasureOnDevice(const std::string& spec_text, const
     };
   }
   if (family != codec::CodecFamily::kRaw) {
-    // The payload left in device memory (each call synchronises once: its size depends on the data).
+    // The payload left in device memory (group quant synchronises once per call: its size depends
+    // on the data; the other encoders are asynchronous and the round ends with a synchronisation).
     encode = [&] {
       absl::StatusOr<codec::gpu::DeviceBytes> p =
           codec::internal::EncodePayloadOnGpu(*spec, x_dev, shape, 0, enc_ws, nullptr);

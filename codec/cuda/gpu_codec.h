@@ -21,8 +21,9 @@
 //   std::string payload;  gpu::AppendToHost(*p, stream, &payload);   // == the CPU's payload
 //
 // Threading: a Workspace is used by one thread at a time; functions on different workspaces may
-// run concurrently. Every encode synchronises its stream once (the payload's size depends on the
-// data); decodes are asynchronous on the stream unless they say otherwise.
+// run concurrently. GroupQuantEncode synchronises its stream once (the payload's size depends on
+// the data); the other encoders and the decoders are asynchronous on the stream (AppendToHost and
+// Download wait for them).
 #ifndef LONGHAUL_CODEC_CUDA_GPU_CODEC_H_
 #define LONGHAUL_CODEC_CUDA_GPU_CODEC_H_
 
