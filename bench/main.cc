@@ -6,9 +6,11 @@
 
 #include "bench/benchmarks.h"
 #include "common/flags.h"
+#include "common/signals.h"
 
 int main(int argc, char** argv) {
   using namespace longhaul::bench;
+  longhaul::common::InstallCrashHandler(argv[0]);
   CLI::App app{
       "The project's benchmarks. Figures are printed, never asserted; each compares against a\n"
       "reference measured in the same run. `--json` gives machine-readable output.",

@@ -6,6 +6,9 @@
 #include <cerrno>
 #include <csignal>
 
+#include "absl/debugging/failure_signal_handler.h"
+#include "absl/debugging/symbolize.h"
+
 namespace longhaul::common {
 namespace {
 
@@ -28,6 +31,15 @@ bool InstallTerminationHandlers() {
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;
   return sigaction(SIGTERM, &sa, nullptr) == 0 && sigaction(SIGINT, &sa, nullptr) == 0;
+}
+
+void InstallCrashHandler(const char* argv0) {
+  absl::InitializeSymbolizer(argv0);
+  // Abseil's handler also takes SIGTERM; keep what it was (default, or ours if already installed).
+  struct sigaction term = {};
+  sigaction(SIGTERM, nullptr, &term);
+  absl::InstallFailureSignalHandler(absl::FailureSignalHandlerOptions{});
+  sigaction(SIGTERM, &term, nullptr);
 }
 
 int WaitForTerminationSignal() {

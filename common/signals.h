@@ -13,6 +13,11 @@ namespace longhaul::common {
 
 // Returns false if the pipe or the handlers could not be set up.
 bool InstallTerminationHandlers();
+// On a crash (SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT) prints the signal and a symbolised stack
+// trace to stderr before dying (Abseil's failure signal handler), so a crash on a remote machine
+// says where it happened. SIGTERM keeps its disposition (InstallTerminationHandlers owns it).
+// Call first thing in main, with argv[0].
+void InstallCrashHandler(const char* argv0);
 // Blocks until SIGTERM or SIGINT arrives; returns the signal number.
 int WaitForTerminationSignal();
 const char* SignalName(int sig);

@@ -13,6 +13,7 @@
 #include "worker/worker.h"
 
 int main(int argc, char** argv) {
+  longhaul::common::InstallCrashHandler(argv[0]);
   longhaul::worker::WorkerOptions o;
   int64_t threads = 0;
   CLI::App app{

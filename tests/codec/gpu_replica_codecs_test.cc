@@ -224,11 +224,12 @@ TEST(GpuSymQuantTest, PayloadsAndDecodingMatchTheCpuReference) {
   SweepSymQuant({1, 7, 31, 33, 127, 1000, 4097, 100000}, {2, 3, 4, 5, 6, 7, 8}, {8, 32, 128, 4096});
 }
 
-// The other launch shapes: sub-warp groups of 16, groups over 2 or all 8 warps of a block in one
-// step, several steps, and the largest group (256 steps, a short last group).
+// The other launch shapes (sym_quant.cu): a sub-warp group of 16, groups of 2 and 8 chunks of a
+// warp, of 2 and all 8 warps of a block, of several rounds, and the largest group (32 rounds, a
+// short last group).
 TEST(GpuSymQuantTest, OtherGroupSizes) {
   SKIP_WITHOUT_GPU();
-  SweepSymQuant({33, 1000, 131073}, {3, 4}, {16, 64, 256, 512, 65536});
+  SweepSymQuant({33, 1000, 131073}, {3, 4}, {16, 64, 256, 512, 2048, 65536});
 }
 
 TEST(GpuSymQuantTest, AllZeroAndAllInfiniteInputs) {
