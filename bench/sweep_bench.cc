@@ -256,6 +256,12 @@ int RunSweep(const Flags& f, const CLI::App& cmd) {
           return 1;
         }
         samples[{rate, c}].push_back(*t);
+        if (!json) {  // each cell as it ends, so that a run cut short still shows what it measured
+          std::fprintf(stderr, "  %s, %s: %.0f tokens/s%s\n", where(rate).c_str(), c.c_str(), t->tokens_per_s,
+                       tc && rate > 0 ? absl::StrFormat(" (busiest link %.0f KB, %.0f drops)",
+                                                        t->busiest_link_bytes / 1e3, t->drops).c_str()
+                                      : "");
+        }
       }
     }
   }

@@ -7,7 +7,7 @@
 #   codecbench  longhaul-bench codec --device=cuda:0 for each codec family, 8192 x 4096 fp32 and bf16
 #   sweep     docs/gpu-sweep.md: 4 workers sharing cuda:0, each in its own network namespace with tc
 #             tbf access links, a gpt2-xl-shaped pipeline (SWEEP_LAYERS, default 48, over 4 stages,
-#             bf16), fp32 vs tahquant/int8 links at 1000, 500, 300 and 100 Mbit/s
+#             bf16), fp32 vs tahquant/int8 links at 1000, 500, 300 and 100 Mbit/s (SWEEP_RATES)
 #   test      ./longhaul.sh test -L gpu
 #   bench     longhaul-bench stage: one gpt2-xl stage of 12 layers, bf16 (MFU)
 #   data      SentencePiece tokens of the fortunes corpus into /var/tmp/longhaul/fortunes-sp
@@ -70,7 +70,7 @@ PY
       mkdir -p /var/tmp/longhaul
       TMPDIR=/var/tmp/longhaul build/bin/longhaul-bench sweep --shaper="$shaper" --preset=gpt2-xl --layers="${SWEEP_LAYERS:-48}" --stages=4 --device=cuda:0 \
         --precision=bf16 --context=1024 --micro-batches="${SWEEP_MICRO_BATCHES:-8}" --micro-batch-size=1 \
-        --steps="${SWEEP_STEPS:-4}" --repeats=1 --rates=1000,500,300,100 --codecs=fp32,tahquant --backward=int8 \
+        --steps="${SWEEP_STEPS:-4}" --repeats=1 --rates="${SWEEP_RATES:-1000,500,300,100}" --codecs=fp32,tahquant --backward=int8 \
         --markdown="$OUT/gpu-sweep.md" >"$OUT/sweep.log" 2>&1 || { tail -30 "$OUT/sweep.log"; exit 1; }
       cat "$OUT/gpu-sweep.md" ;;
     test) ./longhaul.sh test -L gpu 2>&1 | tee "$OUT/gpu-tests.log" | tail -15 ;;
