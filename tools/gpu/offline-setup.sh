@@ -31,4 +31,7 @@ if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
   fi
   printf '%s' "$want" >"$stamp"
 fi
+# prometheus-cpp's CMake config finds civetweb (for its pull component, which we do not use), whose
+# config insists that the civetweb program exists; the libcivetweb packages do not ship it.
+[[ -e "$PREFIX/usr/bin/civetweb" ]] || { mkdir -p "$PREFIX/usr/bin" && : >"$PREFIX/usr/bin/civetweb"; }
 echo "offline-setup: ok (prefix $PREFIX, torch $(python3 -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda)'))"
