@@ -29,6 +29,7 @@
 #include "netem/tc/network.h"
 #include "stage_runtime/model_presets.h"
 #include "common/flags.h"
+#include "common/list_dir.h"
 #include "common/signals.h"
 #include "tools/cluster/local_cluster.h"
 
@@ -202,9 +203,13 @@ int RunSweep(const Flags& f, const CLI::App& cmd) {
     if (!st.ok()) return st.status();
     if (st->state() != v1::JOB_STATE_SUCCEEDED) return absl::InternalError(st->error());
     // The job's checkpoints are not needed (a gpt2-xl stage writes gigabytes): free the disk.
-    for (const auto& e : std::filesystem::directory_iterator(cl.dir())) {
+    // (common::ListDirectory, not std::filesystem's iterator: see common/list_dir.h.)
+    absl::StatusOr<std::vector<common::DirEntry>> entries = common::ListDirectory(cl.dir());
+    if (!entries.ok()) return entries.status();
+    for (const common::DirEntry& e : *entries) {
       std::error_code ec;
-      std::filesystem::remove_all(e.path() / "jobs" / std::to_string(*job), ec);
+      if (e.kind == common::DirEntry::kDirectory)
+        std::filesystem::remove_all(std::filesystem::path(e.path) / "jobs" / std::to_string(*job), ec);
     }
     Sample sample;
     sample.tokens_per_s = st->tokens_per_s();

@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/list_dir.h"
 
 namespace longhaul::stage_runtime {
 namespace {
@@ -63,15 +64,13 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenDataset(const DataSpec& spec, int c
 absl::StatusOr<TextDataset> TextDataset::FromPath(const std::string& path, double val_fraction) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  std::vector<fs::path> files;
+  std::vector<std::string> files;
   if (fs::is_regular_file(path, ec)) {
     files.push_back(path);
   } else if (fs::is_directory(path, ec)) {
-    for (const auto& e : fs::directory_iterator(path, ec)) {
-      if (e.is_symlink() || !e.is_regular_file() || e.path().extension() == ".dat") continue;
-      files.push_back(e.path());
-    }
-    std::sort(files.begin(), files.end());
+    absl::StatusOr<std::vector<std::string>> in_dir = common::ListRegularFiles(path, ".dat");
+    if (!in_dir.ok()) return in_dir.status();
+    files = *std::move(in_dir);
   } else {
     return absl::NotFoundError(absl::StrCat("corpus ", path,
                                             " not found: neither a file nor a directory (the default corpus comes "
@@ -80,7 +79,7 @@ absl::StatusOr<TextDataset> TextDataset::FromPath(const std::string& path, doubl
   std::string text;
   for (const auto& f : files) {
     std::ifstream in(f, std::ios::binary);
-    if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", f.string()));
+    if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", f));
     std::ostringstream ss;
     ss << in.rdbuf();
     text += ss.str();

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/list_dir.h"
 #include "stage_runtime/sentencepiece_wrap.h"
 
 namespace longhaul::stage_runtime {
@@ -71,13 +72,9 @@ absl::StatusOr<std::vector<std::string>> ListTextFiles(const std::vector<std::st
     if (fs::is_regular_file(in, ec)) {
       files.push_back(in);
     } else if (fs::is_directory(in, ec)) {
-      std::vector<std::string> dir;
-      for (const auto& e : fs::directory_iterator(in, ec)) {
-        if (e.is_symlink() || !e.is_regular_file() || e.path().extension() == ".dat") continue;
-        dir.push_back(e.path().string());
-      }
-      std::sort(dir.begin(), dir.end());
-      files.insert(files.end(), dir.begin(), dir.end());
+      absl::StatusOr<std::vector<std::string>> dir = common::ListRegularFiles(in, ".dat");
+      if (!dir.ok()) return dir.status();
+      files.insert(files.end(), dir->begin(), dir->end());
     } else {
       return absl::NotFoundError(absl::StrCat("input ", in, " is neither a file nor a directory"));
     }

@@ -25,8 +25,10 @@
 #include <boost/process/search_path.hpp>
 #include <grpcpp/grpcpp.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/list_dir.h"
 
 namespace longhaul::cluster {
 
@@ -331,12 +333,15 @@ std::pair<int, std::string> Cluster::Run(const std::string& cmd) {
 }
 
 void Cluster::DumpLogs() {
-  for (const auto& e : std::filesystem::directory_iterator(dir_)) {
-    if (e.path().extension() != ".log") continue;
-    std::ifstream f(e.path());
+  // (Not std::filesystem's iterator, which breaks in binaries linking the PyTorch wheel: list_dir.h.)
+  absl::StatusOr<std::vector<std::string>> files = common::ListRegularFiles(dir_);
+  if (!files.ok()) return;
+  for (const std::string& path : *files) {
+    if (!absl::EndsWith(path, ".log")) continue;
+    std::ifstream f(path);
     std::stringstream ss;
     ss << f.rdbuf();
-    std::fprintf(stderr, "===== %s =====\n%s\n", e.path().filename().c_str(), ss.str().c_str());
+    std::fprintf(stderr, "===== %s =====\n%s\n", path.substr(path.rfind('/') + 1).c_str(), ss.str().c_str());
   }
 }
 
