@@ -3,6 +3,7 @@
 # processes on this machine train a small GPT over gRPC, TAH-Quant activations forward and INT8
 # gradients backward, every link shaped to 100 Mbit/s in-process. Shows the live progress bar and
 # ends with a summary (loss, tokens/s, bytes on the wire vs uncompressed, logs, checkpoints).
+# With --prometheus, Debian's prometheus scrapes the demo too (docs/observability.md).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="$ROOT/build/bin"
@@ -21,10 +22,19 @@ usage: ./longhaul.sh demo [options]
   --threads N          LibTorch threads per worker (default 1: 4 workers share this machine)
   --device DEV[,DEV..] where the workers compute: cpu (default), cuda:0, or a list dealt to the
                        workers in turn (cuda:0,cuda:1,...); workers may share a GPU
+  --prometheus         also run Debian's prometheus (installed by tools/setup.sh) with
+                       dashboards/prometheus.yml pointed at this demo's coordinator (the workers
+                       through its /sd discovery); prints its address and the PromQL for loss
+                       and tokens/s. It stops when the demo ends; its data stays in
+                       RUN_DIR/prometheus-data and the command to browse it again is printed
+  --prometheus-listen HOST:PORT
+                       where that prometheus serves (implies --prometheus; default
+                       127.0.0.1:9090, or the next free port when 9090 is taken)
 USAGE
 }
 
 steps=0; summary=""; rate=""; spec="$ROOT/deploy/jobs/demo.yaml"; run_dir=""; threads=1; devices="cpu"
+prometheus=0; prom_listen=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --steps) steps="$2"; shift 2 ;;
@@ -41,6 +51,9 @@ while [[ $# -gt 0 ]]; do
     --threads=*) threads="${1#*=}"; shift ;;
     --device) devices="$2"; shift 2 ;;
     --device=*) devices="${1#*=}"; shift ;;
+    --prometheus) prometheus=1; shift ;;
+    --prometheus-listen) prometheus=1; prom_listen="$2"; shift 2 ;;
+    --prometheus-listen=*) prometheus=1; prom_listen="${1#*=}"; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "demo: unknown option '$1'" >&2; usage >&2; exit 2 ;;
   esac
@@ -48,6 +61,12 @@ done
 [[ "$steps" =~ ^[0-9]+$ ]] || { echo "demo: --steps needs a number, got '$steps'" >&2; exit 2; }
 [[ -f "$spec" ]] || { echo "demo: no job spec at $spec" >&2; exit 2; }
 [[ -z "$summary" || "$summary" = /* ]] || summary="$PWD/$summary"
+if ((prometheus)); then
+  command -v prometheus >/dev/null ||
+    { echo "demo: --prometheus needs Debian's prometheus package (tools/setup.sh installs it)" >&2; exit 2; }
+  [[ -z "$prom_listen" || "$prom_listen" =~ ^[^:]+:[0-9]+$ ]] ||
+    { echo "demo: --prometheus-listen needs HOST:PORT, got '$prom_listen'" >&2; exit 2; }
+fi
 
 run_dir="${run_dir:-$ROOT/build/demo-runs/$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$run_dir"
@@ -87,6 +106,37 @@ addr="127.0.0.1:$(cat "$run_dir/coordinator.port")"
 export LONGHAUL_COORDINATOR="$addr"
 echo "demo: coordinator on $addr, metrics at http://127.0.0.1:$(cat "$run_dir/coordinator-metrics.port" 2>/dev/null)/metrics (workers: /sd)"
 
+# Whether something accepts connections on HOST PORT.
+listening() { (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; }
+prom_cmd=""
+if ((prometheus)); then
+  if [[ -z "$prom_listen" ]]; then  # 9090, or the next free port
+    for p in $(seq 9090 9189); do listening 127.0.0.1 "$p" || { prom_listen="127.0.0.1:$p"; break; }; done
+  fi
+  # dashboards/prometheus.yml with the coordinator's actual metrics address (the demo's is a free
+  # port) and quicker worker discovery (short demos).
+  mport="$(cat "$run_dir/coordinator-metrics.port")"
+  sed -e "s#localhost:9464#127.0.0.1:$mport#g" -e 's#refresh_interval: 15s#refresh_interval: 5s#' \
+    "$ROOT/dashboards/prometheus.yml" >"$run_dir/prometheus.yml"
+  grep -q "127.0.0.1:$mport/sd" "$run_dir/prometheus.yml" ||
+    { echo "demo: dashboards/prometheus.yml no longer names localhost:9464; cannot point it at the demo" >&2; exit 1; }
+  prom_args=(--config.file="$run_dir/prometheus.yml" --storage.tsdb.path="$run_dir/prometheus-data"
+             --web.listen-address="$prom_listen")
+  prom_cmd="prometheus$(printf ' %q' "${prom_args[@]}")"
+  prometheus "${prom_args[@]}" >"$run_dir/prometheus.log" 2>&1 &
+  pids+=($!)
+  for _ in $(seq 100); do listening "${prom_listen%:*}" "${prom_listen##*:}" && break; sleep 0.1; done
+  if ! kill -0 "${pids[-1]}" 2>/dev/null || ! listening "${prom_listen%:*}" "${prom_listen##*:}"; then
+    echo "demo: prometheus did not start on $prom_listen; see $run_dir/prometheus.log" >&2; exit 1
+  fi
+  graph="http://$prom_listen/graph?g0.expr=longhaul_job_loss&g0.tab=0&g0.range_input=15m"
+  graph+="&g1.expr=longhaul_job_tokens_per_second&g1.tab=0&g1.range_input=15m"
+  echo "demo: prometheus on http://$prom_listen (config $run_dir/prometheus.yml, log $run_dir/prometheus.log)"
+  echo "demo:   loss (PromQL):     longhaul_job_loss"
+  echo "demo:   tokens/s (PromQL): longhaul_job_tokens_per_second"
+  echo "demo:   both graphed:      $graph"
+fi
+
 workers=$(sed -n 's/^stages: *\([0-9]*\).*/\1/p' "$job_spec"); workers=${workers:-4}
 IFS=, read -r -a device_list <<<"$devices"
 for i in $(seq 0 $((workers - 1))); do
@@ -110,4 +160,9 @@ rc=$?
 set -e
 echo "logs:         $run_dir/{coordinator,worker-*}.log"
 echo "state file:   $run_dir/coordinator.db"
+if [[ -n "$prom_cmd" ]]; then
+  sleep 6  # one more scrape (every 5 s) of the final values before everything stops
+  echo "prometheus:   stops with the demo; its data stays in $run_dir/prometheus-data. To browse it again:"
+  echo "              $prom_cmd"
+fi
 exit $rc
