@@ -203,13 +203,12 @@ int RunSweep(const Flags& f, const CLI::App& cmd) {
     if (!st.ok()) return st.status();
     if (st->state() != v1::JOB_STATE_SUCCEEDED) return absl::InternalError(st->error());
     // The job's checkpoints are not needed (a gpt2-xl stage writes gigabytes): free the disk.
-    // (common::ListDirectory, not std::filesystem's iterator: see common/list_dir.h.)
+    // (common/list_dir.h, not std::filesystem, which breaks in binaries that link the PyTorch wheel.)
     absl::StatusOr<std::vector<common::DirEntry>> entries = common::ListDirectory(cl.dir());
     if (!entries.ok()) return entries.status();
     for (const common::DirEntry& e : *entries) {
-      std::error_code ec;
-      if (e.kind == common::DirEntry::kDirectory)
-        std::filesystem::remove_all(std::filesystem::path(e.path) / "jobs" / std::to_string(*job), ec);
+      if (e.kind != common::DirEntry::kDirectory) continue;
+      if (absl::Status s = common::RemoveTree(absl::StrCat(e.path, "/jobs/", *job)); !s.ok()) return s;
     }
     Sample sample;
     sample.tokens_per_s = st->tokens_per_s();

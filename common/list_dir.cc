@@ -1,10 +1,12 @@
 #include "common/list_dir.h"
 
 #include <dirent.h>
+#include <ftw.h>
 #include <sys/stat.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "absl/strings/match.h"
@@ -46,6 +48,22 @@ absl::StatusOr<std::vector<std::string>> ListRegularFiles(const std::string& dir
     files.push_back(e.path);
   }
   return files;
+}
+
+namespace {
+int RemoveOne(const char* path, const struct stat*, int, struct FTW*) { return std::remove(path) == 0 ? 0 : errno; }
+}  // namespace
+
+absl::Status RemoveTree(const std::string& path) {
+  struct stat st;
+  if (lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return absl::OkStatus();
+    return absl::InternalError(absl::StrCat("cannot remove ", path, ": ", std::strerror(errno)));
+  }
+  // Depth first (contents before their directory), not following links; 16 open directories at most.
+  const int rc = nftw(path.c_str(), RemoveOne, 16, FTW_DEPTH | FTW_PHYS);
+  if (rc != 0) return absl::InternalError(absl::StrCat("cannot remove ", path, ": ", std::strerror(rc > 0 ? rc : errno)));
+  return absl::OkStatus();
 }
 
 }  // namespace longhaul::common

@@ -99,7 +99,8 @@ Cluster::~Cluster() {
   }
   workers_.clear();
   coordinator_.reset();
-  if (!std::getenv("LONGHAUL_KEEP_TEST_DIRS")) std::filesystem::remove_all(dir_);
+  // (Not std::filesystem::remove_all, which breaks in binaries linking the PyTorch wheel: list_dir.h.)
+  if (!std::getenv("LONGHAUL_KEEP_TEST_DIRS")) (void)common::RemoveTree(dir_);
 }
 
 void Cluster::SignalAll(int sig) {
