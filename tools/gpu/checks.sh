@@ -8,6 +8,9 @@
 #   sweep     docs/gpu-sweep.md: 4 workers sharing cuda:0, each in its own network namespace with tc
 #             tbf access links, a gpt2-xl-shaped pipeline (SWEEP_LAYERS, default 48, over 4 stages,
 #             bf16), fp32 vs tahquant/int8 links at 1000, 500, 300 and 100 Mbit/s (SWEEP_RATES)
+#   pipeline  where the sweep's step time goes: deploy/jobs/gpt2-xl-pipeline.yaml (unshaped, fp32
+#             links) on 4 workers sharing cuda:0, with 1 and 4 LibTorch threads per worker; GPU
+#             utilisation (nvidia-smi dmon) and every worker's /metrics mid-run
 #   test      ./longhaul.sh test -L gpu
 #   bench     longhaul-bench stage: one gpt2-xl stage of 12 layers, bf16 (MFU)
 #   data      SentencePiece tokens of the fortunes corpus into /var/tmp/longhaul/fortunes-sp
@@ -16,7 +19,7 @@
 #             FIDELITY_STEPS steps (default 1000), both runs at once on cuda:0
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-OUT="${1:?usage: tools/gpu/checks.sh OUT_DIR [build|codec|codecbench|sweep|test|bench|data|job|fidelity ...]}"
+OUT="${1:?usage: tools/gpu/checks.sh OUT_DIR [build|codec|codecbench|sweep|pipeline|test|bench|data|job|fidelity ...]}"
 shift
 steps=("$@")
 ((${#steps[@]})) || steps=(build test bench data job)
@@ -73,6 +76,28 @@ PY
         --steps="${SWEEP_STEPS:-4}" --repeats=1 --rates="${SWEEP_RATES:-1000,500,300,100}" --codecs=fp32,tahquant --backward=int8 \
         --markdown="$OUT/gpu-sweep.md" >"$OUT/sweep.log" 2>&1 || { tail -30 "$OUT/sweep.log"; exit 1; }
       cat "$OUT/gpu-sweep.md" ;;
+    pipeline)
+      ./longhaul.sh build longhaul-worker longhaul-coordinator longhaulctl >"$OUT/build-pipeline.log" 2>&1 \
+        || { tail -40 "$OUT/build-pipeline.log"; exit 1; }
+      for t in 1 4; do
+        rd=/var/tmp/longhaul/pipeline-t$t
+        rm -rf "$rd"
+        nvidia-smi dmon -s u -d 1 >"$OUT/dmon-t$t.txt" 2>&1 &
+        dmon=$!
+        ( sleep "${PIPELINE_SCRAPE_AFTER:-60}"
+          for f in "$rd"/worker-*.log; do
+            port=$(sed -n 's/.*metrics on [^ ]*:\([0-9]*\).*/\1/p' "$f" | head -1)
+            [[ -n "$port" ]] && curl -s "http://127.0.0.1:$port/metrics" >"$OUT/metrics-t$t-$(basename "$f" .log).txt"
+          done ) &
+        ./longhaul.sh demo --spec deploy/jobs/gpt2-xl-pipeline.yaml --device=cuda:0 --threads="$t" --rate-mbit 0 \
+          --summary-json="$OUT/pipeline-t$t.json" --run-dir="$rd" >"$OUT/pipeline-t$t.log" 2>&1 \
+          || { tail -20 "$OUT/pipeline-t$t.log"; tail -5 "$rd"/worker-*.log; }
+        kill "$dmon" 2>/dev/null || true
+        wait
+        echo "threads $t:"; tail -4 "$OUT/pipeline-t$t.log"
+        awk 'NR > 2 && $2 ~ /^[0-9]+$/ { s += $2; n++ } END { if (n) printf "  GPU busy (dmon sm%%) mean %.0f%% over %d s\n", s / n, n }' "$OUT/dmon-t$t.txt"
+        rm -rf "$rd"/worker-*/jobs
+      done ;;
     test) ./longhaul.sh test -L gpu 2>&1 | tee "$OUT/gpu-tests.log" | tail -15 ;;
     bench) nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
            build/bin/longhaul-bench stage --device=cuda:0 --preset=gpt2-xl --layers=12 --precision=bf16 --json \
