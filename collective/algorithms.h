@@ -1,0 +1,64 @@
+// The collective algorithms, each written once against an Op (group.h) and therefore against any
+// Transport. Buffers are plain floats; a tensor of n elements is handled "padded": P * chunk
+// elements (ShardLayout), zeros past n, so every shard is whole groups.
+//
+// Bytes each rank sends (P ranks, c = layout.chunk, b(m, k) = SymQuantPayloadBytes(m) at k bits):
+//   RingReduceScatter, RingAllGather:   (P - 1) * c * 4 each
+//   TwoLevelReduceScatter with X ranks in each of Y regions (P = X * Y):
+//     level 1, inside the region:  (X - 1) messages of b(Y * c, fast bits)
+//     level 2, across regions:     (Y - 1) messages of b(c, slow bits)
+//   TwoLevelAllGather of blobs of B bytes:
+//     across regions (Y - 1) * B; inside the region (X - 1) * Y * B (own blob + the Y - 1 blobs
+//     this rank received from its partners in the other regions)
+#ifndef LONGHAUL_COLLECTIVE_ALGORITHMS_H_
+#define LONGHAUL_COLLECTIVE_ALGORITHMS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "codec/sdp4bit.h"
+#include "collective/group.h"
+
+namespace longhaul::collective {
+
+// The shards rank m (a member of region y) carries inside region y in the two-level
+// reduce-scatter: those whose partner in y is m (Topology::Partner), ascending.
+std::vector<int> CarriedShards(const Topology& topo, int y, int m);
+// The blobs rank r hands to the other members of its region in the two-level all-gather: its own
+// and those of the ranks in other regions whose partner in r's region is r, ascending.
+std::vector<int> ForwardedBlobs(const Topology& topo, int r);
+
+// Ring reduce-scatter over topo.ring(). On return shard k (= rank k's) of this rank's
+// padded[0, layout.padded()) holds the sum over all ranks of that shard; other shards hold partial
+// sums. The order of the additions for shard k is fixed (along the ring, starting after k), so the
+// result does not depend on timing.
+absl::Status RingReduceScatter(Op& op, const Topology& topo, const ShardLayout& layout, float* padded);
+
+// Ring all-gather: on entry shard rank() holds this rank's values, on return every shard holds its
+// owner's, byte for byte.
+absl::Status RingAllGather(Op& op, const Topology& topo, const ShardLayout& layout, float* padded);
+
+// Two-level all-gather of opaque blobs: (*blobs)[rank] is this rank's on entry; on return
+// (*blobs)[k] is rank k's for every k. Each blob crosses to every other region once (to rank k's
+// partner there), then partners forward inside their regions. A received blob whose length is not
+// expected_bytes[k] is an error; raw_bytes[k] is blob k's contents as fp32 (for the stats).
+absl::Status TwoLevelAllGather(Op& op, const Topology& topo, std::vector<std::string>* blobs,
+                               const std::vector<int64_t>& expected_bytes, const std::vector<int64_t>& raw_bytes);
+
+// The two-level quantised gradient reduce-scatter of SDP4Bit's TLq-HS (c = codec::TlqHs()) and
+// ZeRO++'s qgZ (c = codec::Ulq()). Level 1 inside each region: rank r sends member m the shards m
+// carries for the slow level (Topology::Partner), quantised at c.fast_bits with the fused forward
+// Hadamard; each carrier sums what it receives in the Hadamard domain (its own contribution
+// transformed but not quantised, additions in member order). Level 2 across regions: the carrier
+// sends each partial to the shard's owner at c.slow_bits; the owner sums the regions' partials in
+// region order and applies the inverse Hadamard once. Uneven regions work the same way (a region
+// with fewer ranks carries several shards per rank). `seed` keys stochastic rounding.
+// On return shard_sum[0, layout.chunk) approximates the sum of shard rank() over all ranks.
+absl::Status TwoLevelReduceScatter(Op& op, const Topology& topo, const ShardLayout& layout, const float* padded,
+                                   const codec::TwoLevelConfig& c, uint64_t seed, float* shard_sum);
+
+}  // namespace longhaul::collective
+
+#endif  // LONGHAUL_COLLECTIVE_ALGORITHMS_H_

@@ -1,0 +1,290 @@
+#include "collective/data_parallel.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "codec/bitdp.h"
+#include "codec/sym_quant.h"
+#include "collective/algorithms.h"
+
+namespace longhaul::collective {
+
+namespace {
+
+absl::Status BadPayload(const Op& op, int peer, absl::string_view what, const absl::Status& s) {
+  return absl::Status(s.code(), absl::StrCat(op.PeerName(peer), " sent a bad ", what, ": ", s.message()));
+}
+
+// BitDP's full-precision segments (biases, norms) are small and never quantised: their ring
+// shards need no group alignment, only whole cache lines.
+constexpr int64_t kPlainAlign = 16;
+
+int Bits(DpCodec c) { return c == DpCodec::kBitDp1 ? 1 : 2; }
+bool IsBitDp(DpCodec c) { return c == DpCodec::kBitDp1 || c == DpCodec::kBitDp2; }
+
+// Bytes rank `me` sends in a two-level all-gather of blobs of blob_bytes[k] bytes.
+int64_t AllGatherBytesSent(const Topology& topo, int me, const std::vector<int64_t>& blob_bytes) {
+  const int y = topo.region(me);
+  int64_t forwarded = 0;
+  for (int k : ForwardedBlobs(topo, me)) forwarded += blob_bytes[k];
+  return (topo.num_regions() - 1) * blob_bytes[me] +
+         static_cast<int64_t>(topo.members(y).size() - 1) * forwarded;
+}
+
+}  // namespace
+
+std::vector<BitDpSegment> BitDpLayoutFor(const std::vector<ParamShape>& params) {
+  std::vector<BitDpSegment> out;
+  for (const ParamShape& p : params) {
+    int64_t numel = 1;
+    for (int64_t d : p.shape) numel *= d;
+    if (numel <= 0) continue;
+    if (codec::BitDpAppliesTo(p.name, p.shape)) {
+      out.push_back({p.shape[0], p.shape[1], true});
+    } else {
+      out.push_back({1, numel, false});
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<DpCodec> ParseDpCodec(absl::string_view name) {
+  for (DpCodec c : {DpCodec::kFp32, DpCodec::kSdp4Bit, DpCodec::kZeroPP, DpCodec::kBitDp1, DpCodec::kBitDp2}) {
+    if (name == DpCodecName(c)) return c;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown data-parallel codec '", name, "' (fp32, sdp4bit, zeropp, bitdp1, bitdp2)"));
+}
+
+const char* DpCodecName(DpCodec c) {
+  switch (c) {
+    case DpCodec::kFp32: return "fp32";
+    case DpCodec::kSdp4Bit: return "sdp4bit";
+    case DpCodec::kZeroPP: return "zeropp";
+    case DpCodec::kBitDp1: return "bitdp1";
+    case DpCodec::kBitDp2: return "bitdp2";
+  }
+  return "?";
+}
+
+DpOptions DefaultDpOptions(DpCodec c) {
+  DpOptions o;
+  o.codec = c;
+  if (c == DpCodec::kZeroPP) {
+    o.grad = codec::Ulq();
+    o.weights = {4, 2048, false, codec::Rounding::kNearest};
+  }
+  return o;
+}
+
+absl::StatusOr<std::unique_ptr<DataParallelSync>> DataParallelSync::Create(Group* group, int64_t n, DpOptions o) {
+  if (n < 0) return absl::InvalidArgumentError("a negative element count");
+  if (o.codec == DpCodec::kSdp4Bit || o.codec == DpCodec::kZeroPP) {
+    for (const codec::SymQuantParams& p : {o.grad.Fast(), o.grad.Slow(), o.weights}) {
+      if (absl::Status s = p.Validate(); !s.ok()) return s;
+    }
+  }
+  if (IsBitDp(o.codec)) {
+    if (o.bitdp_layout.empty()) o.bitdp_layout.push_back({1, n, true});
+    int64_t total = 0;
+    for (const BitDpSegment& s : o.bitdp_layout) {
+      if (s.rows < 1 || s.cols < 1) {
+        return absl::InvalidArgumentError(absl::StrCat("a BitDP segment of ", s.rows, " x ", s.cols));
+      }
+      total += s.rows * s.cols;
+    }
+    if (total != n) {
+      return absl::InvalidArgumentError(absl::StrCat("the BitDP segments cover ", total, " elements of ", n));
+    }
+  }
+  return std::unique_ptr<DataParallelSync>(new DataParallelSync(group, n, std::move(o)));
+}
+
+DataParallelSync::DataParallelSync(Group* g, int64_t n, DpOptions o)
+    : g_(g), n_(n), o_(std::move(o)), layout_(g->Shards(n)) {}
+
+int64_t DataParallelSync::owned_begin() const { return IsBitDp(o_.codec) ? 0 : layout_.begin(g_->rank()); }
+int64_t DataParallelSync::owned_length() const { return IsBitDp(o_.codec) ? n_ : layout_.length(g_->rank()); }
+
+int64_t DataParallelSync::WeightPayloadBytes(int k) const {
+  return static_cast<int64_t>(codec::SymQuantPayloadBytes(layout_.length(k), o_.weights));
+}
+
+int64_t DataParallelSync::ExpectedBytesSent() const {
+  const Topology& topo = g_->topology();
+  const int P = topo.size(), me = g_->rank(), y = topo.region(me);
+  auto ring_bytes = [P](int64_t elements, int64_t align) {
+    return 2 * (P - 1) * MakeShards(elements, P, align).chunk * 4;
+  };
+  if (o_.codec == DpCodec::kFp32) return ring_bytes(n_, kShardAlign);
+  if (IsBitDp(o_.codec)) {
+    int64_t payload = 0, plain = 0;
+    for (const BitDpSegment& s : o_.bitdp_layout) {
+      if (s.quantise) {
+        payload += static_cast<int64_t>(codec::BitDpPayloadBytes(s.rows, s.cols, Bits(o_.codec)));
+      } else {
+        plain += s.rows * s.cols;
+      }
+    }
+    return AllGatherBytesSent(topo, me, std::vector<int64_t>(static_cast<size_t>(P), payload)) +
+           (plain > 0 ? ring_bytes(plain, kPlainAlign) : 0);
+  }
+  const int64_t c = layout_.chunk;
+  int64_t bytes = 0;
+  for (int m : topo.members(y)) {
+    if (m == me) continue;
+    const int64_t len = static_cast<int64_t>(CarriedShards(topo, y, m).size()) * c;
+    bytes += static_cast<int64_t>(codec::SymQuantPayloadBytes(len, o_.grad.Fast()));
+  }
+  const int64_t slow_msgs = static_cast<int64_t>(CarriedShards(topo, y, me).size()) - 1;
+  bytes += slow_msgs * static_cast<int64_t>(codec::SymQuantPayloadBytes(c, o_.grad.Slow()));
+  std::vector<int64_t> blob(static_cast<size_t>(P));
+  for (int k = 0; k < P; ++k) blob[k] = WeightPayloadBytes(k);
+  return bytes + AllGatherBytesSent(topo, me, blob);
+}
+
+absl::StatusOr<CallStats> DataParallelSync::Step(absl::Span<const float> grad, absl::Span<float> weights,
+                                                 const UpdateFn& update) {
+  absl::StatusOr<Op> op = g_->Begin(absl::StrCat("dp-step-", DpCodecName(o_.codec)), n_);
+  if (!op.ok()) return op.status();
+  absl::Status s;
+  if (static_cast<int64_t>(grad.size()) != n_ || static_cast<int64_t>(weights.size()) != n_) {
+    s = absl::InvalidArgumentError(
+        absl::StrCat("a step over ", grad.size(), " gradients and ", weights.size(), " weights; ", n_, " expected"));
+  } else if (o_.codec == DpCodec::kFp32) {
+    s = StepFp32(*op, grad, weights, update);
+  } else if (IsBitDp(o_.codec)) {
+    s = StepBitDp(*op, grad, weights, update);
+  } else {
+    s = StepQuantised(*op, grad, weights, update);
+  }
+  ++steps_;
+  return g_->Finish(*op, s);
+}
+
+absl::Status DataParallelSync::StepFp32(Op& op, absl::Span<const float> grad, absl::Span<float> weights,
+                                        const UpdateFn& update) {
+  const int me = g_->rank();
+  const int64_t c = layout_.chunk, b = layout_.begin(me), len = layout_.length(me);
+  padded_.assign(static_cast<size_t>(layout_.padded()), 0.0f);
+  std::memcpy(padded_.data(), grad.data(), grad.size() * sizeof(float));
+  if (absl::Status s = RingReduceScatter(op, g_->topology(), layout_, padded_.data()); !s.ok()) return s;
+  if (main_.empty()) main_.assign(weights.begin() + b, weights.begin() + b + len);
+  update(b, absl::MakeConstSpan(padded_.data() + me * c, static_cast<size_t>(len)), absl::MakeSpan(main_));
+  // The new weights travel in the same buffer: this rank's shard, then the ring fills the others.
+  std::fill(padded_.begin() + me * c, padded_.begin() + (me + 1) * c, 0.0f);
+  std::copy(main_.begin(), main_.end(), padded_.begin() + me * c);
+  if (absl::Status s = RingAllGather(op, g_->topology(), layout_, padded_.data()); !s.ok()) return s;
+  std::memcpy(weights.data(), padded_.data(), weights.size() * sizeof(float));
+  return absl::OkStatus();
+}
+
+absl::Status DataParallelSync::StepQuantised(Op& op, absl::Span<const float> grad, absl::Span<float> weights,
+                                             const UpdateFn& update) {
+  const Topology& topo = g_->topology();
+  const int P = topo.size(), me = g_->rank();
+  const int64_t b = layout_.begin(me), len = layout_.length(me);
+  const bool qwd = o_.codec == DpCodec::kSdp4Bit;
+  const uint64_t seed = o_.seed * 0x9e3779b97f4a7c15ull + steps_;
+  padded_.assign(static_cast<size_t>(layout_.padded()), 0.0f);
+  std::memcpy(padded_.data(), grad.data(), grad.size() * sizeof(float));
+  shard_.resize(static_cast<size_t>(layout_.chunk));
+  if (absl::Status s = TwoLevelReduceScatter(op, topo, layout_, padded_.data(), o_.grad, seed, shard_.data());
+      !s.ok()) {
+    return s;
+  }
+  if (main_.empty()) main_.assign(weights.begin() + b, weights.begin() + b + len);
+  update(b, absl::MakeConstSpan(shard_.data(), static_cast<size_t>(len)), absl::MakeSpan(main_));
+  // Weights: qWD sends the quantised difference main - model (the model keeps what earlier steps
+  // could not express, so the error does not accumulate); qwZ the quantised main weights.
+  std::vector<std::string> blobs(static_cast<size_t>(P));
+  if (qwd) {
+    blobs[me] = codec::QwdEncodeShard(main_.data(), weights.data() + b, len, o_.weights);
+  } else {
+    codec::SymQuantEncode(main_.data(), len, o_.weights, seed, &blobs[me]);
+  }
+  std::vector<int64_t> expected(static_cast<size_t>(P)), raw(static_cast<size_t>(P));
+  for (int k = 0; k < P; ++k) {
+    expected[k] = WeightPayloadBytes(k);
+    raw[k] = layout_.length(k) * 4;
+  }
+  if (absl::Status s = TwoLevelAllGather(op, topo, &blobs, expected, raw); !s.ok()) return s;
+  // Validate every shard before changing any weight, so a bad payload leaves the model as it was.
+  for (int k = 0; k < P; ++k) {
+    if (absl::Status s = codec::SymQuantValidate(blobs[k], layout_.length(k), o_.weights); !s.ok()) {
+      return BadPayload(op, k, qwd ? "weight-difference payload" : "weight payload", s);
+    }
+  }
+  for (int k = 0; k < P; ++k) {
+    const int64_t lk = layout_.length(k);
+    if (lk == 0) continue;
+    const codec::SymDecodeOptions d{/*accumulate=*/qwd, /*hadamard_domain=*/false};
+    codec::SymQuantDecode(blobs[k], lk, o_.weights, d, weights.data() + layout_.begin(k));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DataParallelSync::StepBitDp(Op& op, absl::Span<const float> grad, absl::Span<float> weights,
+                                         const UpdateFn& update) {
+  const Topology& topo = g_->topology();
+  const int P = topo.size(), me = g_->rank(), bits = Bits(o_.codec);
+  // This rank's payload: every quantised segment's planes, in order; the others go to the ring.
+  std::vector<std::string> blobs(static_cast<size_t>(P));
+  std::vector<float> plain;
+  int64_t quantised = 0, off = 0;
+  for (const BitDpSegment& s : o_.bitdp_layout) {
+    const int64_t m = s.rows * s.cols;
+    if (s.quantise) {
+      codec::BitDpEncode(grad.data() + off, s.rows, s.cols, bits, &blobs[me]);
+      quantised += m;
+    } else {
+      plain.insert(plain.end(), grad.begin() + off, grad.begin() + off + m);
+    }
+    off += m;
+  }
+  const int64_t payload = static_cast<int64_t>(blobs[me].size());
+  if (absl::Status s = TwoLevelAllGather(op, topo, &blobs, std::vector<int64_t>(static_cast<size_t>(P), payload),
+                                         std::vector<int64_t>(static_cast<size_t>(P), quantised * 4));
+      !s.ok()) {
+    return s;
+  }
+  if (!plain.empty()) {
+    const ShardLayout l = MakeShards(static_cast<int64_t>(plain.size()), P, kPlainAlign);
+    plain.resize(static_cast<size_t>(l.padded()), 0.0f);
+    if (absl::Status s = RingReduceScatter(op, topo, l, plain.data()); !s.ok()) return s;
+    if (absl::Status s = RingAllGather(op, topo, l, plain.data()); !s.ok()) return s;
+  }
+  // The exact reduction of the same bytes in rank order: the same sum on every rank.
+  std::vector<float> sum(static_cast<size_t>(n_));
+  off = 0;
+  int64_t poff = 0, plain_off = 0;
+  std::vector<absl::string_view> views(static_cast<size_t>(P));
+  for (const BitDpSegment& s : o_.bitdp_layout) {
+    const int64_t m = s.rows * s.cols;
+    if (s.quantise) {
+      const size_t bytes = static_cast<size_t>(codec::BitDpPayloadBytes(s.rows, s.cols, bits));
+      for (int k = 0; k < P; ++k) {
+        views[k] = absl::string_view(blobs[k]).substr(static_cast<size_t>(poff), bytes);
+        if (absl::Status v = codec::BitDpValidate(views[k], s.rows, s.cols, bits); !v.ok()) {
+          return BadPayload(op, k, "BitDP gradient payload", v);
+        }
+      }
+      if (absl::Status r = codec::BitDpReduce(views, s.rows, s.cols, bits, codec::BitDpReduction::kExact,
+                                              sum.data() + off);
+          !r.ok()) {
+        return r;
+      }
+      poff += static_cast<int64_t>(bytes);
+    } else {
+      std::copy(plain.begin() + plain_off, plain.begin() + plain_off + m, sum.begin() + off);
+      plain_off += m;
+    }
+    off += m;
+  }
+  // Replicated optimizer: every rank updates the whole buffer from the same sum.
+  update(0, absl::MakeConstSpan(sum), weights);
+  return absl::OkStatus();
+}
+
+}  // namespace longhaul::collective

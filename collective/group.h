@@ -1,0 +1,165 @@
+// A group of N ranks (the replicas of one pipeline stage) over a Transport: who is in which region,
+// how a tensor is sharded among the ranks, and the bookkeeping of one collective call (tags,
+// deadline, bytes and time, the error that names the peer). The algorithms are in algorithms.h;
+// the per-step codecs (fp32, SDP4Bit, BitDP, ZeRO++) in data_parallel.h.
+//
+//   absl::StatusOr<Topology> topo = Topology::Create({"eu", "eu", "us", "us"});
+//   Group g(transport.get(), *topo);                   // transport->rank() is this rank
+//   absl::StatusOr<CallStats> s = g.AllReduceFp32(absl::MakeSpan(grad));
+//
+// Every rank must issue the same calls in the same order (each call has a sequence number that is
+// part of its messages' tags). A call fails when any message does not arrive or cannot be sent by
+// the call's deadline (GroupOptions::timeout from its start) or is malformed; the error names the
+// peer and, after a timeout, the peers that do not answer a ping; the rank then aborts the group
+// (transport.h), so the others fail at once too. A failed group stays failed: every later call
+// returns the first error. Threading: one call at a time per Group (the rank's thread).
+#ifndef LONGHAUL_COLLECTIVE_GROUP_H_
+#define LONGHAUL_COLLECTIVE_GROUP_H_
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "collective/transport.h"
+
+namespace longhaul::collective {
+
+// Shards are cut at multiples of this many elements: whole quantisation groups (128 elements, the
+// TLq-HS / qgZ group) and whole Hadamard blocks (32), so a shard quantised alone gives the same
+// groups as the whole tensor would.
+inline constexpr int64_t kShardAlign = 128;
+
+class Topology {
+ public:
+  // regions[r] is rank r's region (any non-empty string; ranks with the same string share one).
+  static absl::StatusOr<Topology> Create(std::vector<std::string> regions);
+
+  int size() const { return static_cast<int>(region_of_.size()); }
+  int num_regions() const { return static_cast<int>(members_.size()); }
+  const std::string& region_name(int y) const { return names_[y]; }
+  int region(int rank) const { return region_of_[rank]; }
+  int local(int rank) const { return local_[rank]; }  // index within its region
+  const std::vector<int>& members(int y) const { return members_[y]; }  // ascending
+  // The rank of region y that carries shard k's traffic inside region y: the member with k's local
+  // index (mod the region's size). In k's own region that is k. With X ranks in each of Y regions
+  // this is qgZ's pairing: rank (y, x) exchanges with rank (y', x).
+  int Partner(int y, int k) const { return members_[y][local_[k] % members_[y].size()]; }
+  // Ranks ordered region by region (regions in order of first appearance): the fp32 ring, which
+  // then crosses between regions only num_regions() times.
+  const std::vector<int>& ring() const { return ring_; }
+
+ private:
+  std::vector<std::string> names_;
+  std::vector<int> region_of_, local_, ring_;
+  std::vector<std::vector<int>> members_;
+};
+
+// n elements cut into `parts` shards of `chunk` elements (a multiple of the alignment; the last
+// shards may be shorter or empty). Shard k belongs to rank k.
+struct ShardLayout {
+  int64_t n = 0;
+  int64_t chunk = 0;
+  int parts = 1;
+  int64_t padded() const { return chunk * parts; }
+  int64_t begin(int k) const { return std::min<int64_t>(k * chunk, n); }
+  int64_t length(int k) const { return std::min<int64_t>(n, (k + 1) * chunk) - begin(k); }
+};
+ShardLayout MakeShards(int64_t n, int parts, int64_t align = kShardAlign);
+
+// What one call cost this rank: the bytes it put on the wire against what the same messages
+// would be as fp32, and where the time went.
+struct CallStats {
+  std::string op;
+  int64_t elements = 0;                 // tensor elements synchronised
+  int64_t messages_sent = 0;
+  int64_t bytes_sent = 0;               // message payloads sent by this rank
+  int64_t wire_bytes_sent = 0;          // the same with the transport's framing (chunk headers)
+  int64_t bytes_sent_uncompressed = 0;  // the same messages' contents as fp32
+  int64_t bytes_sent_inter_region = 0;  // the part of bytes_sent that crossed regions
+  int64_t bytes_received = 0;
+  absl::Duration wall = absl::ZeroDuration();
+  absl::Duration send = absl::ZeroDuration();       // inside Transport::Send
+  absl::Duration recv_wait = absl::ZeroDuration();  // inside Transport::Recv
+  double compression() const {
+    return bytes_sent > 0 ? static_cast<double>(bytes_sent_uncompressed) / static_cast<double>(bytes_sent) : 1.0;
+  }
+  void Add(const CallStats& o);
+  std::string ToString() const;
+};
+
+struct GroupOptions {
+  absl::Duration timeout = absl::Seconds(120);  // per call
+};
+
+class Group;
+
+// One collective call in progress (Group::Begin .. Group::Finish): tags, the deadline, the meter.
+class Op {
+ public:
+  // A new phase of the call: messages of different phases never match each other.
+  void NextPhase() { ++phase_; }
+  // `raw_bytes`: the message's contents as fp32 (for the compression figures).
+  absl::Status Send(int peer, uint32_t index, absl::string_view data, int64_t raw_bytes);
+  // `expected_bytes` >= 0: any other length is an error naming the peer.
+  absl::StatusOr<std::string> Recv(int peer, uint32_t index, int64_t expected_bytes = -1);
+  absl::Time deadline() const { return deadline_; }
+  CallStats& stats() { return stats_; }
+  // "rank 2 (host:port)", for errors about what a peer sent.
+  std::string PeerName(int peer) const;
+  int rank() const;
+
+ private:
+  friend class Group;
+  Op(Group* g, uint64_t seq, absl::Time start, absl::Time deadline)
+      : g_(g), seq_(seq), start_(start), deadline_(deadline) {}
+  uint64_t Tag(uint32_t index) const;
+  Group* g_;
+  uint64_t seq_;
+  uint32_t phase_ = 0;
+  absl::Time start_, deadline_;
+  int64_t wire_start_ = 0;  // the transport's wire byte counter when the call began
+  CallStats stats_;
+};
+
+class Group {
+ public:
+  // `t` (not owned) must outlive the group; t->size() must equal topo.size().
+  Group(Transport* t, Topology topo, GroupOptions o = {});
+
+  int rank() const { return t_->rank(); }
+  int size() const { return t_->size(); }
+  const Topology& topology() const { return topo_; }
+  Transport* transport() const { return t_; }
+  ShardLayout Shards(int64_t n) const { return MakeShards(n, size()); }
+  // Sums over every call so far.
+  const CallStats& totals() const { return totals_; }
+
+  // x = the elementwise sum over all ranks, bit-identical on every rank: ring reduce-scatter (each
+  // shard summed along the ring in one fixed order) then ring all-gather of the sums.
+  absl::StatusOr<CallStats> AllReduceFp32(absl::Span<float> x);
+  // (*all)[k] = rank k's `mine`, whose length must be expected_bytes[k] (two-level all-gather).
+  absl::StatusOr<CallStats> AllGatherBytes(std::string mine, const std::vector<int64_t>& expected_bytes,
+                                           std::vector<std::string>* all);
+
+  // For the step algorithms: a call is Begin, any messages through the Op, then Finish with the
+  // outcome, which records the stats and, on error, names the unreachable peers and aborts.
+  absl::StatusOr<Op> Begin(std::string name, int64_t elements);
+  absl::StatusOr<CallStats> Finish(Op& op, absl::Status outcome);
+
+ private:
+  friend class Op;
+  Transport* const t_;
+  const Topology topo_;
+  const GroupOptions o_;
+  uint64_t seq_ = 0;
+  absl::Status failed_;
+  CallStats totals_;
+};
+
+}  // namespace longhaul::collective
+
+#endif  // LONGHAUL_COLLECTIVE_GROUP_H_
