@@ -47,7 +47,7 @@ using Clock = std::chrono::steady_clock;
 class Router : public worker::InboxRouter {
  public:
   Router() : inbox_(std::make_shared<worker::Inbox>(8, "bench sender")) {}
-  absl::StatusOr<std::shared_ptr<worker::Inbox>> Find(uint64_t, int, absl::Duration) override { return inbox_; }
+  absl::StatusOr<std::shared_ptr<worker::Inbox>> Find(uint64_t, int, int, absl::Duration) override { return inbox_; }
   std::shared_ptr<worker::Inbox> inbox_;
 };
 

@@ -69,17 +69,17 @@ absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(s
     }
     c->workers_[w.worker_id()].status = std::move(w);
   }
+  absl::StatusOr<std::vector<v1::LinkMeasurement>> links = c->store_->LoadLinks();
+  if (!links.ok()) return links.status();
+  for (v1::LinkMeasurement& m : *links) c->links_[{m.from_worker_id(), m.to_worker_id()}] = std::move(m);
   absl::StatusOr<std::vector<v1::JobStatus>> js = c->store_->LoadJobs();
   if (!js.ok()) return js.status();
   for (v1::JobStatus& j : *js) {
     c->next_job_id_ = std::max(c->next_job_id_, j.job_id() + 1);
     Job& job = c->jobs_[j.job_id()];
     job.status = std::move(j);
-    if (job.status.state() == v1::JOB_STATE_RUNNING) {
-      job.status.set_state(v1::JOB_STATE_FAILED);
-      job.status.set_error("the coordinator restarted while the job was running");
-      job.status.set_finished_unix(c->UnixNow());
-      c->Persist(job);
+    if (job.status.state() == v1::JOB_STATE_RUNNING || job.status.state() == v1::JOB_STATE_RECOVERING) {
+      c->AfterRestart(job);  // its workers come back (coordinator_recovery.cc)
     } else if (job.status.state() == v1::JOB_STATE_PENDING) {
       job.queued_at = absl::UnixEpoch() + absl::Seconds(job.status.submitted_unix());
       c->queue_.insert(job.status.job_id());
@@ -131,6 +131,7 @@ void CoordinatorService::SetWorkerState(Worker& w, v1::WorkerState s, uint64_t j
 
 void CoordinatorService::Deliver(Outbox& out) {
   for (auto& [session, msg] : out) {
+    if (!session) continue;  // a worker between its registration and its session
     absl::MutexLock l(&session->write_mu);
     if (session->stream) session->stream->Write(msg);
   }
@@ -138,6 +139,14 @@ void CoordinatorService::Deliver(Outbox& out) {
 }
 
 void CoordinatorService::Schedule(Outbox* out) {
+  std::vector<uint64_t> idle;
+  int live = 0;
+  for (auto& [wid, w] : workers_) {
+    live += w.status.state() != v1::WORKER_STATE_DEAD;
+    if (w.status.state() == v1::WORKER_STATE_IDLE && w.session) idle.push_back(wid);
+  }
+  // Recovering jobs take the spares they need before any pending job starts.
+  AdvanceRecoveries(&idle, out);
   if (queue_.empty()) return;
   std::vector<QueuedJob> queue;
   for (auto it = queue_.begin(); it != queue_.end();) {
@@ -150,14 +159,14 @@ void CoordinatorService::Schedule(Outbox* out) {
     }
     queue.push_back({job.status.job_id(), spec.stages(), job.queued_at});
   }
-  std::vector<uint64_t> idle;
-  int live = 0;
-  for (auto& [wid, w] : workers_) {
-    live += w.status.state() != v1::WORKER_STATE_DEAD;
-    if (w.status.state() == v1::WORKER_STATE_IDLE && w.session) idle.push_back(wid);
-  }
   const QueuePlan plan = PlanQueue(queue, idle, live, opt_.clock->Now(), opt_.queue);
-  for (const QueuePlan::Start& s : plan.start) Start(jobs_.at(s.job_id), s.workers, out);
+  // PlanQueue decides which jobs start and counts their workers; the placement chooses which of
+  // the idle workers each one takes (enough are left for every start).
+  std::vector<uint64_t> free = idle;
+  for (const QueuePlan::Start& s : plan.start) {
+    Job& job = jobs_.at(s.job_id);
+    Start(job, Place(job, &free), out);
+  }
   for (const auto& [id, why] : plan.waiting) {
     Job& job = jobs_.at(id);
     if (job.status.pending_reason() == why) continue;
@@ -198,10 +207,15 @@ void CoordinatorService::Start(Job& job, const std::vector<uint64_t>& worker_ids
     a->set_layer_end(parts[s].end);
     if (s > 0) peer(s - 1, a->mutable_prev());
     if (s + 1 < spec.stages()) peer(s + 1, a->mutable_next());
+    a->set_attempt(job.status.attempt());
+    // Each stage's checkpoints are copied to the next stage's worker (the last stage's to stage 0's).
+    if (spec.checkpoint_replicate() == "peer" && spec.stages() > 1) peer((s + 1) % spec.stages(), a->mutable_replica());
     SetWorkerState(*ws[s], v1::WORKER_STATE_BUSY, id, "");
     out->emplace_back(ws[s]->session, std::move(m));
   }
   queue_.erase(id);
+  job.ended.clear();
+  job.finished.clear();
   job.status.clear_pending_reason();
   job.status.set_state(v1::JOB_STATE_RUNNING);
   job.status.set_started_unix(UnixNow());
@@ -213,7 +227,8 @@ void CoordinatorService::Start(Job& job, const std::vector<uint64_t>& worker_ids
 
 void CoordinatorService::FailJob(Job& job, const std::string& error, v1::JobState state, Outbox* out) {
   if (IsTerminal(job.status.state())) return;
-  const bool was_running = job.status.state() == v1::JOB_STATE_RUNNING;
+  const bool was_running =
+      job.status.state() == v1::JOB_STATE_RUNNING || job.status.state() == v1::JOB_STATE_RECOVERING;
   queue_.erase(job.status.job_id());
   job.status.clear_pending_reason();
   job.status.set_state(state);
@@ -227,8 +242,10 @@ void CoordinatorService::FailJob(Job& job, const std::string& error, v1::JobStat
       v1::CoordinatorMessage m;
       m.mutable_cancel()->set_job_id(job.status.job_id());
       m.mutable_cancel()->set_reason(error);
+      m.mutable_cancel()->set_attempt(job.status.attempt());
       out->emplace_back(it->second.session, std::move(m));
     }
+    ReleaseWorkers(job);
   }
   Persist(job);
   Changed();
@@ -242,11 +259,14 @@ void CoordinatorService::WorkerLost(uint64_t worker_id, const std::string& why, 
   if (w.session && w.session->ctx) w.session->ctx->TryCancel();
   w.session.reset();
   Log(absl::StrCat(Describe(w.status), " lost: ", why));
+  const absl::Duration silent = opt_.clock->Now() - w.last_heartbeat;
   SetWorkerState(w, v1::WORKER_STATE_DEAD, 0, why);
   auto j = jobs_.find(job_id);
-  if (j != jobs_.end()) {
-    FailJob(j->second, absl::StrCat(Describe(w.status), " lost: ", why), v1::JOB_STATE_FAILED, out);
+  // A coordinator shutting down leaves its jobs running: their workers come back to the next one.
+  if (j != jobs_.end() && !IsTerminal(j->second.status.state()) && !stopping_) {
+    BeginRecovery(j->second, absl::StrCat(Describe(w.status), " lost: ", why), &w, silent, out);
   }
+  SendProbePeers(out);  // the others stop probing it
   Changed();
 }
 
@@ -268,6 +288,8 @@ void CoordinatorService::CheckHeartbeats() {
                               Ms(opt_.heartbeat_timeout), ")"),
                  &out);
     }
+    CheckDeadlines(&out);
+    SendFloors(&out);
     Schedule(&out);
   }
   Deliver(out);
@@ -300,6 +322,7 @@ grpc::Status CoordinatorService::Register(grpc::ServerContext*, const v1::Regist
     w.last_heartbeat = opt_.clock->Now();
     w.session.reset();
     SetWorkerState(w, v1::WORKER_STATE_IDLE, 0, "");
+    if (req->has_running()) Reattach(w, req->running());  // after a coordinator restart
     resp->set_worker_id(id);
     resp->set_heartbeat_interval_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(opt_.heartbeat_interval)));
     resp->set_heartbeat_timeout_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(opt_.heartbeat_timeout)));
@@ -335,6 +358,7 @@ grpc::Status CoordinatorService::Session(
     if (it->second.session && it->second.session->ctx) it->second.session->ctx->TryCancel();
     it->second.session = handle;
     it->second.last_heartbeat = opt_.clock->Now();
+    SendProbePeers(&out);  // it measures its links to the others, and they theirs to it
     Schedule(&out);
   }
   Deliver(out);
@@ -346,21 +370,19 @@ grpc::Status CoordinatorService::Session(
       Worker& w = it->second;
       w.last_heartbeat = opt_.clock->Now();
       if (m.has_heartbeat()) {
-        const uint64_t running = m.heartbeat().running_job_id();
-        auto j = jobs_.find(running);
-        if (running != 0 && (j == jobs_.end() || j->second.status.state() != v1::JOB_STATE_RUNNING ||
-                              w.status.job_id() != running)) {
-          v1::CoordinatorMessage c;
-          c.mutable_cancel()->set_job_id(running);
-          c.mutable_cancel()->set_reason("the coordinator does not have this job running on this worker");
-          out.emplace_back(handle, std::move(c));
-        }
+        CheckRunning(w, m.heartbeat(), &out);
       } else if (m.has_progress()) {
         Txn txn(*store_);
         OnProgress(w, m.progress());
       } else if (m.has_finished()) {
         Txn txn(*store_);
         OnFinished(w, m.finished(), &out);
+      } else if (m.has_link()) {
+        Txn txn(*store_);
+        OnLinkReport(w, m.link());
+      } else if (m.has_replicated()) {
+        Txn txn(*store_);
+        OnReplicated(w, m.replicated());
       }
     }
     Deliver(out);
@@ -393,7 +415,14 @@ void CoordinatorService::OnProgress(Worker& w, const v1::StepProgress& p) {
   Job& job = it->second;
   const int S = job.status.spec().stages();
   if (p.stage() < 0 || p.stage() >= S || job.status.stages(p.stage()).worker_id() != w.status.worker_id()) return;
+  if (p.attempt() != job.status.attempt()) return;  // a stage of a failed attempt, still winding down
+  if (p.step() <= job.status.stages(p.stage()).step()) {
+    // Sent again after the coordinator went away (worker.h): only a loss that may be missing.
+    if (p.stage() == S - 1) (void)store_->AppendLoss(job.status.job_id(), p.step(), p.loss());
+    return;
+  }
   job.latest[p.stage()] = p;
+  TrackCheckpoints(job, p);
   job.status.mutable_stages(p.stage())->set_step(p.step());
   int64_t wire = 0, raw = 0;
   double err = 0;
@@ -416,10 +445,14 @@ void CoordinatorService::OnProgress(Worker& w, const v1::StepProgress& p) {
       job.first_step_at = now;
       job.first_step_tokens = p.step() * p.tokens();
       job.status.set_tokens_per_s(p.step_seconds() > 0 ? p.tokens() / p.step_seconds() : 0.0);
-    } else if (now > job.first_step_at) {
-      // Steady state: tokens since the first step over the time since then (start-up excluded).
-      job.status.set_tokens_per_s(static_cast<double>(p.step() * p.tokens() - job.first_step_tokens) /
-                                  absl::ToDoubleSeconds(now - job.first_step_at));
+    } else {
+      // Steady state: tokens since the first step over the time since then, start-up and the last
+      // stage's checkpoint writes excluded (the other stages write theirs at the same steps).
+      job.checkpoint_seconds += p.checkpoint_seconds();
+      const double training = absl::ToDoubleSeconds(now - job.first_step_at) - job.checkpoint_seconds;
+      if (training > 0) {
+        job.status.set_tokens_per_s(static_cast<double>(p.step() * p.tokens() - job.first_step_tokens) / training);
+      }
     }
     job.status.set_step(p.step());
     job.status.set_loss(p.loss());
@@ -429,32 +462,6 @@ void CoordinatorService::OnProgress(Worker& w, const v1::StepProgress& p) {
     Persist(job);
   }
   Changed();
-}
-
-void CoordinatorService::OnFinished(Worker& w, const v1::JobFinished& f, Outbox* out) {
-  if (w.status.job_id() == f.job_id()) SetWorkerState(w, v1::WORKER_STATE_IDLE, 0, "");
-  auto it = jobs_.find(f.job_id());
-  if (it != jobs_.end() && it->second.status.state() == v1::JOB_STATE_RUNNING) {
-    Job& job = it->second;
-    if (f.stage() >= 0 && f.stage() < job.status.stages_size() &&
-        job.status.stages(f.stage()).worker_id() == w.status.worker_id()) {
-      job.status.mutable_stages(f.stage())->set_checkpoint_path(f.checkpoint_path());
-      if (!f.ok()) {
-        FailJob(job, absl::StrCat(Describe(w.status), " failed: ", f.error()), v1::JOB_STATE_FAILED, out);
-      } else {
-        job.finished[f.stage()] = true;
-        if (static_cast<int>(job.finished.size()) == job.status.spec().stages()) {
-          job.status.set_state(v1::JOB_STATE_SUCCEEDED);
-          job.status.set_finished_unix(UnixNow());
-          Log(absl::StrCat("job ", job.status.job_id(), " succeeded: ", job.status.step(), " steps, final loss ",
-                           job.status.loss()));
-        }
-        Persist(job);
-      }
-    }
-  }
-  Changed();  // the worker's state changed in any case
-  Schedule(out);
 }
 
 grpc::Status CoordinatorService::SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* req,
@@ -578,7 +585,7 @@ CoordinatorService::MetricsView CoordinatorService::ViewForMetrics(size_t max_jo
   const auto recent_id = recent == jobs_.end() ? std::numeric_limits<uint64_t>::max() : recent->first;
   for (const auto& [id, job] : jobs_) {
     const v1::JobState s = job.status.state();
-    if (id < recent_id && s != v1::JOB_STATE_PENDING && s != v1::JOB_STATE_RUNNING) continue;
+    if (id < recent_id && IsTerminal(s)) continue;
     v.jobs.push_back(job.status);
     v.jobs.back().clear_spec_yaml();
   }

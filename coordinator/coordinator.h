@@ -17,12 +17,25 @@
 // small jobs cannot starve a big one; a job with more stages than there are live workers holds
 // back nothing. A pending job's JobStatus.pending_reason says why it waits.
 //
-// Placement today is simple: a starting job takes the lowest-numbered idle workers, stage i on the
-// i-th of them (the placement issue makes it bandwidth-aware). A job fails, naming the worker, when
-// one of its workers dies (session closed or no heartbeat for heartbeat_timeout; the error says
-// how long since its last heartbeat) or reports an error; the other workers are told to cancel and
-// become idle again (recovery is a later issue). Workers send heartbeats at the interval the
+// Placement (coordinator_placement.cc, the model and solvers in placement.h): a starting job's
+// stages go where the cost model predicts the shortest step, chosen among the idle workers from the
+// link matrix the workers report (each measures its links to the others, worker/link_prober.h) and
+// their compute speeds; with a link among them unmeasured, or no placement predicted at least
+// `placement.min_gain` faster, it takes the lowest-numbered idle workers in order (the naive
+// order). JobStatus.placement says which and why. Workers send heartbeats at the interval the
 // coordinator gives them at registration (RegisterResponse.heartbeat_interval_ms).
+//
+// Recovery (coordinator_recovery.cc, docs/recovery.md): when a worker of a running job dies
+// (session closed, or no heartbeat for heartbeat_timeout) or a stage stops with a retryable error,
+// the job goes RECOVERING: the other stages are cancelled, and once all have stopped the dead
+// stages get spare workers (idle ones, before any pending job; or ones that register within the
+// spec's recovery.wait), and every stage restarts — a new attempt — from the newest checkpoint step
+// that every stage can be restored from (its own worker's disk, or the copy on its replica
+// worker). recovery.max_restarts bounds the restarts; a stage's own error (not retryable) fails the
+// job at once. The coordinator also tells the workers the job's checkpoint floor, below which
+// they may delete checkpoints. After a coordinator restart, running jobs keep running: their
+// workers register again naming their stage and are re-attached; a stage whose worker has not
+// come back within reattach_grace is recovered like a dead one.
 //
 // Threading: all state is guarded by mu_ (Store calls included). gRPC sync-server threads run the
 // handlers; Session handlers live as long as their worker's stream. Writes to a worker's stream go
@@ -42,6 +55,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "coordinator/placement.h"
 #include "coordinator/scheduler.h"
 #include "coordinator/states.h"  // JobStateName, WorkerStateName, IsTerminal
 #include "coordinator/store.h"
@@ -55,14 +69,27 @@ struct CoordinatorOptions {
   absl::Duration heartbeat_interval = absl::Seconds(1);
   absl::Duration heartbeat_timeout = absl::Seconds(3);
   QueueOptions queue;  // when a waiting job becomes a reservation
+  // After a restart, how long a running job's workers have to register again before their stages
+  // are recovered elsewhere (workers retry every few seconds).
+  absl::Duration reattach_grace = absl::Seconds(30);
+  // A recovering job's stages are cancelled; one whose worker has not reported its end after this
+  // long is treated as lost (a hung stage).
+  absl::Duration stop_timeout = absl::Seconds(30);
+  struct Placement {
+    // The bandwidth-aware placement is used only when predicted at least this much faster than the
+    // naive order (measurements are noisy; a marginal gain is not worth an unpredictable order).
+    double min_gain = 0.05;
+    // The scheduler solves under mu_: the heuristic for large clusters gets a short time limit.
+    placement::SolveOptions solve = {.exact_limit = 100000, .rounds = 200, .time_limit = absl::Milliseconds(500)};
+  } placement;
   common::Clock* clock = common::RealClock();
 };
 
 class CoordinatorService final : public v1::Coordinator::Service {
  public:
-  // Loads persisted state: jobs that were running when the previous coordinator stopped are marked
-  // failed (their workers are told to cancel when they reconnect); all workers start as dead until
-  // they register again.
+  // Loads persisted state: all workers start as dead until they register again; jobs that were
+  // running (or recovering) when the previous coordinator stopped wait reattach_grace for their
+  // workers to come back (see the top of this file).
   static absl::StatusOr<std::unique_ptr<CoordinatorService>> Create(std::unique_ptr<Store> store,
                                                                     CoordinatorOptions o);
   ~CoordinatorService() override;
@@ -70,14 +97,15 @@ class CoordinatorService final : public v1::Coordinator::Service {
   void StartMonitor();
   // Ends every session (so the server can shut down) and stops the monitor.
   void Stop();
-  // Marks workers whose last heartbeat is older than the timeout as dead, then re-runs scheduling
-  // (time alone can turn a waiting job into a reservation). Called by the monitor; public for
-  // tests with a fake clock.
+  // Marks workers whose last heartbeat is older than the timeout as dead, advances recoveries whose
+  // deadlines passed, sends checkpoint floors, then re-runs scheduling (time alone can turn a
+  // waiting job into a reservation). Called by the monitor; public for tests with a fake clock.
   void CheckHeartbeats();
 
   // What the metrics export (coordinator_metrics.h) reads at each scrape: copies taken under mu_.
   struct MetricsView {
-    // Every pending or running job and the `max_jobs` most recent (highest ids), by id; no spec_yaml.
+    // Every pending, running or recovering job and the `max_jobs` most recent (highest ids), by id;
+    // no spec_yaml.
     std::vector<v1::JobStatus> jobs;
     struct WorkerView {
       v1::WorkerStatus status;
@@ -96,6 +124,8 @@ class CoordinatorService final : public v1::Coordinator::Service {
   grpc::Status WatchJob(grpc::ServerContext*, const v1::WatchJobRequest*, grpc::ServerWriter<v1::JobStatus>*) override;
   grpc::Status CancelJob(grpc::ServerContext*, const v1::CancelJobRequest*, v1::CancelJobResponse*) override;
   grpc::Status ListWorkers(grpc::ServerContext*, const v1::ListWorkersRequest*, v1::ListWorkersResponse*) override;
+  grpc::Status ListLinks(grpc::ServerContext*, const v1::ListLinksRequest*, v1::ListLinksResponse*) override;
+  grpc::Status PlanJob(grpc::ServerContext*, const v1::PlanJobRequest*, v1::PlanJobResponse*) override;
 
  private:
   // One worker's open session stream.
@@ -115,7 +145,17 @@ class CoordinatorService final : public v1::Coordinator::Service {
     std::map<int, bool> finished;            // stages that reported JobFinished ok
     absl::Time first_step_at;                // wall time of the first completed step (last stage)
     int64_t first_step_tokens = 0;
+    double checkpoint_seconds = 0;           // the last stage's checkpoint writes since then
     absl::Time queued_at;                    // when it was submitted (for reservations)
+    // Recovery (coordinator_recovery.cc), for the current attempt.
+    std::set<int> ended;     // stages whose worker reported the attempt's end (ok or not)
+    std::set<int> stopped;   // RECOVERING: stages of the failed attempt known to have stopped
+    std::set<int> lost;      // RECOVERING: stages whose worker is gone (they need another)
+    absl::Time stop_by;      // RECOVERING: stages not stopped by then are treated as lost
+    absl::Time recover_by;   // RECOVERING: fail if the lost stages have no workers by then
+    absl::Time reattach_by = absl::InfiniteFuture();  // after a restart: unattached stages are lost then
+    std::set<int> attached;  // after a restart: stages whose worker registered again
+    int64_t floor = 0;       // the checkpoint floor last sent to the workers
   };
   using Outbox = std::vector<std::pair<std::shared_ptr<SessionHandle>, v1::CoordinatorMessage>>;
 
@@ -127,9 +167,43 @@ class CoordinatorService final : public v1::Coordinator::Service {
   void WorkerLost(uint64_t worker_id, const std::string& why, Outbox* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnProgress(Worker& w, const v1::StepProgress& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnFinished(Worker& w, const v1::JobFinished& f, Outbox* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Recovery (coordinator_recovery.cc).
+  // A stage of `job` failed (its worker `dead` gone, or null when it failed on a live worker):
+  // RECOVERING, or FAILED when out of restarts. `detection`: how long the failure went unnoticed.
+  void BeginRecovery(Job& job, const std::string& cause, const Worker* dead, absl::Duration detection, Outbox* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves recovering jobs on (stages stopped, spares found: restart) and fails those out of time;
+  // takes the spares they get out of `idle`.
+  void AdvanceRecoveries(std::vector<uint64_t>* idle, Outbox* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Resume(Job& job, const std::vector<uint64_t>& spares, Outbox* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The stage of `job` that `worker_id` runs, or -1.
+  int StageOf(const Job& job, uint64_t worker_id) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  bool Alive(uint64_t worker_id) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Checkpoints and recovery progress from a step report of the current attempt.
+  void TrackCheckpoints(Job& job, const v1::StepProgress& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnReplicated(Worker& w, const v1::CheckpointReplicated& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends every running job's workers its checkpoint floor when it advanced.
+  void SendFloors(Outbox* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the heartbeat's running job is what this coordinator expects of `w`; cancels it if not.
+  void CheckRunning(Worker& w, const v1::Heartbeat& hb, Outbox* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A worker registering again with the stage it runs (after a coordinator restart).
+  void Reattach(Worker& w, const v1::RunningStage& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Jobs loaded running or recovering from the state file.
+  void AfterRestart(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Running jobs whose workers did not come back in time, recoveries whose stages did not stop.
+  void CheckDeadlines(Outbox* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A terminal job's workers that are not running a stage of it any more become idle.
+  void ReleaseWorkers(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SetWorkerState(Worker& w, v1::WorkerState s, uint64_t job_id, const std::string& note)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Persist(const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Link measurement and placement (coordinator_placement.cc).
+  void OnLinkReport(const Worker& w, const v1::LinkReport& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Tells every live worker with a session which others to probe.
+  void SendProbePeers(Outbox* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Chooses the job's workers among `free` (idle, in preference order), records how in its status
+  // and takes them out of `free`; returns them, stage i on the i-th.
+  std::vector<uint64_t> Place(Job& job, std::vector<uint64_t>* free) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Changed() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { ++version_; }
   static void Deliver(Outbox& out);
   double UnixNow() { return absl::ToDoubleSeconds(opt_.clock->Now() - absl::UnixEpoch()); }
@@ -140,6 +214,8 @@ class CoordinatorService final : public v1::Coordinator::Service {
   std::map<uint64_t, Worker> workers_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, Job> jobs_ ABSL_GUARDED_BY(mu_);
   std::set<uint64_t> queue_ ABSL_GUARDED_BY(mu_);  // pending jobs; ids grow, so in submission order
+  // The link matrix: (from, to) worker ids -> the latest probe (coordinator_placement.cc).
+  std::map<std::pair<uint64_t, uint64_t>, v1::LinkMeasurement> links_ ABSL_GUARDED_BY(mu_);
   uint64_t next_worker_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t next_job_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t version_ ABSL_GUARDED_BY(mu_) = 0;  // bumped on every job change (WatchJob waits on it)

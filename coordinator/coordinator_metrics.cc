@@ -10,8 +10,8 @@
 namespace longhaul::coordinator {
 namespace {
 
-constexpr v1::JobState kJobStates[] = {v1::JOB_STATE_PENDING, v1::JOB_STATE_RUNNING, v1::JOB_STATE_SUCCEEDED,
-                                       v1::JOB_STATE_FAILED, v1::JOB_STATE_CANCELLED};
+constexpr v1::JobState kJobStates[] = {v1::JOB_STATE_PENDING, v1::JOB_STATE_RUNNING,   v1::JOB_STATE_RECOVERING,
+                                       v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_FAILED, v1::JOB_STATE_CANCELLED};
 constexpr v1::WorkerState kWorkerStates[] = {v1::WORKER_STATE_IDLE, v1::WORKER_STATE_BUSY, v1::WORKER_STATE_DEAD};
 
 std::string Lower(const char* s) { return absl::AsciiStrToLower(s); }
@@ -32,10 +32,11 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& r, CoordinatorServi
       job_state_(Gauge(r, "longhaul_job_state", "1 for the job's current state (label state), 0 for the others")),
       job_restarts_(prometheus::BuildCounter()
                         .Name("longhaul_job_restarts_total")
-                        .Help("Times the job was restarted after a failure (always 0 until recovery exists)")
+                        .Help("Times the job was restarted after a failure (docs/recovery.md)")
                         .Register(r)),
       worker_heartbeat_age_(Gauge(r, "longhaul_worker_heartbeat_age_seconds",
-                                  "Seconds since the worker's last message (live workers; 0 for dead ones)")),
+                                  "Seconds since the worker's last message (live workers only; a dead "
+                                  "worker's series are removed)")),
       worker_state_(Gauge(r, "longhaul_worker_state", "1 for the worker's current state (label state), 0 for the others")),
       workers_(Gauge(r, "longhaul_workers", "Workers known to the coordinator, by state")) {}
 
@@ -64,7 +65,9 @@ void CoordinatorMetrics::Refresh() {
     job_step_.Add({{"job_id", id}}).Set(static_cast<double>(j.step()));
     job_loss_.Add({{"job_id", id}}).Set(j.loss());
     job_tokens_.Add({{"job_id", id}}).Set(j.tokens_per_s());
-    job_restarts_.Add({{"job_id", id}});  // exists at 0: recovery (and so restarts) is a later issue
+    // A counter only goes up: it is brought to the job's count (which only grows).
+    prometheus::Counter& restarts = job_restarts_.Add({{"job_id", id}});
+    if (j.restarts() > restarts.Value()) restarts.Increment(j.restarts() - restarts.Value());
     for (v1::JobState s : kJobStates) {
       job_state_.Add({{"job_id", id}, {"state", Lower(JobStateName(s))}}).Set(j.state() == s ? 1 : 0);
     }

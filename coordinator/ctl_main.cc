@@ -11,6 +11,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "coordinator/ctl_export.h"
+#include "coordinator/ctl_links.h"
 #include "coordinator/states.h"
 #include "longhaul/v1/control_plane.grpc.pb.h"
 #include "proto/channel_config.h"
@@ -63,6 +65,25 @@ std::unique_ptr<grpc::ClientContext> Ctx(double seconds) {
   return c;
 }
 
+// One line per restart (docs/recovery.md): what failed, how fast it was noticed, what it restored.
+std::vector<std::string> DescribeRecoveries(const v1::JobStatus& j) {
+  std::vector<std::string> out;
+  for (const v1::Recovery& r : j.recoveries()) {
+    std::string line = absl::StrFormat("restart %d at step %lld: %s; detected %.2f s after the last heartbeat", r.attempt(),
+                                       static_cast<long long>(r.failed_step()), r.cause(), r.detection_seconds());
+    if (r.resumed_unix() > 0) {
+      absl::StrAppend(&line, absl::StrFormat("; restarted from step %lld %.2f s after the failure",
+                                             static_cast<long long>(r.restored_step()), r.resumed_unix() - r.failed_unix()));
+      for (const std::string& what : r.replacements()) absl::StrAppend(&line, " (", what, ")");
+    }
+    if (r.recovered_unix() > 0) {
+      absl::StrAppend(&line, absl::StrFormat("; training again %.2f s after the failure", r.recovery_seconds()));
+    }
+    out.push_back(std::move(line));
+  }
+  return out;
+}
+
 nlohmann::json Summary(const v1::JobStatus& j) {
   nlohmann::json out = {
       {"job_id", j.job_id()},
@@ -83,7 +104,26 @@ nlohmann::json Summary(const v1::JobStatus& j) {
       {"backward_codec", j.spec().backward_codec()},
       {"link_rate_mbit", j.spec().links().rate_mbit()},
       {"wall_seconds", j.finished_unix() > 0 && j.started_unix() > 0 ? j.finished_unix() - j.started_unix() : 0.0},
+      {"placement", j.placement()},
+      {"predicted_step_seconds", j.predicted_step_seconds()},
+      {"naive_step_seconds", j.naive_step_seconds()},
+      {"restarts", j.restarts()},
   };
+  nlohmann::json recoveries = nlohmann::json::array();
+  for (const v1::Recovery& r : j.recoveries()) {
+    recoveries.push_back({{"attempt", r.attempt()},
+                          {"cause", r.cause()},
+                          {"dead_worker", r.dead_worker()},
+                          {"failed_unix", r.failed_unix()},
+                          {"failed_step", r.failed_step()},
+                          {"detection_seconds", r.detection_seconds()},
+                          {"resumed_unix", r.resumed_unix()},
+                          {"restored_step", r.restored_step()},
+                          {"recovered_unix", r.recovered_unix()},
+                          {"recovery_seconds", r.recovery_seconds()},
+                          {"replacements", std::vector<std::string>(r.replacements().begin(), r.replacements().end())}});
+  }
+  out["recoveries"] = recoveries;
   nlohmann::json stages = nlohmann::json::array();
   for (const v1::StagePlacement& p : j.stages()) {
     stages.push_back({{"stage", p.stage()}, {"worker", p.worker_name()}, {"layers", {p.layer_begin(), p.layer_end()}},
@@ -97,7 +137,11 @@ void PrintDetail(const v1::JobStatus& j) {
   std::printf("job %llu (%s): %s\n", static_cast<unsigned long long>(j.job_id()), j.name().c_str(),
               JobStateName(j.state()));
   if (!j.error().empty()) std::printf("  error: %s\n", j.error().c_str());
-  if (!j.pending_reason().empty()) std::printf("  pending: %s\n", j.pending_reason().c_str());
+  if (!j.pending_reason().empty()) {
+    std::printf("  %s: %s\n", j.state() == v1::JOB_STATE_RECOVERING ? "recovering" : "pending", j.pending_reason().c_str());
+  }
+  if (j.restarts() > 0) std::printf("  restarts: %d (attempt %d)\n", j.restarts(), j.attempt());
+  for (const std::string& line : DescribeRecoveries(j)) std::printf("  %s\n", line.c_str());
   std::printf("  step %lld / %lld   loss %.4f (initial %.4f)   %.0f tokens/s\n", static_cast<long long>(j.step()),
               static_cast<long long>(j.steps()), j.loss(), j.initial_loss(), j.tokens_per_s());
   std::printf("  links: forward %s, backward %s, %s; wire %s vs %s uncompressed (%.2fx); forward rel. error %.4f\n",
@@ -105,6 +149,13 @@ void PrintDetail(const v1::JobStatus& j) {
               j.spec().links().rate_mbit() > 0 ? absl::StrCat(j.spec().links().rate_mbit(), " Mbit/s").c_str()
                                                : "unshaped",
               HumanBytes(j.wire_bytes()).c_str(), HumanBytes(j.raw_bytes()).c_str(), Ratio(j), j.mean_rel_error());
+  if (!j.placement().empty()) {
+    std::printf("  placement: %s", j.placement().c_str());
+    if (j.predicted_step_seconds() > 0) {
+      std::printf(" (predicted step %.3f s, naive order %.3f s)", j.predicted_step_seconds(), j.naive_step_seconds());
+    }
+    std::printf("\n");
+  }
   for (const v1::StagePlacement& p : j.stages()) {
     std::printf("  stage %d: worker %s, layers %d..%d, step %lld%s%s\n", p.stage(), p.worker_name().c_str(),
                 p.layer_begin(), p.layer_end() - 1, static_cast<long long>(p.step()),
@@ -178,7 +229,8 @@ class Ctl {
       // NOTE: a failed job's error, or why a pending one waits.
       std::printf("%-5s %-16s %-10s %-13s %-9s %-10s %s\n", "JOB", "NAME", "STATE", "STEP", "LOSS", "TOKENS/S", "NOTE");
       for (const auto& j : r.jobs()) {
-        const std::string& note = j.state() == v1::JOB_STATE_PENDING ? j.pending_reason() : j.error();
+        const bool waiting = j.state() == v1::JOB_STATE_PENDING || j.state() == v1::JOB_STATE_RECOVERING;
+        const std::string& note = waiting ? j.pending_reason() : j.error();
         std::printf("%-5llu %-16s %-10s %-13s %-9.4f %-10.0f %s\n", static_cast<unsigned long long>(j.job_id()),
                     j.name().c_str(), JobStateName(j.state()),
                     absl::StrCat(j.step(), "/", j.steps()).c_str(), j.loss(), j.tokens_per_s(), note.c_str());
@@ -215,6 +267,7 @@ class Ctl {
     v1::JobStatus last;
     bool have = false;
     double last_print = 0;
+    v1::JobState shown = v1::JOB_STATE_UNSPECIFIED;  // printed at every change of state, tty or not
     // The stream may break if the coordinator restarts; re-attach a few times before giving up.
     for (int attempt = 0; attempt < 5 && !(have && IsTerminal(last.state())); ++attempt) {
       grpc::ClientContext ctx;
@@ -224,9 +277,10 @@ class Ctl {
         last = j;
         have = true;
         const double now = absl::ToUnixSeconds(absl::Now());
-        if (tty || IsTerminal(j.state()) || now - last_print >= 5) {
+        if (tty || IsTerminal(j.state()) || now - last_print >= 5 || j.state() != shown) {
           PrintProgress(j, tty);
           last_print = now;
+          shown = j.state();
         }
       }
       grpc::Status s = r->Finish();
@@ -264,15 +318,17 @@ class Ctl {
     const double tokens_per_step = static_cast<double>(sp.micro_batches()) * sp.micro_batch_size() * sp.model().context();
     const double eta = j.tokens_per_s() > 0 ? (j.steps() - j.step()) * tokens_per_step / j.tokens_per_s() : -1;
     const std::string line =
-        j.state() == v1::JOB_STATE_PENDING
-            ? absl::StrFormat("[%s] %-9s %s", bar, JobStateName(j.state()), j.pending_reason())
+        j.state() == v1::JOB_STATE_PENDING || j.state() == v1::JOB_STATE_RECOVERING
+            ? absl::StrFormat("[%s] %-9s step %lld/%lld  %s", bar, JobStateName(j.state()),
+                              static_cast<long long>(j.step()), static_cast<long long>(j.steps()), j.pending_reason())
         : j.step() == 0 && !IsTerminal(j.state())
             ? absl::StrFormat("[%s] %-9s waiting for the first step (%d stages)", bar, JobStateName(j.state()),
                               sp.stages())
             : absl::StrFormat("[%s] %-9s step %lld/%lld  loss %.4f  %.0f tok/s  compression %.1fx  err %.3f  ETA %s",
                               bar, JobStateName(j.state()), static_cast<long long>(j.step()),
                               static_cast<long long>(j.steps()), j.loss(), j.tokens_per_s(), Ratio(j),
-                              j.mean_rel_error(), Duration(eta));
+                              j.mean_rel_error(), Duration(eta)) +
+                  (j.restarts() > 0 ? absl::StrFormat("  restarts %d", j.restarts()) : "");
     if (tty) {
       std::fprintf(stderr, "\r%s\x1b[K", line.c_str());
     } else {
@@ -290,6 +346,7 @@ class Ctl {
                 Duration(j.finished_unix() > 0 ? j.finished_unix() - j.started_unix() : -1).c_str());
     std::printf("train loss:   %.4f -> %.4f\n", j.initial_loss(), j.loss());
     std::printf("throughput:   %.0f tokens/s\n", j.tokens_per_s());
+    for (const std::string& line : DescribeRecoveries(j)) std::printf("recovery:     %s\n", line.c_str());
     std::printf("on the wire:  %s sent, %s uncompressed (%.2fx smaller); forward rel. L2 error %.4f\n",
                 HumanBytes(j.wire_bytes()).c_str(), HumanBytes(j.raw_bytes()).c_str(), Ratio(j), j.mean_rel_error());
     for (const v1::StagePlacement& p : j.stages()) {
@@ -349,6 +406,14 @@ int main(int argc, char** argv) {
   CLI::App* cancel = app.add_subcommand("cancel", "stop a pending or running job");
   cancel->add_option("job", job, "the job id")->type_name("JOB")->required();
 
+  longhaul::coordinator::ExportFlags export_flags;
+  CLI::App* export_cmd = longhaul::coordinator::AddExportCommand(app, &export_flags);
+
+  longhaul::coordinator::LinksFlags links_flags;
+  CLI::App* links_cmd = longhaul::coordinator::AddLinksCommand(app, &links_flags);
+  longhaul::coordinator::PlanFlags plan_flags;
+  CLI::App* plan_cmd = longhaul::coordinator::AddPlanCommand(app, &plan_flags);
+
   // After the subcommands, which would inherit it.
   app.footer(
       "A job spec's keys and defaults are documented in coordinator/job_spec.h; an example is\n"
@@ -362,5 +427,8 @@ int main(int argc, char** argv) {
   }
   if (status->parsed()) return ctl.Status(status_job, json);
   if (watch_cmd->parsed()) return ctl.Watch(job, summary);
+  if (export_cmd->parsed()) return longhaul::coordinator::RunExport(coordinator, export_flags);
+  if (links_cmd->parsed()) return longhaul::coordinator::RunLinks(coordinator, links_flags);
+  if (plan_cmd->parsed()) return longhaul::coordinator::RunPlan(coordinator, plan_flags);
   return ctl.Cancel(job);
 }

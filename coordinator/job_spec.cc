@@ -7,8 +7,10 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/time.h"
 #include "codec/spec.h"
 #include "stage_runtime/model_presets.h"
 
@@ -40,7 +42,11 @@ v1::JobSpec DefaultJobSpec() {
   o->set_clip_norm(1.0);
   s.set_steps(300);
   s.set_seed(1);
-  s.set_checkpoint_interval(0);
+  // Bounds what a failure costs (docs/recovery.md): at most this many steps are re-run.
+  s.set_checkpoint_interval(50);
+  s.set_checkpoint_replicate("peer");
+  s.mutable_recovery()->set_max_restarts(10);
+  s.mutable_recovery()->set_wait_seconds(600);
   s.set_data_dir("/usr/share/games/fortunes");
   s.set_val_fraction(0.1);
   s.set_codec_threads(1);
@@ -183,7 +189,22 @@ absl::StatusOr<v1::JobSpec> ParseJobSpec(const std::string& yaml, int64_t steps_
       .Field<uint64_t>("seed", [&](uint64_t v) { s.set_seed(v); })
       .Map("checkpoint", [&](MapReader& m) {
         m.Field<int64_t>("interval", [&](int64_t v) { s.set_checkpoint_interval(v); })
-            .Field<std::string>("dir", [&](std::string v) { s.set_checkpoint_dir(v); });
+            .Field<std::string>("dir", [&](std::string v) { s.set_checkpoint_dir(v); })
+            .Field<std::string>("replicate", [&](std::string v) { s.set_checkpoint_replicate(v); });
+      })
+      .Map("recovery", [&](MapReader& m) {
+        m.Field<int>("max_restarts", [&](int v) { s.mutable_recovery()->set_max_restarts(v); })
+            .Field<std::string>("wait", [&](std::string v) {
+              double seconds = 0;
+              absl::Duration d;
+              if (absl::SimpleAtod(v, &seconds)) {
+                s.mutable_recovery()->set_wait_seconds(seconds);
+              } else if (absl::ParseDuration(v, &d)) {
+                s.mutable_recovery()->set_wait_seconds(absl::ToDoubleSeconds(d));
+              } else {
+                problems.push_back(absl::StrCat("recovery.wait: \"", v, "\" is not a duration (0, 90s, 10m)"));
+              }
+            });
       })
       .Map("data", [&](MapReader& m) {
         m.Field<std::string>("format", [&](std::string v) { s.set_data_format(v); })
@@ -265,6 +286,12 @@ absl::Status ValidateJobSpec(const v1::JobSpec& s) {
   if (!std::isfinite(o.clip_norm())) p.push_back("optimizer.clip_norm: must be finite (<= 0 disables clipping)");
   range("steps", static_cast<double>(s.steps()), 1, 1e9);
   range("checkpoint.interval", static_cast<double>(s.checkpoint_interval()), 0, 1e9);
+  if (s.checkpoint_replicate() != "peer" && s.checkpoint_replicate() != "none") {
+    p.push_back(absl::StrCat("checkpoint.replicate: \"", s.checkpoint_replicate(), "\" is not peer or none",
+                             s.checkpoint_replicate() == "coordinator" ? " (coordinator is not implemented yet)" : ""));
+  }
+  range("recovery.max_restarts", s.recovery().max_restarts(), 0, 1e6);
+  range("recovery.wait", s.recovery().wait_seconds(), 0, 1e7);
   if (!(s.val_fraction() > 0 && s.val_fraction() < 1)) {
     p.push_back(absl::StrCat("data.val_fraction: ", s.val_fraction(), " must be in (0, 1)"));
   }

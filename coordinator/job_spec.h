@@ -16,7 +16,16 @@
 //   optimizer: {name [adamw], lr [3e-3], min_lr [3e-4], warmup_steps [20], beta1 [0.9],
 //               beta2 [0.95], eps [1e-8], weight_decay [0.1], clip_norm [1.0]}
 //   steps [300], seed [1]
-//   checkpoint: {interval [0 = at the end only], dir [<worker data dir>/jobs/<id>]}
+//   checkpoint: {interval [50 steps; 0 = at the end only], dir [<worker data dir>/jobs/<id>],
+//                replicate [peer]}
+//                         every stage writes a checkpoint every `interval` steps (and after the last);
+//                         a failure re-runs at most about one interval (docs/recovery.md). replicate:
+//                         peer (each checkpoint is copied to the next stage's worker, so a stage can
+//                         be restored when its machine is gone) | none
+//   recovery: {max_restarts [10], wait [10m]}
+//                         a dead worker's job restarts from the checkpoints (RECOVERING), at most
+//                         max_restarts times; with no spare worker within `wait` (a duration: 0,
+//                         90s, 10m) it fails naming the worker
 //   precision [fp32]      fp32 | bf16 (matrix products and attention in bf16, fp32 master weights)
 //   data: {format [text], corpus [/usr/share/games/fortunes], val_fraction [0.1]}
 //                         text: byte-level (vocab >= 256), corpus a file or a directory;

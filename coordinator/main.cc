@@ -1,4 +1,5 @@
 // longhaul-coordinator: the control-plane daemon (worker registry, jobs, placement, state file).
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <thread>
@@ -41,7 +42,7 @@ void WritePortFile(const std::string& path, int port) {
 int main(int argc, char** argv) {
   using namespace longhaul::coordinator;
   std::string listen = "0.0.0.0:7400", state = "longhaul-coordinator.db", port_file;
-  std::string interval_flag = "1s", timeout_flag = "3s", reserve_flag = "10m";
+  std::string interval_flag = "1s", timeout_flag = "3s", reserve_flag = "10m", reattach_flag = "30s";
   std::string metrics_listen = "0.0.0.0:9464", metrics_port_file;
   CLI::App app{
       "Keeps the worker registry (heartbeats), accepts jobs from longhaulctl, places their stages on\n"
@@ -57,12 +58,16 @@ int main(int argc, char** argv) {
                  "how often workers send a heartbeat (told to them when they register; at least 100ms)")
       ->type_name("DURATION");
   app.add_option("--heartbeat-timeout", timeout_flag,
-                 "declare a worker dead, and fail its job, after this long without a heartbeat (more than the "
+                 "declare a worker dead, and recover its job, after this long without a heartbeat (more than the "
                  "interval)")
       ->type_name("DURATION");
   app.add_option("--reserve-after", reserve_flag,
                  "a pending job that has waited this long holds back the jobs submitted after it until it starts "
                  "(so small jobs cannot starve a big one)")
+      ->type_name("DURATION");
+  app.add_option("--reattach-grace", reattach_flag,
+                 "after a restart, how long the workers of running jobs have to register again before their "
+                 "stages are recovered on other workers (docs/recovery.md)")
       ->type_name("DURATION");
   app.add_option("--metrics-listen", metrics_listen,
                  "Prometheus endpoint: /metrics, and /sd (the workers' endpoints for http_sd_configs); "
@@ -73,10 +78,11 @@ int main(int argc, char** argv) {
       ->type_name("PATH");
   app.footer("A DURATION is a number of seconds or a number with a unit: 300ms, 1.5s, 10m, 1h.");
   if (std::optional<int> rc = longhaul::common::ParseFlags(app, argc, argv)) return *rc;
-  absl::Duration interval, timeout, reserve_after;
+  absl::Duration interval, timeout, reserve_after, reattach_grace;
   for (auto [flag, text, d] : {std::tuple{"--heartbeat-interval", &interval_flag, &interval},
                                std::tuple{"--heartbeat-timeout", &timeout_flag, &timeout},
-                               std::tuple{"--reserve-after", &reserve_flag, &reserve_after}}) {
+                               std::tuple{"--reserve-after", &reserve_flag, &reserve_after},
+                               std::tuple{"--reattach-grace", &reattach_flag, &reattach_grace}}) {
     if (!ParseDurationFlag(*text, d) || *d < absl::ZeroDuration()) {
       return longhaul::common::FlagError(app, absl::StrCat(flag, ": \"", *text, "\" is not a duration (e.g. 1s)"));
     }
@@ -102,6 +108,10 @@ int main(int argc, char** argv) {
   o.heartbeat_timeout = timeout;
   o.heartbeat_interval = interval;
   o.queue.reserve_after = reserve_after;
+  o.reattach_grace = reattach_grace;
+  // A cancelled stage stops at its next wait; allow a hung one as long as a heartbeat timeout
+  // thrice, at least 30 s (a step of a big model, a checkpoint being written).
+  o.stop_timeout = std::max(absl::Seconds(30), 3 * timeout);
   absl::StatusOr<std::unique_ptr<CoordinatorService>> svc = CoordinatorService::Create(std::move(*store), o);
   if (!svc.ok()) {
     std::fprintf(stderr, "longhaul-coordinator: %s\n", std::string(svc.status().message()).c_str());

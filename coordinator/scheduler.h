@@ -6,8 +6,9 @@
 //   for (const QueuePlan::Start& s : plan.start) ...   // s.workers[i] runs stage i
 //
 // The rule (one pass over the queue in submission order):
-//   - A job starts when enough idle workers are left for it: it takes the lowest-numbered ones,
-//     stage i on the i-th (the placement issue makes this bandwidth-aware).
+//   - A job starts when enough idle workers are left for it: the plan names the lowest-numbered
+//     ones, stage i on the i-th (the naive order); the coordinator's placement may choose other
+//     idle workers, and another order, from the measured links (coordinator.h, placement.h).
 //   - A job that does not fit is skipped and stays pending; later jobs may still start. So a big
 //     job does not hold back small ones behind it, and a job the cluster cannot run (more stages
 //     than live workers) holds back nothing.

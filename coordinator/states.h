@@ -14,6 +14,7 @@ inline const char* JobStateName(v1::JobState s) {
     case v1::JOB_STATE_SUCCEEDED: return "SUCCEEDED";
     case v1::JOB_STATE_FAILED: return "FAILED";
     case v1::JOB_STATE_CANCELLED: return "CANCELLED";
+    case v1::JOB_STATE_RECOVERING: return "RECOVERING";
     default: return "UNKNOWN";
   }
 }

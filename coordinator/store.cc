@@ -87,6 +87,7 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path) {
            "CREATE TABLE IF NOT EXISTS jobs(id INTEGER PRIMARY KEY, name TEXT, state INTEGER, status BLOB NOT NULL)",
            "CREATE TABLE IF NOT EXISTS losses(job_id INTEGER, step INTEGER, loss REAL, PRIMARY KEY(job_id, step))",
            "CREATE TABLE IF NOT EXISTS workers(id INTEGER PRIMARY KEY, name TEXT UNIQUE, status BLOB NOT NULL)",
+           "CREATE TABLE IF NOT EXISTS links(src INTEGER, dst INTEGER, m BLOB NOT NULL, PRIMARY KEY(src, dst))",
        }) {
     if (absl::Status st = s->Exec(sql); !st.ok()) {
       return absl::UnavailableError(absl::StrCat("state file ", path, ": ", st.message()));
@@ -210,6 +211,35 @@ absl::StatusOr<std::vector<v1::WorkerStatus>> Store::LoadWorkers() {
     }
     out.push_back(std::move(w));
   }
+  return out;
+}
+
+absl::Status Store::PutLink(const v1::LinkMeasurement& m) {
+  v1::LinkMeasurement copy = m;
+  copy.clear_age_seconds();
+  const std::string blob = copy.SerializeAsString();
+  Stmt s(db_, "INSERT OR REPLACE INTO links(src, dst, m) VALUES(?, ?, ?)");
+  if (absl::Status st = s.ok(); !st.ok()) return st;
+  sqlite3_bind_int64(s.get(), 1, static_cast<sqlite3_int64>(m.from_worker_id()));
+  sqlite3_bind_int64(s.get(), 2, static_cast<sqlite3_int64>(m.to_worker_id()));
+  sqlite3_bind_blob(s.get(), 3, blob.data(), static_cast<int>(blob.size()), SQLITE_TRANSIENT);
+  return s.Done();
+}
+
+absl::StatusOr<std::vector<v1::LinkMeasurement>> Store::LoadLinks() {
+  Stmt s(db_, "SELECT src, dst, m FROM links ORDER BY src, dst");
+  if (absl::Status st = s.ok(); !st.ok()) return st;
+  std::vector<v1::LinkMeasurement> out;
+  int rc;
+  while ((rc = sqlite3_step(s.get())) == SQLITE_ROW) {
+    v1::LinkMeasurement m;
+    if (!m.ParseFromArray(sqlite3_column_blob(s.get(), 2), sqlite3_column_bytes(s.get(), 2))) {
+      return absl::DataLossError(absl::StrCat("state file: link ", sqlite3_column_int64(s.get(), 0), " -> ",
+                                              sqlite3_column_int64(s.get(), 1), " is corrupt"));
+    }
+    out.push_back(std::move(m));
+  }
+  if (rc != SQLITE_DONE) return absl::InternalError(absl::StrCat("sqlite: ", sqlite3_errmsg(db_)));
   return out;
 }
 

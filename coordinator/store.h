@@ -9,6 +9,8 @@
 //   jobs(id INTEGER PRIMARY KEY, name TEXT, state INTEGER, status BLOB)     -- v1.JobStatus bytes
 //   losses(job_id INTEGER, step INTEGER, loss REAL, PRIMARY KEY(job_id, step))
 //   workers(id INTEGER PRIMARY KEY, name TEXT UNIQUE, status BLOB)          -- v1.WorkerStatus bytes
+//   links(src INTEGER, dst INTEGER, m BLOB, PRIMARY KEY(src, dst))          -- v1.LinkMeasurement bytes
+// (links was added later; CREATE TABLE IF NOT EXISTS gives older files the table, no version bump.)
 //
 // One process per state file: Open takes an exclusive flock(2) on the sidecar `<path>.lock` (and
 // writes its pid there) for the Store's lifetime, so a second coordinator on the same file fails
@@ -44,6 +46,11 @@ class Store {
 
   absl::Status PutWorker(const v1::WorkerStatus& w);
   absl::StatusOr<std::vector<v1::WorkerStatus>> LoadWorkers();
+
+  // The link matrix: the latest measurement of each directed pair of worker ids (age_seconds is
+  // not stored; it is computed from measured_unix when read).
+  absl::Status PutLink(const v1::LinkMeasurement& m);
+  absl::StatusOr<std::vector<v1::LinkMeasurement>> LoadLinks();
 
   // Every write between Begin and the matching Commit is one transaction. Nested pairs join the
   // outermost one (only it writes BEGIN and COMMIT), so a helper may open its own.

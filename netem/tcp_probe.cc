@@ -5,8 +5,10 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <vector>
 
 #include <boost/asio/connect.hpp>
@@ -170,6 +172,12 @@ absl::StatusOr<ProbeResult> RunProbe(const std::string& ipv4, int port, const He
 struct TcpSink::Impl {
   asio::io_context io;
   tcp::acceptor acceptor{io};
+  std::atomic<bool> stopping{false};
+  // The descriptors Stop shuts down: the listening socket's and the connection's being served
+  // (-1: none). Under a mutex so that Stop never touches a descriptor after its socket closed.
+  std::mutex mu;
+  int listen_fd = -1;
+  int serving_fd = -1;
 };
 
 TcpSink::TcpSink(TcpSink&&) noexcept = default;
@@ -191,22 +199,43 @@ absl::StatusOr<TcpSink> TcpSink::Listen(const std::string& ipv4, int port, int64
   if (!ec) a.listen(8, ec);
   if (ec) return absl::UnavailableError(absl::StrCat("cannot listen on ", ipv4, ":", port, ": ", ec.message()));
   s.port_ = a.local_endpoint().port();
+  s.impl_->listen_fd = a.native_handle();
   return s;
 }
 
 void TcpSink::Serve(int connections) {
   std::vector<char> buf(kBufferBytes);
-  for (int served = 0; connections <= 0 || served < connections;) {
+  for (int served = 0; (connections <= 0 || served < connections) && !impl_->stopping;) {
     boost::system::error_code ec;
     tcp::socket s(impl_->io);
     impl_->acceptor.accept(s, ec);
+    if (impl_->stopping) break;
     if (ec == asio::error::interrupted || ec == asio::error::connection_aborted) continue;
     if (ec) break;
-    ServeOne(s, max_probe_bytes_, buf);
+    {
+      std::lock_guard<std::mutex> l(impl_->mu);
+      impl_->serving_fd = s.native_handle();
+    }
+    if (!impl_->stopping) ServeOne(s, max_probe_bytes_, buf);
+    {
+      std::lock_guard<std::mutex> l(impl_->mu);
+      impl_->serving_fd = -1;
+    }
     ++served;
   }
+  std::lock_guard<std::mutex> l(impl_->mu);
+  impl_->listen_fd = -1;
   boost::system::error_code ignored;
   impl_->acceptor.close(ignored);
+}
+
+void TcpSink::Stop() {
+  if (!impl_) return;
+  impl_->stopping = true;
+  std::lock_guard<std::mutex> l(impl_->mu);
+  // shutdown(2) wakes a thread blocked in accept(2) or read(2) on Linux; close(2) would not.
+  if (impl_->listen_fd >= 0) ::shutdown(impl_->listen_fd, SHUT_RDWR);
+  if (impl_->serving_fd >= 0) ::shutdown(impl_->serving_fd, SHUT_RDWR);
 }
 
 absl::StatusOr<double> TimedTcpSend(const std::string& ipv4, int port, int64_t bytes, absl::Duration patience) {

@@ -13,7 +13,8 @@
 //   absl::StatusOr<double> s = TimedTcpSend("127.0.0.1", sink->port(), 1 << 30);  // seconds
 //   absl::StatusOr<LinkMeasurement> m = ProbeLink("127.0.0.1", sink->port(), {.bytes = 4 << 20});
 //
-// Threading: Serve blocks its thread; Listen/port may be called from any thread before it.
+// Threading: Serve blocks its thread; Listen/port may be called from any thread before it, Stop at
+// any time.
 #ifndef LONGHAUL_NETEM_TCP_PROBE_H_
 #define LONGHAUL_NETEM_TCP_PROBE_H_
 
@@ -43,6 +44,9 @@ class TcpSink {
   // `connections` of them and then closes the listening socket. A connection that stalls for
   // 30 s is dropped.
   void Serve(int connections = 0);
+  // Makes Serve return soon, from any thread (the listening socket and a connection being served
+  // are shut down); later calls of Serve return at once.
+  void Stop();
 
  private:
   struct Impl;

@@ -135,8 +135,10 @@ absl::StatusOr<StepResult> StageLoop::Step(const std::vector<Batch>& batches) {
   const int64_t done = exec_->step();
   if (!checkpoint_.path.empty() &&
       ((checkpoint_.interval > 0 && done % checkpoint_.interval == 0) || done == checkpoint_.total_steps)) {
+    const absl::Time t0 = absl::Now();
     if (absl::Status s = exec_->SaveCheckpoint(checkpoint_.path); !s.ok()) return s;
     r.checkpointed = true;
+    r.checkpoint_time = absl::Now() - t0;
   }
   return r;
 }

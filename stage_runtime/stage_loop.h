@@ -66,6 +66,9 @@ struct StepResult {
   double grad_norm = 0;   // global, before clipping
   absl::Duration receive_wait = absl::ZeroDuration();  // blocked waiting for a neighbour
   bool checkpointed = false;
+  // Of the step's wall time, what writing the checkpoint took (zero when none was due): throughput
+  // figures leave it out (a gpt2-xl stage writes gigabytes, seconds that are not training).
+  absl::Duration checkpoint_time = absl::ZeroDuration();
 };
 
 class StageLoop {

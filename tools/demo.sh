@@ -3,7 +3,9 @@
 # processes on this machine train a small GPT over gRPC, TAH-Quant activations forward and INT8
 # gradients backward, every link shaped to 100 Mbit/s in-process. Shows the live progress bar and
 # ends with a summary (loss, tokens/s, bytes on the wire vs uncompressed, logs, checkpoints).
-# With --prometheus, Debian's prometheus scrapes the demo too (docs/observability.md).
+# With --prometheus, Debian's prometheus scrapes the demo too (docs/observability.md). With
+# --kill-worker-at STEP a spare worker is started too, one worker is killed (kill -9, its data
+# directory deleted) at that step, and the job recovers on the spare (docs/recovery.md).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="$ROOT/build/bin"
@@ -27,6 +29,14 @@ usage: ./longhaul.sh demo [options]
                        through its /sd discovery); prints its address and the PromQL for loss
                        and tokens/s. It stops when the demo ends; its data stays in
                        RUN_DIR/prometheus-data and the command to browse it again is printed
+  --kill-worker-at STEP
+                       also start a spare worker; at that step kill -9 the worker of the middle
+                       stage and delete its data directory (as if its machine had vanished); the
+                       job recovers on the spare from the checkpoint copies and the demo prints
+                       how long detection and recovery took (docs/recovery.md). The checkpoint
+                       interval becomes 25 steps unless --checkpoint-interval says otherwise
+  --checkpoint-interval N
+                       checkpoint every N steps (default: the spec's)
   --prometheus-listen HOST:PORT
                        where that prometheus serves (implies --prometheus; default
                        127.0.0.1:9090, or the next free port when 9090 is taken)
@@ -34,7 +44,7 @@ USAGE
 }
 
 steps=0; summary=""; rate=""; spec="$ROOT/deploy/jobs/demo.yaml"; run_dir=""; threads=1; devices="cpu"
-prometheus=0; prom_listen=""
+prometheus=0; prom_listen=""; kill_at=0; ckpt_interval=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --steps) steps="$2"; shift 2 ;;
@@ -51,6 +61,10 @@ while [[ $# -gt 0 ]]; do
     --threads=*) threads="${1#*=}"; shift ;;
     --device) devices="$2"; shift 2 ;;
     --device=*) devices="${1#*=}"; shift ;;
+    --kill-worker-at) kill_at="$2"; shift 2 ;;
+    --kill-worker-at=*) kill_at="${1#*=}"; shift ;;
+    --checkpoint-interval) ckpt_interval="$2"; shift 2 ;;
+    --checkpoint-interval=*) ckpt_interval="${1#*=}"; shift ;;
     --prometheus) prometheus=1; shift ;;
     --prometheus-listen) prometheus=1; prom_listen="$2"; shift 2 ;;
     --prometheus-listen=*) prometheus=1; prom_listen="${1#*=}"; shift ;;
@@ -59,6 +73,10 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 [[ "$steps" =~ ^[0-9]+$ ]] || { echo "demo: --steps needs a number, got '$steps'" >&2; exit 2; }
+[[ "$kill_at" =~ ^[0-9]+$ ]] || { echo "demo: --kill-worker-at needs a step number, got '$kill_at'" >&2; exit 2; }
+[[ -z "$ckpt_interval" || "$ckpt_interval" =~ ^[0-9]+$ ]] ||
+  { echo "demo: --checkpoint-interval needs a number, got '$ckpt_interval'" >&2; exit 2; }
+if ((kill_at > 0)) && [[ -z "$ckpt_interval" ]]; then ckpt_interval=25; fi
 [[ -f "$spec" ]] || { echo "demo: no job spec at $spec" >&2; exit 2; }
 [[ -z "$summary" || "$summary" = /* ]] || summary="$PWD/$summary"
 if ((prometheus)); then
@@ -79,6 +97,18 @@ if [[ -n "$rate" ]]; then
     sed -i "s/^  rate_mbit:.*/  rate_mbit: $rate/" "$job_spec"
   else
     printf 'links:\n  rate_mbit: %s\n' "$rate" >> "$job_spec"
+  fi
+fi
+if [[ -n "$ckpt_interval" ]]; then
+  # Replace (or add) checkpoint.interval in the copy.
+  if grep -q '^checkpoint:' "$job_spec"; then
+    if grep -q '^  interval:' "$job_spec"; then
+      sed -i "s/^  interval:.*/  interval: $ckpt_interval/" "$job_spec"
+    else
+      sed -i "s/^checkpoint:.*/checkpoint:\n  interval: $ckpt_interval/" "$job_spec"
+    fi
+  else
+    printf 'checkpoint:\n  interval: %s\n' "$ckpt_interval" >> "$job_spec"
   fi
 fi
 if [[ -z "$summary" ]]; then summary="$run_dir/summary.json"; fi
@@ -138,12 +168,16 @@ if ((prometheus)); then
 fi
 
 workers=$(sed -n 's/^stages: *\([0-9]*\).*/\1/p' "$job_spec"); workers=${workers:-4}
+stages=$workers
+((kill_at > 0)) && workers=$((workers + 1))  # a spare, to take over the killed worker's stage
 IFS=, read -r -a device_list <<<"$devices"
+declare -A worker_pid
 for i in $(seq 0 $((workers - 1))); do
   dev="${device_list[$((i % ${#device_list[@]}))]}"
   "$BIN/longhaul-worker" --coordinator="$addr" --listen=127.0.0.1:0 --name="worker-$i" --device="$dev" \
     --region=local --threads="$threads" --data-dir="$run_dir/worker-$i" >"$run_dir/worker-$i.log" 2>&1 &
   pids+=($!)
+  worker_pid["worker-$i"]=$!
 done
 for _ in $(seq 300); do
   n=$("$BIN/longhaulctl" workers 2>/dev/null | grep -c IDLE || true)
@@ -151,12 +185,67 @@ for _ in $(seq 300); do
   sleep 0.2
 done
 [[ "${n:-0}" -ge "$workers" ]] || { echo "demo: only ${n:-0} of $workers workers registered; see $run_dir/worker-*.log" >&2; exit 1; }
-echo "demo: $workers workers registered"
+echo "demo: $workers workers registered$( ((kill_at > 0)) && echo " ($stages for the stages, 1 spare)")"
+
+# `longhaulctl status JOB --json` (pretty-printed, keys sorted): a top-level number, the worker of
+# a stage, a number of the first recovery.
+json_top() { sed -n "s/^  \"$1\": \([-0-9.e+]*\),\{0,1\}\$/\1/p" | head -1; }
+json_stage_worker() { awk -v s="$1" '$0 ~ "\"stage\": " s "," { f = 1 } f && /"worker":/ { gsub(/.*": "|".*/, ""); print; exit }'; }
+json_recovery() { sed -n "s/^      \"$1\": \([-0-9.e+]*\),\{0,1\}\$/\1/p" | head -1; }
+
+kill_worker_demo() {
+  local out job st step victim t_kill
+  out=$("$BIN/longhaulctl" submit "$job_spec" --steps="$steps") || return 1
+  echo "$out"
+  job=$(sed -n 's/^submitted job \([0-9]*\)$/\1/p' <<<"$out")
+  "$BIN/longhaulctl" watch "$job" --summary-json="$summary" &
+  local watch_pid=$!
+  while :; do
+    st=$("$BIN/longhaulctl" status "$job" --json 2>/dev/null) || { sleep 0.2; continue; }
+    step=$(json_top steps <<<"$st")
+    grep -q '"state": "RUNNING"' <<<"$st" || { grep -q '"state": "PENDING"' <<<"$st" && { sleep 0.2; continue; }; break; }
+    [[ "${step:-0}" -ge "$kill_at" ]] && break
+    sleep 0.1
+  done
+  victim=$(json_stage_worker $((stages / 2)) <<<"$st")
+  if [[ -z "$victim" || -z "${worker_pid[$victim]:-}" ]]; then
+    echo "demo: the job ended before step $kill_at; nothing was killed" >&2
+  else
+    t_kill=$(date +%s.%N)
+    # (Reaped here, quietly: bash would report the kill in the middle of the progress output.)
+    { kill -KILL "${worker_pid[$victim]}"; wait "${worker_pid[$victim]}"; } 2>/dev/null
+    rm -rf "$run_dir/$victim"  # its disk is gone too: the spare restores from the copy on a neighbour
+    echo >&2
+    echo "demo: killed $victim (stage $((stages / 2)), pid ${worker_pid[$victim]}) at step $step and deleted its data directory" >&2
+  fi
+  wait "$watch_pid"
+  local rc=$?
+  if [[ -n "${t_kill:-}" ]]; then
+    st=$("$BIN/longhaulctl" status "$job" --json)
+    local failed resumed recovered restored
+    failed=$(json_recovery failed_unix <<<"$st"); resumed=$(json_recovery resumed_unix <<<"$st")
+    recovered=$(json_recovery recovered_unix <<<"$st"); restored=$(json_recovery restored_step <<<"$st")
+    if [[ -n "$failed" ]]; then
+      awk -v k="$t_kill" -v f="$failed" -v r="$resumed" -v t="$recovered" -v s="$step" -v n="$restored" 'BEGIN {
+        printf "recovery:     killed at step %d; detected %.3f s after the kill; every stage restarted from step %d %.3f s after the kill", s, f - k, n, r - k
+        if (t > 0) printf "; training again %.3f s after the kill", t - k
+        printf " (%d steps re-run)\n", s - n }'
+    else
+      echo "recovery:     the coordinator recorded no recovery (did the job end first?)"
+    fi
+  fi
+  return $rc
+}
 "$BIN/longhaulctl" workers
 
 set +e
-"$BIN/longhaulctl" submit "$job_spec" --steps="$steps" --watch --summary-json="$summary"
-rc=$?
+if ((kill_at > 0)); then
+  kill_worker_demo  # below: submit, watch, kill one worker at the step, report the recovery
+  rc=$?
+else
+  "$BIN/longhaulctl" submit "$job_spec" --steps="$steps" --watch --summary-json="$summary"
+  rc=$?
+fi
 set -e
 echo "logs:         $run_dir/{coordinator,worker-*}.log"
 echo "state file:   $run_dir/coordinator.db"

@@ -5,7 +5,25 @@
 # comes from the wheel and Debian's CPU-only libtorch-dev is not installed.
 # (A machine without a package registry uses tools/gpu/offline-setup.sh instead; docs/gpu.md.)
 # Usage: tools/setup.sh        (called by ./longhaul.sh on first use)
+#        tools/setup.sh --render-tools   only the optional tools of tools/render-dashboards.sh
 set -euo pipefail
+
+# Optional, installed on demand by tools/render-dashboards.sh (the dashboard pictures of
+# docs/observability.md), never by the main setup: headless Chromium (about 100 MB with its
+# libraries) and Python's PIL, which crops the screenshots.
+if [[ "${1:-}" == "--render-tools" ]]; then
+  need=()
+  for p in chromium python3-pil; do
+    [[ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)" == "install ok installed" ]] || need+=("$p")
+  done
+  ((${#need[@]})) || exit 0
+  SUDO=""; [[ $(id -u) -eq 0 ]] || SUDO=sudo
+  echo "setup: installing ${need[*]} (dashboard pictures; log in /tmp/longhaul-apt.log)"
+  export DEBIAN_FRONTEND=noninteractive
+  { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}"; } \
+    >/tmp/longhaul-apt.log 2>&1 || { tail -20 /tmp/longhaul-apt.log >&2; echo "setup: error: could not install ${need[*]}" >&2; exit 1; }
+  exit 0
+fi
 
 PACKAGES=(
   build-essential cmake ninja-build pkg-config git
@@ -15,6 +33,7 @@ PACKAGES=(
   clang
   libcli11-dev libboost-filesystem-dev libsentencepiece-dev
   fortunes fortunes-min
+  python3-venv
   iproute2
   prometheus
 )
@@ -71,5 +90,20 @@ if [[ "$blas_target" != *openblas* ]]; then
     || die "could not select OpenBLAS as libblas.so.3 ($alt)"
   blas_target=$(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3)
   [[ "$blas_target" == *openblas* ]] || die "libblas.so.3 still points at $blas_target, not OpenBLAS"
+fi
+# The Hugging Face export test (tests/integration/hf_export_test.cc) loads exported models with
+# Python's transformers, from PyPI, in a virtual environment: .deps/venv (git-ignored). PyPI has no
+# CPU-only torch: its Linux wheel brings the CUDA libraries (about 3 GB, once). Skipped when the
+# pinned set is there (a stamp in the venv); LONGHAUL_NO_VENV=1 skips it (the test then skips too).
+VENV_REQS="torch==2.5.1 transformers==4.46.3 safetensors==0.4.5"
+venv="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/.deps/venv"
+if [[ "${LONGHAUL_NO_VENV:-0}" != 1 && "$(cat "$venv/.longhaul-reqs" 2>/dev/null)" != "$VENV_REQS" ]]; then
+  echo "setup: installing $VENV_REQS into $venv (from PyPI; log in /tmp/longhaul-venv.log)"
+  # A half-made environment must not look ready: the stamp is written last, and a failure removes it.
+  { [[ -x "$venv/bin/python" ]] || python3 -m venv "$venv"; } >/tmp/longhaul-venv.log 2>&1 &&
+    "$venv/bin/python" -m pip install -q $VENV_REQS >>/tmp/longhaul-venv.log 2>&1 ||
+    { tail -20 /tmp/longhaul-venv.log >&2; rm -rf "$venv"
+      die "could not install the Python packages of the export test (is PyPI reachable? LONGHAUL_NO_VENV=1 skips them)"; }
+  echo "$VENV_REQS" >"$venv/.longhaul-reqs"
 fi
 echo "setup: ok (BLAS: $blas_target)"

@@ -34,7 +34,8 @@ absl::StatusOr<std::unique_ptr<LinkSender>> LinkSender::Start(const SenderOption
     }
     st->stream = std::make_unique<LinkStream>(st->channel, StageLinkStreamMethod(),
                                               std::vector<std::pair<std::string, std::string>>{
-                                                  {kStripeMetadata, absl::StrCat(i, "/", n)}});
+                                                  {kStripeMetadata, absl::StrCat(i, "/", n)},
+                                                  {kAttemptMetadata, absl::StrCat(o.attempt)}});
     s->stripes_.push_back(std::move(st));
     s->encoded_.push_back(std::make_unique<common::BoundedQueue<Encoded>>(kEncodedAhead));
   }

@@ -73,6 +73,7 @@ struct SenderOptions {
   std::string target;  // host:port of the receiving worker
   std::string peer;    // for messages
   uint64_t job_id = 0;
+  int attempt = 0;  // the job's attempt, sent as kAttemptMetadata
   int from_stage = 0;
   // In-process link emulation (rate, delay, jitter, loss); unshaped by default. Its zero fields
   // mean what netem::LinkProfile says (a burst of about 1 ms of traffic, as tc tbf gets).

@@ -43,13 +43,25 @@ absl::StatusOr<std::pair<int, int>> StripeOf(const grpc::GenericCallbackServerCo
   return std::make_pair(stripe, stripes);
 }
 
+// The job attempt a call is for, from its kAttemptMetadata (absent: 0).
+absl::StatusOr<int> AttemptOf(const grpc::GenericCallbackServerContext& ctx) {
+  const auto m = ctx.client_metadata().find(kAttemptMetadata);
+  if (m == ctx.client_metadata().end()) return 0;
+  const std::string v(m->second.data(), m->second.size());
+  int attempt = 0;
+  if (!absl::SimpleAtoi(v, &attempt) || attempt < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("bad ", kAttemptMetadata, " metadata \"", v, "\""));
+  }
+  return attempt;
+}
+
 }  // namespace
 
 // One incoming StageLink stream (see link_service.h for its threads). Deletes itself in OnDone.
 class StageLinkService::Stream final : public grpc::ServerGenericBidiReactor {
  public:
-  Stream(grpc::GenericCallbackServerContext* ctx, const StageLinkService* svc, int stripe, int stripes)
-      : ctx_(ctx), svc_(svc), stripe_(stripe), stripes_(stripes), chunks_(kChunkQueueCapacity) {
+  Stream(grpc::GenericCallbackServerContext* ctx, const StageLinkService* svc, int stripe, int stripes, int attempt)
+      : ctx_(ctx), svc_(svc), stripe_(stripe), stripes_(stripes), attempt_(attempt), chunks_(kChunkQueueCapacity) {
     StartRead(&in_);  // held back by gRPC until the reactor is bound
     assembler_ = std::thread([this] {
       started_.WaitForNotification();  // assembler_ is assigned before anything can reach OnDone
@@ -126,7 +138,7 @@ class StageLinkService::Stream final : public grpc::ServerGenericBidiReactor {
     if (!first.ok()) return grpc::Status::OK;  // nothing was sent
     if (!first->error.ok()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, std::string(first->error.message()));
     const v1::TensorFrameChunk& h = first->chunk.header;
-    absl::StatusOr<std::shared_ptr<Inbox>> found = svc_->router_->Find(h.job_id(), h.from_stage(), absl::Seconds(30));
+    absl::StatusOr<std::shared_ptr<Inbox>> found = svc_->router_->Find(h.job_id(), attempt_, h.from_stage(), absl::Seconds(30));
     if (!found.ok()) {
       return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, std::string(found.status().message()));
     }
@@ -178,6 +190,7 @@ class StageLinkService::Stream final : public grpc::ServerGenericBidiReactor {
   grpc::GenericCallbackServerContext* const ctx_;
   const StageLinkService* const svc_;
   const int stripe_, stripes_;
+  const int attempt_;  // the job attempt the sender runs
   grpc::ByteBuffer in_;  // the read in flight
   ChunkQueue chunks_;
   std::optional<grpc::ByteBuffer> reject_ack_;  // assembler only; gRPC reads it until OnDone
@@ -201,7 +214,11 @@ grpc::ServerGenericBidiReactor* StageLinkService::CreateReactor(grpc::GenericCal
   if (!stripe.ok()) {
     return new RejectedCall(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, std::string(stripe.status().message())));
   }
-  return new Stream(ctx, this, stripe->first, stripe->second);
+  absl::StatusOr<int> attempt = AttemptOf(*ctx);
+  if (!attempt.ok()) {
+    return new RejectedCall(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, std::string(attempt.status().message())));
+  }
+  return new Stream(ctx, this, stripe->first, stripe->second, *attempt);
 }
 
 }  // namespace longhaul::worker

@@ -39,14 +39,15 @@
 
 namespace longhaul::worker {
 
-// Where the StageLink service delivers a link's frames: the worker maps (job, sending stage) to the
-// inbox of the stage it hosts. Find may wait up to `wait` for the job to be set up (a neighbour
-// can start sending before this worker has processed its own assignment). Called from the
-// streams' assembler threads.
+// Where the StageLink service delivers a link's frames: the worker maps (job, attempt, sending
+// stage) to the inbox of the stage it hosts. Find may wait up to `wait` for that attempt of the job
+// to be set up (a neighbour can start sending before this worker has processed its own assignment)
+// and fails at once for an attempt older than the one it runs. Called from the streams' assembler
+// threads.
 class InboxRouter {
  public:
   virtual ~InboxRouter() = default;
-  virtual absl::StatusOr<std::shared_ptr<Inbox>> Find(uint64_t job_id, int from_stage,
+  virtual absl::StatusOr<std::shared_ptr<Inbox>> Find(uint64_t job_id, int attempt, int from_stage,
                                                       absl::Duration wait) = 0;
 };
 

@@ -23,6 +23,9 @@ inline constexpr int64_t kChunkBytes = int64_t{1} << 20;
 // Each stream announces itself with the call metadata kStripeMetadata = "<index>/<count>".
 inline constexpr int kMaxStripes = 8;
 inline constexpr char kStripeMetadata[] = "longhaul-stripe";
+// Every stream names the job's attempt (StageAssignment.attempt, docs/recovery.md) in this call
+// metadata; absent means 0. A receiver running another attempt of the job refuses the stream.
+inline constexpr char kAttemptMetadata[] = "longhaul-attempt";
 
 // The one mapping between stage_runtime::MessageKind and the wire's v1::Direction.
 inline v1::Direction ToDirection(stage_runtime::MessageKind k) {

@@ -1,9 +1,11 @@
 // longhaul-worker: the worker daemon. Hosts a pipeline stage when the coordinator assigns one.
+#include <algorithm>
 #include <cstdio>
 #include <thread>
 
 #include <torch/torch.h>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/allocator.h"
 #include "common/flags.h"
@@ -34,6 +36,11 @@ int main(int argc, char** argv) {
   app.add_option("--device", o.device, "where the stage computes: cpu, cuda or cuda:N")->type_name("DEV");
   app.add_option("--data-dir", o.data_dir, "checkpoints and job files")->type_name("DIR");
   app.add_option("--threads", threads, "LibTorch intra-op threads (0: all cores)")->type_name("N");
+  double replica_gib = static_cast<double>(o.replica_max_bytes) / (int64_t{1} << 30);
+  app.add_option("--replica-max-gib", replica_gib,
+                 "largest stage checkpoint this worker keeps a copy of for another worker, or fetches to\n"
+                 "restore a stage (docs/recovery.md)")
+      ->type_name("GIB");
   o.metrics_listen = "0.0.0.0:9465";
   CLI::Option* metrics_flag =
       app.add_option("--metrics-listen", o.metrics_listen,
@@ -41,12 +48,42 @@ int main(int argc, char** argv) {
                      "none: off. Port 0 picks a free one; the default port, if taken (several workers on\n"
                      "one host), falls back to a free one")
           ->type_name("HOST:PORT|none");
+  // Link measurement for placement (worker/link_prober.h, docs/placement.md).
+  app.add_option("--probe-listen", o.probe_listen,
+                 "link probe sink the other workers measure their links to this one with (empty: the\n"
+                 "--listen host, a free port); none: no sink and no probing")
+      ->type_name("HOST:PORT|none");
+  double probe_mib = static_cast<double>(o.probe.max_probe_bytes) / (1 << 20);
+  double budget_mib = static_cast<double>(o.probe.budget_bytes_per_hour) / (1 << 20);
+  std::string probe_interval = "10m";
+  app.add_option("--probe-mib", probe_mib,
+                 "most MiB one link probe sends (probes are sized to last ~0.5 s at the last measured\n"
+                 "rate); this worker's sink refuses larger ones")
+      ->type_name("MIB");
+  app.add_option("--probe-budget-mib", budget_mib, "most MiB all link probes send per hour (0: no probing)")
+      ->type_name("MIB");
+  app.add_option("--probe-interval", probe_interval, "re-measure each link this often (e.g. 10m, 90s)")
+      ->type_name("DURATION");
   if (std::optional<int> rc = longhaul::common::ParseFlags(app, argc, argv)) return *rc;
   o.metrics_fallback = metrics_flag->count() == 0;
+  if (!(probe_mib > 0) || probe_mib > 1024) return longhaul::common::FlagError(app, "--probe-mib must be in (0, 1024]");
+  if (!(budget_mib >= 0)) return longhaul::common::FlagError(app, "--probe-budget-mib must not be negative");
+  o.probe.max_probe_bytes = static_cast<int64_t>(probe_mib * (1 << 20));
+  o.probe.min_probe_bytes = std::min(o.probe.min_probe_bytes, o.probe.max_probe_bytes);
+  o.probe.budget_bytes_per_hour = static_cast<int64_t>(budget_mib * (1 << 20));
+  double interval_s = 0;
+  if (absl::SimpleAtod(probe_interval, &interval_s)) {
+    o.probe.interval = absl::Seconds(interval_s);
+  } else if (!absl::ParseDuration(probe_interval, &o.probe.interval)) {
+    return longhaul::common::FlagError(app, "--probe-interval: \"" + probe_interval + "\" is not a duration (e.g. 10m)");
+  }
+  if (o.probe.interval < absl::Seconds(1)) return longhaul::common::FlagError(app, "--probe-interval must be at least 1s");
   if (absl::StatusOr<torch::Device> d = longhaul::stage_runtime::ParseDevice(o.device); !d.ok()) {
     return longhaul::common::FlagError(app, "--device=" + o.device + ": " + std::string(d.status().message()));
   }
   if (threads < 0) return longhaul::common::FlagError(app, "--threads needs a non-negative integer");
+  if (!(replica_gib > 0)) return longhaul::common::FlagError(app, "--replica-max-gib must be positive");
+  o.replica_max_bytes = static_cast<int64_t>(replica_gib * static_cast<double>(int64_t{1} << 30));
   longhaul::common::TuneAllocatorForLargeFrames();
   if (threads > 0) {
     torch::set_num_threads(static_cast<int>(threads));

@@ -2,8 +2,12 @@
 
 #include <filesystem>
 
+#include <unistd.h>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/log.h"
 #include "stage_runtime/data.h"
 #include "worker/link_settings.h"
 
@@ -52,7 +56,28 @@ std::string PeerName(const v1::StagePeer& p, int stage) {
   return absl::StrCat("stage ", stage, " (worker ", p.name(), " at ", p.address(), ")");
 }
 
+// Whether a stage that stopped with `s` may succeed when the job is restarted: it was cancelled or
+// a link or neighbour went away (docs/recovery.md). Anything else is the stage's own error (its
+// data, its checkpoint, its device) and would only happen again.
+bool Retryable(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kCancelled:
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kDeadlineExceeded:
+    case absl::StatusCode::kAborted:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool Exists(const std::string& path) { return ::access(path.c_str(), R_OK) == 0; }
+
 }  // namespace
+
+std::string StageRunner::CheckpointDir(const v1::JobSpec& spec, const std::string& data_dir, uint64_t job_id) {
+  return spec.checkpoint_dir().empty() ? absl::StrCat(data_dir, "/jobs/", job_id) : spec.checkpoint_dir();
+}
 
 StageRunner::StageRunner(v1::StageAssignment assignment, std::string data_dir, torch::Device device,
                          ProgressFn progress, WorkerMetrics* metrics)
@@ -89,13 +114,14 @@ absl::Status StageRunner::Cancelled() {
   return cancelled_;
 }
 
-void StageRunner::Cancel(absl::Status why) {
+bool StageRunner::Cancel(absl::Status why) {
   absl::MutexLock l(&mu_);
-  if (!cancelled_.ok()) return;
+  if (!cancelled_.ok()) return false;
   cancelled_ = why.ok() ? absl::CancelledError("cancelled") : why;
   if (from_prev_) from_prev_->Cancel(cancelled_);
   if (from_next_) from_next_->Cancel(cancelled_);
   if (live_loop_ != nullptr) live_loop_->Cancel(cancelled_);
+  return true;
 }
 
 absl::StatusOr<std::unique_ptr<GrpcLink>> StageRunner::Connect(bool forward, const codec::Codec* codec) {
@@ -109,6 +135,7 @@ absl::StatusOr<std::unique_ptr<GrpcLink>> StageRunner::Connect(bool forward, con
   so.target = peer.address();
   so.peer = PeerName(peer, a_.stage() + (forward ? 1 : -1));
   so.job_id = a_.job_id();
+  so.attempt = a_.attempt();
   so.from_stage = a_.stage();
   so.profile = ls->profile;
   (forward ? fwd_rate_ : bwd_rate_) = ls->profile.rate_bytes_per_s;
@@ -138,12 +165,20 @@ absl::Status StageRunner::Setup() {
   if (!e.ok()) return e.status();
   exec_ = std::move(*e);
 
-  const std::string ckdir = spec.checkpoint_dir().empty() ? absl::StrCat(data_dir_, "/jobs/", a_.job_id())
-                                                          : spec.checkpoint_dir();
+  const std::string ckdir = CheckpointDir(spec, data_dir_, a_.job_id());
   std::error_code ec;
   std::filesystem::create_directories(ckdir, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create checkpoint dir ", ckdir, ": ", ec.message()));
+  checkpoint_dir_ = ckdir;
   checkpoint_path_ = stage_runtime::StageCheckpointPath(ckdir, a_.stage());
+  if (a_.restore_step() > 0) {
+    if (absl::Status s = Restore(ckdir); !s.ok()) return s;
+  }
+  if (a_.has_replica() && !a_.replica().address().empty()) {
+    replicator_ = std::make_unique<CheckpointReplicator>(
+        CheckpointReplicator::Target{a_.replica().worker_id(), a_.replica().name(), a_.replica().address()},
+        a_.job_id(), a_.stage(), a_.attempt(), replicated_);
+  }
 
   absl::StatusOr<std::unique_ptr<codec::Codec>> fc = codec::MakeCodec(opt_.forward_codec);
   if (!fc.ok()) return fc.status();
@@ -183,6 +218,56 @@ absl::Status StageRunner::Setup() {
   return absl::OkStatus();
 }
 
+absl::Status StageRunner::Restore(const std::string& dir) {
+  const int64_t step = a_.restore_step();
+  const int stage = a_.stage();
+  const std::string who = absl::StrCat("job ", a_.job_id(), " stage ", stage);
+  std::string path = StepCheckpointPath(dir, stage, step);
+  if (!Exists(path)) path = ReplicaPath(data_dir_, a_.job_id(), stage, step);
+  if (!Exists(path)) {
+    // Fetched next to the stage's own checkpoints, so this worker holds it from now on.
+    const std::string dest = StepCheckpointPath(dir, stage, step);
+    std::vector<std::string> tried = {absl::StrCat("not in ", dir, " or ", ReplicaDir(data_dir_, a_.job_id()))};
+    bool unreachable_only = true;
+    path.clear();
+    for (const v1::StagePeer& src : a_.restore_from()) {
+      if (absl::Status c = Cancelled(); !c.ok()) return c;
+      const absl::Time t0 = absl::Now();
+      absl::StatusOr<int64_t> n = FetchCheckpoint(src.address(), a_.job_id(), stage, step, dest, fetch_limit_);
+      if (n.ok()) {
+        common::Log(who, absl::StrCat("fetched the checkpoint of step ", step, " (", *n, " bytes) from worker ",
+                                      src.name(), " in ", absl::FormatDuration(absl::Now() - t0)));
+        path = dest;
+        break;
+      }
+      unreachable_only &= Retryable(n.status());
+      tried.push_back(absl::StrCat("worker ", src.name(), " (", src.address(), "): ", n.status().message()));
+    }
+    if (path.empty()) {
+      const std::string msg = absl::StrCat("no copy of stage ", stage, "'s checkpoint of step ", step,
+                                           " could be had: ", absl::StrJoin(tried, "; "));
+      // Holders that could not be reached may be back (or replaced) at the next attempt.
+      return unreachable_only && a_.restore_from_size() > 0 ? absl::UnavailableError(msg)
+                                                            : absl::FailedPreconditionError(msg);
+    }
+  }
+  if (absl::Status s = exec_->LoadCheckpoint(path); !s.ok()) return s;
+  if (exec_->step() != step) {
+    return absl::DataLossError(absl::StrCat("checkpoint ", path, " holds step ", exec_->step(), ", not ", step));
+  }
+  common::Log(who, absl::StrCat("restored step ", step, " from ", path));
+  return absl::OkStatus();
+}
+
+void StageRunner::KeepCheckpoint(int64_t step) {
+  if (absl::Status s = KeepStepFile(checkpoint_path_, checkpoint_dir_, a_.stage(), step); !s.ok()) {
+    common::Log(absl::StrCat("job ", a_.job_id(), " stage ", a_.stage()), std::string(s.message()));
+    return;
+  }
+  PruneStepFiles(checkpoint_dir_, a_.stage(), floor_.load());
+  if (replicator_) replicator_->Enqueue(step, StepCheckpointPath(checkpoint_dir_, a_.stage(), step));
+}
+
 v1::StepProgress StageRunner::Progress(const stage_runtime::StepResult& r, absl::Duration took,
                                       StageStepSample* sample) {
   v1::StepProgress p;
@@ -191,7 +276,10 @@ v1::StepProgress StageRunner::Progress(const stage_runtime::StepResult& r, absl:
   p.set_step(r.step + 1);
   p.set_loss(r.loss);
   p.set_grad_norm(r.grad_norm);
-  p.set_step_seconds(absl::ToDoubleSeconds(took));
+  p.set_step_seconds(absl::ToDoubleSeconds(took - r.checkpoint_time));
+  p.set_checkpoint_seconds(absl::ToDoubleSeconds(r.checkpoint_time));
+  p.set_checkpointed(r.checkpointed);
+  p.set_attempt(a_.attempt());
   p.set_tokens(int64_t{opt_.micro_batches} * opt_.micro_batch_size * opt_.model.context);
   int64_t wire = 0, raw = 0;
   double send_wait = 0;
@@ -243,6 +331,7 @@ absl::Status StageRunner::RunSteps() {
     }
     absl::StatusOr<stage_runtime::StepResult> r = loop_->Step(batches);
     if (!r.ok()) return r.status();
+    if (r->checkpointed) KeepCheckpoint(exec_->step());
     StageStepSample sample;
     const v1::StepProgress p = Progress(*r, absl::Now() - t0, &sample);
     if (metrics_ != nullptr) metrics_->RecordStep(sample);
@@ -255,6 +344,7 @@ v1::JobFinished StageRunner::Run() {
   v1::JobFinished r;
   r.set_job_id(a_.job_id());
   r.set_stage(a_.stage());
+  r.set_attempt(a_.attempt());
   absl::Status st = Setup();
   if (st.ok()) st = RunSteps();
   {
@@ -264,11 +354,13 @@ v1::JobFinished StageRunner::Run() {
     live_loop_ = nullptr;
   }
   loop_.reset();
+  replicator_.reset();  // a copy in flight is moot once the stage stopped
   prev_.reset();  // joins the senders' threads
   next_.reset();
   if (from_prev_) from_prev_->Cancel(absl::CancelledError("job over"));
   if (from_next_) from_next_->Cancel(absl::CancelledError("job over"));
   r.set_ok(st.ok());
+  r.set_retryable(!st.ok() && Retryable(st));
   if (!st.ok()) r.set_error(absl::StrCat("stage ", a_.stage(), ": ", st.message()));
   r.set_checkpoint_path(checkpoint_path_);
   return r;

@@ -3,11 +3,19 @@
 // to each neighbour — and drives the stage runtime's StageLoop (stage_runtime/stage_loop.h, the
 // same step loop the in-process pipeline runs) step after step, reporting progress after each.
 //
+// Recovery (docs/recovery.md): an assignment with a restore_step loads the stage's checkpoint of
+// that step before training — from this worker's own checkpoint directory, its replicas, or
+// fetched from the workers the assignment names (checkpoint_store.h). Every checkpoint written is
+// also kept under its step's name and, when the assignment names a replica worker, copied there
+// in the background; step files older than the coordinator's floor (SetFloor) are deleted.
+//
 // Threading: Run() is the stage's compute thread and owns the executor, the loop and the links.
-// Cancel() and InboxFrom() may be called from any thread.
+// Cancel(), SetFloor() and InboxFrom() may be called from any thread; the replicator copies on a
+// thread of its own and calls the replication callback there.
 #ifndef LONGHAUL_WORKER_STAGE_RUNNER_H_
 #define LONGHAUL_WORKER_STAGE_RUNNER_H_
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -18,6 +26,7 @@
 #include "longhaul/v1/control_plane.pb.h"
 #include "stage_runtime/executor.h"
 #include "stage_runtime/stage_loop.h"
+#include "worker/checkpoint_store.h"
 #include "worker/grpc_link.h"
 #include "worker/inbox.h"
 #include "worker/worker_metrics.h"
@@ -31,6 +40,7 @@ absl::StatusOr<stage_runtime::PipelineOptions> ToPipelineOptions(const v1::JobSp
 class StageRunner {
  public:
   using ProgressFn = std::function<void(const v1::StepProgress&)>;
+  using ReplicatedFn = std::function<void(const v1::CheckpointReplicated&)>;
 
   // `data_dir` is the worker's data directory (checkpoints go under it unless the spec names one);
   // `device` where the stage computes.
@@ -39,20 +49,37 @@ class StageRunner {
               WorkerMetrics* metrics = nullptr);
   ~StageRunner();
 
+  // Where a job's stages keep their checkpoints on a worker: the spec's checkpoint dir, else
+  // <data_dir>/jobs/<job id>.
+  static std::string CheckpointDir(const v1::JobSpec& spec, const std::string& data_dir, uint64_t job_id);
+
+  // Called with the outcome of each checkpoint copy to the replica worker (before Run).
+  void OnReplicated(ReplicatedFn fn) { replicated_ = std::move(fn); }
+  // The job's checkpoint floor (CheckpointFloor): older step files may go. Any thread.
+  void SetFloor(int64_t step) { floor_.store(step); }
+  // Largest checkpoint fetched from another worker when restoring.
+  void SetFetchLimit(int64_t bytes) { fetch_limit_ = bytes; }
+
   // The inbox for frames sent by `from_stage`, or an error if that stage is not a neighbour.
   absl::StatusOr<std::shared_ptr<Inbox>> InboxFrom(int from_stage);
 
   // Runs the whole job on the calling thread; the result says how it ended.
   v1::JobFinished Run();
 
-  // Makes Run() stop at its next wait (and tears the links down). Any thread.
-  void Cancel(absl::Status why);
+  // Makes Run() stop at its next wait (and tears the links down). Any thread. False when it had
+  // been cancelled already.
+  bool Cancel(absl::Status why);
 
   uint64_t job_id() const { return a_.job_id(); }
   int stage() const { return a_.stage(); }
+  int attempt() const { return a_.attempt(); }
 
  private:
   absl::Status Setup();
+  // Loads the checkpoint of a_.restore_step() into the executor (see the top of this file).
+  absl::Status Restore(const std::string& dir);
+  // After a step that wrote a checkpoint: keep it under its step's name, prune, copy it.
+  void KeepCheckpoint(int64_t step);
   absl::Status RunSteps();
   // The link to the next (forward) or previous stage: a sender to it and the inbox from it.
   absl::StatusOr<std::unique_ptr<GrpcLink>> Connect(bool forward, const codec::Codec* codec);
@@ -76,7 +103,11 @@ class StageRunner {
   std::unique_ptr<stage_runtime::Dataset> data_;
   std::unique_ptr<GrpcLink> prev_, next_;  // null at the ends
   std::unique_ptr<stage_runtime::StageLoop> loop_;
-  std::string checkpoint_path_;
+  std::string checkpoint_dir_, checkpoint_path_;
+  ReplicatedFn replicated_;
+  std::atomic<int64_t> floor_{0};
+  int64_t fetch_limit_ = int64_t{64} << 30;
+  std::unique_ptr<CheckpointReplicator> replicator_;  // null when not copied
   // Error samples of the forward link already reported (progress carries the mean since then).
   int64_t reported_error_samples_ = 0;
   double reported_error_sum_ = 0;

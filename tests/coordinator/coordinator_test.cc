@@ -63,9 +63,9 @@ class CoordinatorTest : public ::testing::Test {
     EXPECT_TRUE(svc_->GetJob(nullptr, &req, &st).ok());
     return st;
   }
-  uint64_t Submit(int stages, const std::string& name = "job") {
+  uint64_t Submit(int stages, const std::string& name = "job", const std::string& extra = "") {
     v1::SubmitJobRequest req;
-    req.set_spec_yaml(absl::StrCat("name: ", name, "\nstages: ", stages, "\nmodel: {layers: 4}\nsteps: 5\n"));
+    req.set_spec_yaml(absl::StrCat("name: ", name, "\nstages: ", stages, "\nmodel: {layers: 4}\nsteps: 5\n", extra));
     v1::SubmitJobResponse resp;
     EXPECT_TRUE(svc_->SubmitJob(nullptr, &req, &resp).ok());
     return resp.job_id();
@@ -126,7 +126,8 @@ TEST_F(CoordinatorTest, JobsWaitForWorkersAndCanBeCancelled) {
   EXPECT_EQ(svc_->CancelJob(nullptr, &c, &cr).error_code(), grpc::StatusCode::NOT_FOUND);
 }
 
-TEST_F(CoordinatorTest, RestartKeepsJobsAndFailsTheOnesThatWereRunning) {
+// Running jobs wait for their workers to come back (coordinator_recovery_test.cc has the rest).
+TEST_F(CoordinatorTest, RestartKeepsJobsAndTheOnesThatWereRunningWaitForTheirWorkers) {
   v1::SubmitJobRequest req;
   req.set_spec_yaml("name: kept\nsteps: 5\n");
   v1::SubmitJobResponse pending;
@@ -140,6 +141,12 @@ TEST_F(CoordinatorTest, RestartKeepsJobsAndFailsTheOnesThatWereRunning) {
     running.set_job_id(50);
     running.set_name("was-running");
     running.set_state(v1::JOB_STATE_RUNNING);
+    running.mutable_spec()->set_stages(1);
+    running.mutable_spec()->mutable_recovery()->set_max_restarts(1);
+    running.mutable_spec()->mutable_recovery()->set_wait_seconds(0);
+    v1::StagePlacement* p = running.add_stages();
+    p->set_worker_id(1);
+    p->set_worker_name("w0");
     ASSERT_TRUE((*store)->PutJob(running).ok());
   }
   Open();
@@ -147,9 +154,15 @@ TEST_F(CoordinatorTest, RestartKeepsJobsAndFailsTheOnesThatWereRunning) {
   EXPECT_EQ(Job(pending.job_id()).name(), "kept");
   // Still queued, and it says why: every worker is dead until it registers again.
   EXPECT_EQ(Job(pending.job_id()).pending_reason(), "needs 4 workers, only 0 live (waiting for more workers to register)");
+  EXPECT_EQ(Job(50).state(), v1::JOB_STATE_RUNNING);
+  // w0 does not come back within the grace (30 s by default); without a spare (recovery.wait 0)
+  // the job fails, naming it.
+  clock_.Advance(absl::Seconds(31));
+  svc_->CheckHeartbeats();
   const v1::JobStatus r = Job(50);
   EXPECT_EQ(r.state(), v1::JOB_STATE_FAILED);
-  EXPECT_NE(r.error().find("coordinator restarted"), std::string::npos);
+  EXPECT_NE(r.error().find("worker(s) w0 did not come back within 30s of the coordinator's restart"), std::string::npos)
+      << r.error();
   ASSERT_EQ(Workers().size(), 1u);
   EXPECT_EQ(Workers()[0].state(), v1::WORKER_STATE_DEAD);
   // New ids continue after the persisted ones.
@@ -281,6 +294,19 @@ class FakeWorker {
     mu_.AwaitWithTimeout(absl::Condition(&arrived), absl::Seconds(10));
     return last();
   }
+  // Reports a completed step of its (single-stage) job, and waits until the coordinator has it.
+  void Progress(uint64_t job, int64_t step, int64_t tokens, double checkpoint_seconds = 0) {
+    v1::WorkerMessage m;
+    m.set_worker_id(id_);
+    v1::StepProgress* p = m.mutable_progress();
+    p->set_job_id(job);
+    p->set_step(step);
+    p->set_tokens(tokens);
+    p->set_step_seconds(1);
+    p->set_checkpoint_seconds(checkpoint_seconds);
+    ASSERT_TRUE(stream_->Write(m));
+    Ping();
+  }
   // Reports its stage of `job` done, and waits until the coordinator has taken that in.
   void Finish(uint64_t job) {
     v1::WorkerMessage m;
@@ -342,6 +368,25 @@ class SchedulingTest : public CoordinatorTest {
   std::unique_ptr<v1::Coordinator::Stub> stub_;
   std::vector<std::unique_ptr<FakeWorker>> workers_;
 };
+
+// tokens/s is the steady state: from the first step's report on, checkpoint writes left out.
+TEST_F(SchedulingTest, ThroughputLeavesOutStartUpAndCheckpointWrites) {
+  FakeWorker& a = AddWorker("a");
+  const uint64_t job = Submit(1, "timed");
+  ASSERT_EQ(a.assigned(job), job);
+  clock_.Advance(absl::Seconds(30));  // start-up: not counted
+  a.Progress(job, 1, 1000);
+  clock_.Advance(absl::Seconds(2));
+  a.Progress(job, 2, 1000);
+  EXPECT_DOUBLE_EQ(Job(job).tokens_per_s(), 500);
+  // Step 3 took 2 s of training and wrote a 6 s checkpoint.
+  clock_.Advance(absl::Seconds(8));
+  a.Progress(job, 3, 1000, 6.0);
+  EXPECT_DOUBLE_EQ(Job(job).tokens_per_s(), 500);
+  clock_.Advance(absl::Seconds(1));
+  a.Progress(job, 4, 1000);
+  EXPECT_DOUBLE_EQ(Job(job).tokens_per_s(), 600);  // 3000 tokens in 5 s of training
+}
 
 TEST_F(SchedulingTest, ABigJobDoesNotHoldBackSmallerOnes) {
   FakeWorker& a = AddWorker("a");
@@ -408,9 +453,10 @@ TEST_F(SchedulingTest, AReservationStartsWhenItsWorkersFree) {
   EXPECT_EQ(Job(single).pending_reason(), "waiting for 1 idle worker, 0 idle");
 }
 
+// Without a spare and with recovery.wait 0 (coordinator_recovery_test.cc has the recoveries).
 TEST_F(SchedulingTest, ADeadWorkersJobFailsNamingItAndTheSilence) {
   AddWorker("a");
-  const uint64_t job = Submit(1);
+  const uint64_t job = Submit(1, "job", "recovery: {wait: 0}\n");
   ASSERT_EQ(Job(job).state(), v1::JOB_STATE_RUNNING);
   clock_.Advance(absl::Seconds(11));
   svc_->CheckHeartbeats();
@@ -422,12 +468,12 @@ TEST_F(SchedulingTest, ADeadWorkersJobFailsNamingItAndTheSilence) {
 
 TEST_F(SchedulingTest, AClosedSessionFailsTheJobSayingWhenTheWorkerWasLastHeardFrom) {
   AddWorker("a");
-  const uint64_t job = Submit(1);
+  const uint64_t job = Submit(1, "job", "recovery: {wait: 0}\n");
   ASSERT_EQ(Job(job).state(), v1::JOB_STATE_RUNNING);
   clock_.Advance(absl::Milliseconds(1500));
   workers_.clear();  // cancels its stream
   v1::JobStatus st;
-  for (int i = 0; i < 200 && (st = Job(job)).state() == v1::JOB_STATE_RUNNING; ++i) absl::SleepFor(absl::Milliseconds(10));
+  for (int i = 0; i < 200 && !IsTerminal((st = Job(job)).state()); ++i) absl::SleepFor(absl::Milliseconds(10));
   EXPECT_EQ(st.state(), v1::JOB_STATE_FAILED);
   EXPECT_NE(st.error().find("worker a (id "), std::string::npos) << st.error();
   EXPECT_NE(st.error().find("session closed"), std::string::npos) << st.error();

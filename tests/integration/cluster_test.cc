@@ -122,10 +122,11 @@ TEST_F(ClusterTest, InvalidSpecIsRejectedWithEveryReason) {
   EXPECT_EQ(jobs.find("it "), std::string::npos) << jobs;
 }
 
+// Without a spare and with recovery.wait 0 (docs/recovery.md; recovery_test.cc has the rest).
 TEST_F(ClusterTest, KilledWorkerFailsJobNamingItAndLeavesOthersHealthy) {
   ASSERT_TRUE(c_.StartCoordinator().ok());
   ASSERT_TRUE(c_.StartWorkers(4).ok());
-  absl::StatusOr<uint64_t> job = c_.Submit(Spec("tahquant", "int8", 100000));
+  absl::StatusOr<uint64_t> job = c_.Submit(Spec("tahquant", "int8", 100000) + "recovery: {wait: 0}\n");
   ASSERT_TRUE(job.ok()) << job.status();
   ASSERT_TRUE(c_.WaitForStep(*job, 3, absl::Minutes(2)).ok());
   absl::StatusOr<std::string> victim = c_.WorkerOf(*job, 2);

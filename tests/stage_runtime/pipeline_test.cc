@@ -137,7 +137,8 @@ class MalformedCheckpoint : public ::testing::Test {
   void SetUp() override {
     o_ = Small(2, Schedule::kGPipe);
     p_ = Make(o_);
-    dir_ = ::testing::TempDir() + "/lh_ckpt_bad";
+    // One directory per test: ctest runs this fixture's tests as parallel processes.
+    dir_ = ::testing::TempDir() + "/lh_ckpt_bad-" + ::testing::UnitTest::GetInstance()->current_test_info()->name();
     ASSERT_TRUE(p_->SaveCheckpoint(dir_).ok());
     path_ = dir_ + "/stage-0.safetensors";
     std::ifstream in(path_, std::ios::binary);
@@ -174,7 +175,9 @@ TEST_F(MalformedCheckpoint, WrongHeader) {
 }
 
 TEST_F(MalformedCheckpoint, ShapeMismatch) {
-  TensorFile f = *ReadSafetensors(path_);
+  absl::StatusOr<TensorFile> read = ReadSafetensors(path_);
+  ASSERT_TRUE(read.ok()) << read.status();
+  TensorFile f = *std::move(read);
   f.tensors["wte.weight"] = torch::zeros({3, 3});
   ASSERT_TRUE(WriteSafetensors(path_, f).ok());
   ExpectError("wte.weight has shape");

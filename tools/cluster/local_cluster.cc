@@ -169,6 +169,12 @@ absl::Status Cluster::RestartCoordinator() {
   return StartCoordinator();
 }
 
+absl::Status Cluster::KillCoordinator() {
+  coordinator_->Signal(SIGKILL);
+  if (coordinator_->Wait(absl::Seconds(10)) < 0) return absl::InternalError("the coordinator did not die");
+  return absl::OkStatus();
+}
+
 absl::Status Cluster::StartWorkers(int n) {
   const size_t before = workers_.size();
   for (int i = 0; i < n; ++i) {
@@ -183,7 +189,23 @@ absl::Status Cluster::StartWorkers(int n) {
     if (!p.ok()) return p.status();
     workers_[name] = std::move(*p);
   }
-  return WaitForIdleWorkers(static_cast<int>(workers_.size()), absl::Seconds(60));
+  // Each new worker registered and alive (a pending or recovering job may take it at once).
+  const absl::Time end = absl::Now() + absl::Seconds(60);
+  for (;;) {
+    absl::StatusOr<std::vector<v1::WorkerStatus>> ws = Workers();
+    size_t up = 0;
+    if (ws.ok()) {
+      for (const auto& w : *ws) {
+        const std::string& name = w.info().name();
+        const bool mine = name.size() > 1 && name[0] == 'w' &&
+                          static_cast<size_t>(std::atoi(name.c_str() + 1)) >= before && workers_.count(name);
+        up += mine && w.state() != v1::WORKER_STATE_DEAD;
+      }
+      if (up >= static_cast<size_t>(n)) return absl::OkStatus();
+    }
+    if (absl::Now() > end) return absl::DeadlineExceededError(absl::StrCat("only ", up, " of ", n, " workers registered"));
+    absl::SleepFor(absl::Milliseconds(100));
+  }
 }
 
 absl::Status Cluster::WaitForIdleWorkers(int n, absl::Duration timeout) {

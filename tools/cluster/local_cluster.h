@@ -76,7 +76,10 @@ class Cluster {
   absl::Status StartCoordinator();
   // Stops (SIGTERM) and restarts the coordinator on the same state file; returns the new address.
   absl::Status RestartCoordinator();
-  // Starts workers named w<i> and waits until all are registered and idle.
+  // SIGKILLs the coordinator (StartCoordinator starts it again on the same address and state file).
+  absl::Status KillCoordinator();
+  // Starts workers named w<i> (numbered on from those started before) and waits until each has
+  // registered (idle, or already given a stage).
   absl::Status StartWorkers(int n);
   absl::Status WaitForIdleWorkers(int n, absl::Duration timeout);
 

@@ -1,0 +1,328 @@
+// The placement's cost model and solvers (coordinator/placement.h) and the job spec's view for
+// them (coordinator/job_cost.h): the formula on hand-computed cases, the exact solver against brute
+// force on random instances, the heuristic against the naive order and the exact optimum, a
+// two-region topology whose plan avoids the slow link, and a 64-worker instance solved in time.
+#include "coordinator/placement.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <numeric>
+#include <random>
+
+#include <gtest/gtest.h>
+
+#include "absl/time/clock.h"
+#include "coordinator/job_cost.h"
+#include "coordinator/job_spec.h"
+
+namespace longhaul::coordinator::placement {
+namespace {
+
+Cluster Uniform(int n, double flops, Link l) {
+  Cluster c;
+  c.flops_per_s.assign(n, flops);
+  c.links.assign(n, std::vector<Link>(n, l));
+  return c;
+}
+
+JobShape Shape(int stages, int micro_batches, double flops_per_stage, double act, double grad) {
+  JobShape j;
+  j.stages = stages;
+  j.micro_batches = micro_batches;
+  j.stage_flops.assign(stages, flops_per_stage);
+  j.activation_bytes = act;
+  j.gradient_bytes = grad;
+  j.stage_grad_bytes.assign(stages, 0);
+  return j;
+}
+
+// Random heterogeneous workers and asymmetric links: bandwidth log-uniform over 10 Mbit/s..10
+// Gbit/s, latency 0.1..50 ms, compute 10..200 GFLOP/s.
+struct Instance {
+  JobShape job;
+  Cluster cluster;
+};
+Instance Random(std::mt19937_64& rng, int n, int stages, int replicas = 1) {
+  std::uniform_real_distribution<double> u(0, 1);
+  Instance in;
+  in.job = Shape(stages, 1 + static_cast<int>(rng() % 8), 0, 0, 0);
+  in.job.replicas = replicas;
+  for (double& f : in.job.stage_flops) f = (0.5 + u(rng)) * 2e9;
+  in.job.activation_bytes = (0.2 + u(rng)) * 4e6;
+  in.job.gradient_bytes = in.job.activation_bytes * (0.3 + u(rng));
+  for (double& g : in.job.stage_grad_bytes) g = (0.5 + u(rng)) * 4e7;
+  in.cluster.flops_per_s.resize(n);
+  for (double& f : in.cluster.flops_per_s) f = (10 + 190 * u(rng)) * 1e9;
+  in.cluster.links.assign(n, std::vector<Link>(n));
+  for (int i = 0; i < n; ++i) {
+    for (int j = 0; j < n; ++j) {
+      in.cluster.links[i][j] = {(0.1 + 49.9 * u(rng)) * 1e-3, std::pow(10.0, 7 + 3 * u(rng)) / 8};
+    }
+  }
+  return in;
+}
+
+// Every ordered choice of job.workers() of the cluster's workers, no pruning, no symmetry.
+Cost BruteForce(const JobShape& job, const Cluster& c) {
+  Cost best;
+  best.step_s = std::numeric_limits<double>::infinity();
+  Placement p;
+  std::vector<char> used(c.size(), 0);
+  std::function<void()> rec = [&] {
+    if (static_cast<int>(p.size()) == job.workers()) {
+      const Cost x = Evaluate(job, c, p);
+      if (x.step_s < best.step_s) best = x;
+      return;
+    }
+    for (int w = 0; w < c.size(); ++w) {
+      if (used[w]) continue;
+      used[w] = 1;
+      p.push_back(w);
+      rec();
+      p.pop_back();
+      used[w] = 0;
+    }
+  };
+  rec();
+  return best;
+}
+
+bool Valid(const Placement& p, int k, int n) {
+  std::vector<char> seen(n, 0);
+  for (int w : p) {
+    if (w < 0 || w >= n || seen[w]) return false;
+    seen[w] = 1;
+  }
+  return static_cast<int>(p.size()) == k;
+}
+
+TEST(CostModelTest, ComputeBoundPipelineIsMPlusSMinusOneStages) {
+  // 4 stages of 1 GFLOP on 10 GFLOP/s workers (0.1 s), free links: (M + S - 1) x 0.1 s.
+  const JobShape job = Shape(4, 8, 1e9, 0, 0);
+  const Cluster c = Uniform(4, 1e10, {0, 1e12});
+  const Cost x = Evaluate(job, c, NaivePlacement(job));
+  EXPECT_NEAR(x.step_s, (8 + 4 - 1) * 0.1, 1e-9);
+  EXPECT_EQ(x.limit, Cost::Limit::kCompute);
+}
+
+TEST(CostModelTest, TheSlowestLinkSetsThePeriodAndLatencyIsPaidOnceInTheFill) {
+  // 3 stages, compute 10 ms each; links 1 ms one way; 1 MB of activations, 0.5 MB of gradients;
+  // link 0->1 at 100 MB/s (10 ms forward), link 1->2 at 10 MB/s (100 ms forward, 50 ms back).
+  JobShape job = Shape(3, 4, 1e8, 1e6, 5e5);
+  Cluster c = Uniform(3, 1e10, {1e-3, 1e8});
+  c.links[1][2] = {1e-3, 1e7};
+  c.links[2][1] = {1e-3, 1e7};
+  const Cost x = Evaluate(job, c, NaivePlacement(job));
+  EXPECT_NEAR(x.period_s, 0.1, 1e-12);  // the slow link's forward transfer, not a sum
+  EXPECT_EQ(x.limit, Cost::Limit::kLinkForward);
+  EXPECT_EQ(x.limit_stage, 1);
+  // Fill: 3 x 10 ms compute + link 0-1 (1 + 10 + 1 + 5 ms) + link 1-2 (1 + 100 + 1 + 50 ms); norm
+  // exchange: 4 x 1 ms.
+  const double fill = 0.030 + 0.017 + 0.152 + 0.004;
+  EXPECT_NEAR(x.fill_drain_s, fill, 1e-12);
+  EXPECT_NEAR(x.step_s, 3 * 0.1 + fill, 1e-12);
+}
+
+TEST(CostModelTest, DataParallelSyncFollowsDtFm) {
+  // 2 replicas x 1 stage: each member sends 2 (alpha + 8 c / (D beta)) to the other.
+  JobShape job = Shape(1, 1, 0, 0, 0);
+  job.replicas = 2;
+  job.stage_grad_bytes = {8e6};
+  const Cluster c = Uniform(2, 1e10, {0.01, 1e8});
+  const Cost x = Evaluate(job, c, NaivePlacement(job));
+  EXPECT_NEAR(x.dp_s, 2 * (0.01 + 8e6 / 2 / 1e8), 1e-12);
+  EXPECT_NEAR(x.step_s, x.dp_s, 1e-12);
+}
+
+TEST(CostModelTest, AnUnusableLinkCostsForever) {
+  const JobShape job = Shape(2, 2, 1e8, 1e6, 1e6);
+  Cluster c = Uniform(3, 1e10, {1e-3, 1e8});
+  c.links[0][1].bytes_per_s = 0;
+  EXPECT_TRUE(std::isinf(Evaluate(job, c, {0, 1}).step_s));
+  const Solution s = Solve(job, c);
+  EXPECT_TRUE(std::isfinite(s.cost.step_s));
+  EXPECT_NE(s.placement, (Placement{0, 1}));
+}
+
+TEST(SolverTest, ExactMatchesBruteForceOnRandomInstances) {
+  std::mt19937_64 rng(42);
+  for (int t = 0; t < 60; ++t) {
+    const int n = 2 + static_cast<int>(rng() % 7);  // 2..8 workers
+    const int replicas = n >= 4 && rng() % 4 == 0 ? 2 : 1;
+    const int stages = std::max(1, static_cast<int>(1 + rng() % std::min(n / replicas, 6)));
+    const Instance in = Random(rng, n, stages, replicas);
+    const Solution s = SolveExact(in.job, in.cluster);
+    ASSERT_TRUE(Valid(s.placement, in.job.workers(), n));
+    const Cost brute = BruteForce(in.job, in.cluster);
+    EXPECT_NEAR(s.cost.step_s, brute.step_s, 1e-9 * brute.step_s)
+        << "instance " << t << ": " << n << " workers, " << stages << " stages x " << replicas;
+    EXPECT_NEAR(Evaluate(in.job, in.cluster, s.placement).step_s, s.cost.step_s, 1e-12 * s.cost.step_s);
+  }
+}
+
+TEST(SolverTest, HeuristicIsNeverWorseThanNaiveAndCloseToTheOptimum) {
+  std::mt19937_64 rng(7);
+  double worst_ratio = 1;
+  for (int t = 0; t < 40; ++t) {
+    const int n = 3 + static_cast<int>(rng() % 6);  // 3..8 workers
+    const int stages = 2 + static_cast<int>(rng() % (n - 1));
+    const Instance in = Random(rng, n, stages);
+    SolveOptions o;
+    o.seed = static_cast<uint64_t>(t);
+    const Solution h = SolveHeuristic(in.job, in.cluster, o);
+    ASSERT_TRUE(Valid(h.placement, in.job.workers(), n));
+    const double naive = Evaluate(in.job, in.cluster, NaivePlacement(in.job)).step_s;
+    EXPECT_LE(h.cost.step_s, naive * (1 + 1e-12));
+    const double exact = SolveExact(in.job, in.cluster).cost.step_s;
+    worst_ratio = std::max(worst_ratio, h.cost.step_s / exact);
+    EXPECT_LE(h.cost.step_s, exact * 1.05) << "instance " << t;
+  }
+  RecordProperty("worst_heuristic_over_exact", std::to_string(worst_ratio));
+}
+
+TEST(SolverTest, HeuristicBeatsNaiveOnLargerInstances) {
+  std::mt19937_64 rng(3);
+  for (int t = 0; t < 5; ++t) {
+    const Instance in = Random(rng, 24, 8, t % 2 ? 2 : 1);
+    SolveOptions o;
+    o.rounds = 50;
+    const Solution h = Solve(in.job, in.cluster, o);
+    EXPECT_FALSE(h.exact);
+    ASSERT_TRUE(Valid(h.placement, in.job.workers(), 24));
+    EXPECT_LT(h.cost.step_s, Evaluate(in.job, in.cluster, NaivePlacement(in.job)).step_s);
+  }
+}
+
+// Two regions, fast inside (10 Gbit/s, 0.5 ms) and 100x slower between (100 Mbit/s, 40 ms), the
+// workers' ids alternating between them: the naive order crosses the slow link at every stage.
+Cluster TwoRegions(int n, std::vector<int>* region) {
+  Cluster c = Uniform(n, 5e10, {0.5e-3, 10e9 / 8});
+  region->resize(n);
+  for (int i = 0; i < n; ++i) (*region)[i] = i % 2;
+  for (int i = 0; i < n; ++i) {
+    for (int j = 0; j < n; ++j) {
+      if ((*region)[i] != (*region)[j]) c.links[i][j] = {40e-3, 100e6 / 8};
+    }
+  }
+  return c;
+}
+
+int Crossings(const Placement& p, const std::vector<int>& region) {
+  int n = 0;
+  for (size_t s = 0; s + 1 < p.size(); ++s) n += region[p[s]] != region[p[s + 1]];
+  return n;
+}
+
+TEST(SolverTest, TwoRegionPlanCrossesTheSlowLinkOnlyWhenItMust) {
+  std::vector<int> region;
+  const Cluster c = TwoRegions(8, &region);
+  // GPT-2-small-like traffic: 8 x 1024 tokens x 768 hidden, int8 on the wire (~6.4 MB).
+  // 50 ms of compute per stage and micro-batch.
+  const JobShape full = Shape(8, 8, 2.5e9, 6.4e6, 6.4e6);
+  const Solution s8 = Solve(full, c);
+  EXPECT_TRUE(s8.exact);
+  EXPECT_EQ(Crossings(s8.placement, region), 1);
+  const double naive8 = Evaluate(full, c, NaivePlacement(full)).step_s;
+  EXPECT_EQ(Crossings(NaivePlacement(full), region), 7);
+  EXPECT_GE(naive8 / s8.cost.step_s, 2.0) << s8.cost.step_s << " vs naive " << naive8;
+  // Four stages fit in one region: no crossing at all.
+  const JobShape half = Shape(4, 8, 2.5e9, 6.4e6, 6.4e6);
+  const Solution s4 = Solve(half, c);
+  EXPECT_EQ(Crossings(s4.placement, region), 0);
+  // The heuristic finds the same on a larger two-region cluster.
+  const Cluster c32 = TwoRegions(32, &region);
+  SolveOptions o;
+  o.exact_limit = 0;
+  const Solution h = Solve(Shape(16, 8, 2.5e9, 6.4e6, 6.4e6), c32, o);
+  EXPECT_FALSE(h.exact);
+  EXPECT_EQ(Crossings(h.placement, region), 0);
+}
+
+// 64 workers in 8 "cities" (8 each): inside a city 10 Gbit/s and 0.1 ms; between cities 0.5..2
+// Gbit/s and 5..150 ms, like DT-FM's geo-distributed setting; 8 stages x 8 replicas.
+TEST(SolverTest, SixtyFourWorkersInEightCitiesSolveInTime) {
+  std::mt19937_64 rng(11);
+  std::uniform_real_distribution<double> u(0, 1);
+  const int n = 64;
+  Cluster c = Uniform(n, 1e14, {0.1e-3, 10e9 / 8});
+  std::vector<std::vector<Link>> city(8, std::vector<Link>(8));
+  for (int a = 0; a < 8; ++a) {
+    for (int b = a + 1; b < 8; ++b) city[a][b] = city[b][a] = {(5 + 145 * u(rng)) * 1e-3, (0.5 + 1.5 * u(rng)) * 1e9 / 8};
+  }
+  std::vector<int> where(n);
+  for (int i = 0; i < n; ++i) where[i] = static_cast<int>(rng() % 8);
+  for (int i = 0; i < n; ++i) {
+    for (int j = 0; j < n; ++j) {
+      if (where[i] != where[j]) c.links[i][j] = city[where[i]][where[j]];
+    }
+  }
+  JobShape job = Shape(8, 32, 6e13, 2.5e7, 2.5e7);
+  job.replicas = 8;
+  job.stage_grad_bytes.assign(8, 4 * 1.3e9 / 8);
+  SolveOptions o;
+  o.time_limit = absl::Seconds(8);
+  const absl::Time t0 = absl::Now();
+  const Solution s = Solve(job, c, o);
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - t0);
+  EXPECT_LT(seconds, 10);
+  ASSERT_TRUE(Valid(s.placement, 64, n));
+  std::vector<int> random(n);
+  std::iota(random.begin(), random.end(), 0);
+  std::shuffle(random.begin(), random.end(), rng);
+  const double r = Evaluate(job, c, random).step_s;
+  const double naive = Evaluate(job, c, NaivePlacement(job)).step_s;
+  EXPECT_LT(s.cost.step_s, r);
+  EXPECT_LE(s.cost.step_s, naive);
+  RecordProperty("solve_seconds", std::to_string(seconds));
+  RecordProperty("speedup_over_random", std::to_string(r / s.cost.step_s));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The job spec's view.
+
+TEST(JobCostTest, FlopsAndWireBytesFollowTheSpec) {
+  absl::StatusOr<v1::JobSpec> spec = ParseJobSpec(R"(
+model: {layers: 4, hidden: 64, heads: 4, context: 32, vocab: 256}
+stages: 2
+micro_batches: 3
+micro_batch_size: 2
+codecs: {forward: fp32, backward: int8}
+)");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  absl::StatusOr<JobShape> job = JobShapeOf(*spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->stages, 2);
+  EXPECT_EQ(job->micro_batches, 3);
+  const double n = 2 * 32, h = 64;
+  const double block = 24 * n * h * h + 4 * n * 32 * h;
+  EXPECT_DOUBLE_EQ(job->stage_flops[0], 3 * 2 * block);
+  EXPECT_DOUBLE_EQ(job->stage_flops[1], 3 * (2 * block + 2 * n * h * 256));
+  const double header = 40 + 24;
+  EXPECT_DOUBLE_EQ(job->activation_bytes, header + 4 * n * h);
+  // int8, groups of 64: per token 2 bytes + 3 per group + 64 codes.
+  EXPECT_DOUBLE_EQ(job->gradient_bytes, header + n * (2 + 3 + 64));
+  // tahquant at its defaults (4/3 bits, 80% at 4) is smaller still.
+  absl::StatusOr<double> tah = WireBytes("tahquant", 64, 64);
+  ASSERT_TRUE(tah.ok());
+  EXPECT_LT(*tah, job->gradient_bytes);
+  EXPECT_FALSE(WireBytes("nope", 1, 1).ok());
+}
+
+TEST(JobCostTest, EmulatedRateAndDelayApplyOnTopOfTheMeasurement) {
+  v1::LinkSpec none;
+  Link l = EffectiveLink(/*rtt_ms=*/2, /*mbit=*/800, none);
+  EXPECT_DOUBLE_EQ(l.latency_s, 1e-3);
+  EXPECT_DOUBLE_EQ(l.bytes_per_s, 100e6);
+  v1::LinkSpec shaped;
+  shaped.set_rate_mbit(80);
+  shaped.set_delay_ms(20);
+  l = EffectiveLink(2, 800, shaped);
+  EXPECT_DOUBLE_EQ(l.latency_s, 21e-3);
+  EXPECT_DOUBLE_EQ(l.bytes_per_s, 10e6);
+  EXPECT_DOUBLE_EQ(EffectiveLink(2, 40, shaped).bytes_per_s, 5e6);  // slower than the emulated rate
+}
+
+}  // namespace
+}  // namespace longhaul::coordinator::placement
