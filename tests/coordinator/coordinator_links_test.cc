@@ -13,75 +13,30 @@
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/coordinator.h"
+#include "tests/coordinator/fake_worker.h"
 
 namespace longhaul::coordinator {
 namespace {
 
 // Registered with a probe address and a compute speed, its Session open, keeping what it is sent.
-class ProbingWorker {
+class ProbingWorker : public FakeSession {
  public:
-  ProbingWorker(v1::Coordinator::Stub& stub, const std::string& name, double gflops) {
-    v1::RegisterRequest req;
-    req.mutable_info()->set_name(name);
-    req.mutable_info()->set_address("127.0.0.1:9");
-    req.mutable_info()->set_probe_address(absl::StrCat("127.0.0.1:", 1000 + name.size()));
-    req.mutable_info()->set_compute_gflops(gflops);
-    v1::RegisterResponse resp;
-    grpc::ClientContext rc;
-    EXPECT_TRUE(stub.Register(&rc, req, &resp).ok());
-    id_ = resp.worker_id();
-    stream_ = stub.Session(&ctx_);
-    reader_ = std::thread([this] {
-      v1::CoordinatorMessage m;
-      while (stream_->Read(&m)) {
-        absl::MutexLock l(&mu_);
-        got_.push_back(m);
-      }
-    });
-    v1::WorkerMessage hello;
-    hello.set_worker_id(id_);
-    hello.mutable_heartbeat();
-    EXPECT_TRUE(stream_->Write(hello));
-    Ping();
-  }
-  ~ProbingWorker() {
-    ctx_.TryCancel();
-    reader_.join();
-    (void)stream_->Finish();
-  }
-  uint64_t id() const { return id_; }
+  ProbingWorker(v1::Coordinator::Stub& stub, const std::string& name, double gflops)
+      : FakeSession(stub, Request(name, gflops)) {}
 
-  // Waits until everything sent before has been handled (a heartbeat naming an unknown job is
-  // answered with a cancellation).
-  void Ping() {
-    const uint64_t bogus = 1000000 + pings_++;
-    v1::WorkerMessage m;
-    m.set_worker_id(id_);
-    m.mutable_heartbeat()->set_running_job_id(bogus);
-    ASSERT_TRUE(stream_->Write(m));
-    absl::MutexLock l(&mu_);
-    auto answered = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-      for (const auto& c : got_) {
-        if (c.has_cancel() && c.cancel().job_id() == bogus) return true;
-      }
-      return false;
-    };
-    ASSERT_TRUE(mu_.AwaitWithTimeout(absl::Condition(&answered), absl::Seconds(10)));
-  }
   void Report(uint64_t to, double mbit, double rtt_ms, const std::string& error = "") {
     v1::WorkerMessage m;
-    m.set_worker_id(id_);
     m.mutable_link()->set_to_worker_id(to);
     m.mutable_link()->set_mbit_per_s(mbit);
     m.mutable_link()->set_rtt_ms(rtt_ms);
     m.mutable_link()->set_bytes(1 << 20);
     m.mutable_link()->set_error(error);
-    ASSERT_TRUE(stream_->Write(m));
+    Post(m);
   }
   // The peers of the latest ProbePeers message (ids).
   std::vector<uint64_t> peers() {
-    absl::MutexLock l(&mu_);
-    for (auto it = got_.rbegin(); it != got_.rend(); ++it) {
+    const std::vector<v1::CoordinatorMessage> got = Received();
+    for (auto it = got.rbegin(); it != got.rend(); ++it) {
       if (!it->has_probe_peers()) continue;
       std::vector<uint64_t> ids;
       for (const auto& p : it->probe_peers().peers()) ids.push_back(p.worker_id());
@@ -91,13 +46,12 @@ class ProbingWorker {
   }
 
  private:
-  uint64_t id_ = 0;
-  int pings_ = 0;
-  grpc::ClientContext ctx_;
-  std::unique_ptr<grpc::ClientReaderWriter<v1::WorkerMessage, v1::CoordinatorMessage>> stream_;
-  std::thread reader_;
-  absl::Mutex mu_;
-  std::vector<v1::CoordinatorMessage> got_ ABSL_GUARDED_BY(mu_);
+  static v1::RegisterRequest Request(const std::string& name, double gflops) {
+    v1::RegisterRequest req = Registration(name);
+    req.mutable_info()->set_probe_address(absl::StrCat("127.0.0.1:", 1000 + name.size()));
+    req.mutable_info()->set_compute_gflops(gflops);
+    return req;
+  }
 };
 
 class LinksTest : public ::testing::Test {

@@ -14,60 +14,18 @@
 #include "absl/strings/str_cat.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/job_spec.h"
+#include "tests/coordinator/fake_worker.h"
 
 namespace longhaul::coordinator {
 namespace {
 
 // A worker as the coordinator sees it, keeping every message it is sent.
-class Fake {
+class Fake : public FakeSession {
  public:
   // `running`: the stage it says it runs when it registers (after a coordinator restart).
-  Fake(v1::Coordinator::Stub& stub, const std::string& name, const v1::RunningStage* running = nullptr) {
-    v1::RegisterRequest req;
-    req.mutable_info()->set_name(name);
-    req.mutable_info()->set_address(absl::StrCat(name, ":1"));
-    if (running != nullptr) *req.mutable_running() = *running;
-    v1::RegisterResponse resp;
-    grpc::ClientContext rc;
-    EXPECT_TRUE(stub.Register(&rc, req, &resp).ok());
-    id_ = resp.worker_id();
-    stream_ = stub.Session(&ctx_);
-    reader_ = std::thread([this] {
-      v1::CoordinatorMessage m;
-      while (stream_->Read(&m)) {
-        absl::MutexLock l(&mu_);
-        got_.push_back(m);
-      }
-    });
-    v1::WorkerMessage hello;
-    hello.set_worker_id(id_);
-    hello.mutable_heartbeat();
-    EXPECT_TRUE(stream_->Write(hello));
-    Ping();
-  }
-  ~Fake() {
-    ctx_.TryCancel();
-    reader_.join();
-    (void)stream_->Finish();
-  }
-  uint64_t id() const { return id_; }
+  Fake(v1::Coordinator::Stub& stub, const std::string& name, const v1::RunningStage* running = nullptr)
+      : FakeSession(stub, Request(name, running)) {}
 
-  // Sends `m` and waits until the coordinator has handled it (a heartbeat naming an unknown job is
-  // answered with a cancellation, after everything sent before it).
-  void Send(v1::WorkerMessage m) {
-    m.set_worker_id(id_);
-    ASSERT_TRUE(stream_->Write(m));
-    Ping();
-  }
-  void Ping() {
-    const uint64_t bogus = 1000000 + pings_++;
-    v1::WorkerMessage m;
-    m.set_worker_id(id_);
-    m.mutable_heartbeat()->set_running_job_id(bogus);
-    ASSERT_TRUE(stream_->Write(m));
-    ASSERT_TRUE(WaitFor([&](const v1::CoordinatorMessage& c) { return c.has_cancel() && c.cancel().job_id() == bogus; }))
-        << "no answer to a ping";
-  }
   void Heartbeat(uint64_t job, int attempt) {
     v1::WorkerMessage m;
     m.mutable_heartbeat()->set_running_job_id(job);
@@ -128,24 +86,11 @@ class Fake {
   }
 
  private:
-  bool WaitFor(const std::function<bool(const v1::CoordinatorMessage&)>& match) {
-    absl::MutexLock l(&mu_);
-    auto found = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-      for (const auto& c : got_) {
-        if (match(c)) return true;
-      }
-      return false;
-    };
-    return mu_.AwaitWithTimeout(absl::Condition(&found), absl::Seconds(5));
+  static v1::RegisterRequest Request(const std::string& name, const v1::RunningStage* running) {
+    v1::RegisterRequest req = Registration(name, absl::StrCat(name, ":1"));
+    if (running != nullptr) *req.mutable_running() = *running;
+    return req;
   }
-
-  uint64_t id_ = 0;
-  int pings_ = 0;
-  grpc::ClientContext ctx_;
-  std::unique_ptr<grpc::ClientReaderWriter<v1::WorkerMessage, v1::CoordinatorMessage>> stream_;
-  std::thread reader_;
-  absl::Mutex mu_;
-  std::vector<v1::CoordinatorMessage> got_ ABSL_GUARDED_BY(mu_);
 };
 
 class RecoveryTest : public ::testing::Test {

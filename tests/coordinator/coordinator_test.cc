@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/scheduler.h"
+#include "tests/coordinator/fake_worker.h"
 
 namespace longhaul::coordinator {
 namespace {
@@ -233,104 +234,42 @@ TEST(PlanQueueTest, AJobTheClusterCannotRunNeverHoldsOthersBack) {
 // Scheduling in the service, with fake workers on real Session streams.
 
 // A worker as the coordinator sees it: registered, its Session open, keeping what it is sent.
-class FakeWorker {
+class FakeWorker : public FakeSession {
  public:
-  FakeWorker(v1::Coordinator::Stub& stub, const std::string& name) {
-    v1::RegisterRequest req;
-    req.mutable_info()->set_name(name);
-    req.mutable_info()->set_address("127.0.0.1:9");
-    v1::RegisterResponse resp;
-    grpc::ClientContext rc;
-    EXPECT_TRUE(stub.Register(&rc, req, &resp).ok());
-    id_ = resp.worker_id();
-    stream_ = stub.Session(&ctx_);
-    reader_ = std::thread([this] {
-      v1::CoordinatorMessage m;
-      while (stream_->Read(&m)) {
-        absl::MutexLock l(&mu_);
-        got_.push_back(m);
-      }
-    });
-    v1::WorkerMessage hello;  // the first message binds the stream to the worker id
-    hello.set_worker_id(id_);
-    hello.mutable_heartbeat();
-    EXPECT_TRUE(stream_->Write(hello));
-    Ping();  // the session is bound once the coordinator answers
-  }
-  ~FakeWorker() {
-    ctx_.TryCancel();
-    reader_.join();
-    (void)stream_->Finish();
-  }
-  uint64_t id() const { return id_; }
+  FakeWorker(v1::Coordinator::Stub& stub, const std::string& name) : FakeSession(stub, Registration(name)) {}
 
-  // A heartbeat naming a job the coordinator does not run here: it answers with a cancellation,
-  // which shows the heartbeat (and everything sent before it) has been handled.
-  void Ping() {
-    const uint64_t bogus = 1000000 + pings_++;
-    v1::WorkerMessage m;
-    m.set_worker_id(id_);
-    m.mutable_heartbeat()->set_running_job_id(bogus);
-    ASSERT_TRUE(stream_->Write(m));
-    absl::MutexLock l(&mu_);
-    auto answered = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-      for (const auto& c : got_) {
-        if (c.has_cancel() && c.cancel().job_id() == bogus) return true;
-      }
-      return false;
-    };
-    ASSERT_TRUE(mu_.AwaitWithTimeout(absl::Condition(&answered), absl::Seconds(10))) << "no answer to a ping";
-  }
   // The job it was last assigned (0: none), once that is `want` or after a few seconds.
   uint64_t assigned(uint64_t want) {
-    absl::MutexLock l(&mu_);
-    auto last = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-      for (auto it = got_.rbegin(); it != got_.rend(); ++it) {
+    auto last = [](const std::vector<v1::CoordinatorMessage>& got) {
+      for (auto it = got.rbegin(); it != got.rend(); ++it) {
         if (it->has_assign()) return it->assign().job_id();
       }
       return uint64_t{0};
     };
-    auto arrived = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return last() == want; };
-    mu_.AwaitWithTimeout(absl::Condition(&arrived), absl::Seconds(10));
-    return last();
+    WaitUntil([&](const std::vector<v1::CoordinatorMessage>& got) { return last(got) == want; }, absl::Seconds(10));
+    return last(Received());
   }
   // Reports a completed step of its (single-stage) job, and waits until the coordinator has it.
   void Progress(uint64_t job, int64_t step, int64_t tokens, double checkpoint_seconds = 0) {
     v1::WorkerMessage m;
-    m.set_worker_id(id_);
     v1::StepProgress* p = m.mutable_progress();
     p->set_job_id(job);
     p->set_step(step);
     p->set_tokens(tokens);
     p->set_step_seconds(1);
     p->set_checkpoint_seconds(checkpoint_seconds);
-    ASSERT_TRUE(stream_->Write(m));
-    Ping();
+    Send(m);
   }
   // Reports its stage of `job` done, and waits until the coordinator has taken that in.
   void Finish(uint64_t job) {
     v1::WorkerMessage m;
-    m.set_worker_id(id_);
     m.mutable_finished()->set_job_id(job);
     m.mutable_finished()->set_ok(true);
-    {
-      absl::MutexLock l(&mu_);
-      for (const auto& c : got_) {
-        if (c.has_assign() && c.assign().job_id() == job) m.mutable_finished()->set_stage(c.assign().stage());
-      }
+    for (const auto& c : Received()) {
+      if (c.has_assign() && c.assign().job_id() == job) m.mutable_finished()->set_stage(c.assign().stage());
     }
-    ASSERT_TRUE(stream_->Write(m));
-    Ping();
+    Send(m);
   }
-
- private:
-  uint64_t id_ = 0;
-  int pings_ = 0;
-  grpc::ClientContext ctx_;
-  std::unique_ptr<grpc::ClientReaderWriter<v1::WorkerMessage, v1::CoordinatorMessage>> stream_;
-  std::thread reader_;
-  absl::Mutex mu_;
-  std::vector<v1::CoordinatorMessage> got_ ABSL_GUARDED_BY(mu_);
 };
 
 class SchedulingTest : public CoordinatorTest {
