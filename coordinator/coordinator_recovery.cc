@@ -121,10 +121,13 @@ void CoordinatorService::BeginRecovery(Job& job, const std::string& cause, const
     }
     Worker& w = it->second;
     if (w.status.job_id() != id) {
-      // Alive and not running it (it registered again idle after a coordinator restart): reserved
-      // for the restart.
-      SetWorkerState(w, v1::WORKER_STATE_BUSY, id, "");
       job.stopped.insert(s);
+      if (w.status.state() == v1::WORKER_STATE_IDLE) {
+        // Alive and idle (it registered again after a coordinator restart): reserved for the restart.
+        SetWorkerState(w, v1::WORKER_STATE_BUSY, id, "");
+      } else {
+        job.lost.insert(s);  // meanwhile given to another job: the stage needs a spare
+      }
       continue;
     }
     // Its links to a dead neighbour break at once; a hung one's may not: every stage is told.
@@ -350,10 +353,15 @@ void CoordinatorService::OnReplicated(Worker& w, const v1::CheckpointReplicated&
   auto it = jobs_.find(r.job_id());
   if (it == jobs_.end() || IsTerminal(it->second.status.state())) return;
   Job& job = it->second;
+  // Only the current attempt's copies count (a late report of a failed attempt would mix restore
+  // points), and only onto a live worker.
   if (r.stage() < 0 || r.stage() >= job.status.stages_size() ||
-      job.status.stages(r.stage()).worker_id() != w.status.worker_id()) {
+      job.status.stages(r.stage()).worker_id() != w.status.worker_id() || r.attempt() != job.status.attempt() ||
+      job.status.state() != v1::JOB_STATE_RUNNING) {
     return;
   }
+  auto to = workers_.find(r.replica_worker_id());
+  if (to == workers_.end() || to->second.status.state() == v1::WORKER_STATE_DEAD) return;
   if (!r.error().empty()) {
     Log(absl::StrCat("job ", r.job_id(), " stage ", r.stage(), " step ", r.step(), ": ", r.error()));
     return;
@@ -430,7 +438,12 @@ void CoordinatorService::OnFinished(Worker& w, const v1::JobFinished& f, Outbox*
   auto it = jobs_.find(f.job_id());
   const int s = it == jobs_.end() ? -1 : StageOf(it->second, w.status.worker_id());
   if (it == jobs_.end() || IsTerminal(it->second.status.state()) || s != f.stage()) {
-    if (w.status.job_id() == f.job_id()) SetWorkerState(w, v1::WORKER_STATE_IDLE, 0, "");
+    // A late end of a stage this worker no longer holds (it now holds stage s of the same job)
+    // changes nothing; otherwise the worker is free.
+    if (w.status.job_id() == f.job_id() && !(s >= 0 && s != f.stage() && it != jobs_.end() &&
+                                             !IsTerminal(it->second.status.state()))) {
+      SetWorkerState(w, v1::WORKER_STATE_IDLE, 0, "");
+    }
     Changed();
     Schedule(out);
     return;
@@ -542,8 +555,12 @@ void CoordinatorService::CheckDeadlines(Outbox* out) {
         auto w = workers_.find(wid);
         if (w != workers_.end() && w->second.status.state() != v1::WORKER_STATE_DEAD &&
             w->second.status.job_id() != id) {
-          job.stopped.insert(p.stage());  // it came back idle: not running the failed attempt
-          SetWorkerState(w->second, v1::WORKER_STATE_BUSY, id, "");
+          job.stopped.insert(p.stage());  // not running the failed attempt
+          if (w->second.status.state() == v1::WORKER_STATE_IDLE) {
+            SetWorkerState(w->second, v1::WORKER_STATE_BUSY, id, "");  // came back idle: reserved
+          } else {
+            job.lost.insert(p.stage());  // meanwhile given to another job: the stage needs a spare
+          }
           continue;
         }
         WorkerLost(wid, absl::StrCat("its stage of job ", id, " did not stop within ",

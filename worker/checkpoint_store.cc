@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -321,13 +322,21 @@ absl::StatusOr<int64_t> FetchCheckpoint(const std::string& target, uint64_t job_
   req.set_stage(stage);
   req.set_step(step);
   std::unique_ptr<grpc::ClientReader<v1::CheckpointChunk>> r = stub->Get(&ctx, req);
-  FileSink sink(dest, absl::StrCat(dest, ".fetch-tmp"));
+  // A temporary name of its own: two fetches of the same destination must not write one file.
+  static std::atomic<uint64_t> fetches{0};
+  FileSink sink(dest, absl::StrCat(dest, ".fetch-tmp.", getpid(), ".", fetches.fetch_add(1)));
   v1::CheckpointChunk c;
   absl::Status st;
   bool opened = false;
   uint32_t crc = 0;
   int64_t total = 0;
   while (st.ok() && r->Read(&c)) {
+    if (c.job_id() != job_id || c.stage() != stage || c.step() != step) {
+      st = absl::DataLossError(absl::StrCat("from ", target, ": a chunk of job ", c.job_id(), " stage ", c.stage(),
+                                            " step ", c.step(), ", asked for job ", job_id, " stage ", stage,
+                                            " step ", step));
+      break;
+    }
     if (!opened) {
       total = static_cast<int64_t>(c.total_bytes());
       st = sink.Open(total, max_bytes, target);
