@@ -57,10 +57,7 @@ class ProbingWorker : public FakeSession {
 class LinksTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/longhaul-links-XXXXXX";
-    close(mkstemp(tmpl));
-    path_ = tmpl;
-    std::remove(path_.c_str());
+    path_ = TempStatePath("longhaul-links");
     auto store = Store::Open(path_);
     ASSERT_TRUE(store.ok()) << store.status();
     CoordinatorOptions o;
@@ -68,14 +65,8 @@ class LinksTest : public ::testing::Test {
     auto svc = CoordinatorService::Create(std::move(*store), o);
     ASSERT_TRUE(svc.ok()) << svc.status();
     svc_ = std::move(*svc);
-    grpc::ServerBuilder b;
-    int port = 0;
-    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    b.RegisterService(svc_.get());
-    server_ = b.BuildAndStart();
-    ASSERT_TRUE(server_ && port > 0);
-    stub_ = v1::Coordinator::NewStub(
-        grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+    server_ = ServeOnLoopback(svc_.get(), &stub_);
+    ASSERT_NE(server_, nullptr);
   }
   void TearDown() override {
     workers_.clear();
@@ -83,7 +74,7 @@ class LinksTest : public ::testing::Test {
     if (server_) server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
     server_.reset();
     svc_.reset();
-    for (const char* suffix : {"", "-wal", "-shm", ".lock"}) std::remove((path_ + suffix).c_str());
+    RemoveStateFiles(path_);
   }
   ProbingWorker& Add(const std::string& name, double gflops = 100) {
     workers_.push_back(std::make_unique<ProbingWorker>(*stub_, name, gflops));

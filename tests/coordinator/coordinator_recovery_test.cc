@@ -96,15 +96,12 @@ class Fake : public FakeSession {
 class RecoveryTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/longhaul-recovery-XXXXXX";
-    close(mkstemp(tmpl));
-    path_ = tmpl;
-    std::remove(path_.c_str());
+    path_ = TempStatePath("longhaul-recovery");
     Start();
   }
   void TearDown() override {
     StopService();
-    for (const char* suffix : {"", "-wal", "-shm", ".lock"}) std::remove((path_ + suffix).c_str());
+    RemoveStateFiles(path_);
   }
   void Start() {
     auto store = Store::Open(path_);
@@ -117,14 +114,8 @@ class RecoveryTest : public ::testing::Test {
     auto svc = CoordinatorService::Create(std::move(*store), o);
     ASSERT_TRUE(svc.ok()) << svc.status();
     svc_ = std::move(*svc);
-    grpc::ServerBuilder b;
-    int port = 0;
-    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    b.RegisterService(svc_.get());
-    server_ = b.BuildAndStart();
-    ASSERT_TRUE(server_ && port > 0);
-    stub_ = v1::Coordinator::NewStub(
-        grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+    server_ = ServeOnLoopback(svc_.get(), &stub_);
+    ASSERT_NE(server_, nullptr);
   }
   // As a coordinator going away: its sessions end first (the workers are not lost), then the fakes.
   void StopService() {

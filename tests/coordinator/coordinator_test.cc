@@ -22,15 +22,12 @@ namespace {
 class CoordinatorTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/longhaul-coord-XXXXXX";
-    close(mkstemp(tmpl));
-    path_ = tmpl;
-    std::remove(path_.c_str());
+    path_ = TempStatePath("longhaul-coord");
     Open();
   }
   void TearDown() override {
     svc_.reset();
-    for (const char* suffix : {"", "-wal", "-shm", ".lock"}) std::remove((path_ + suffix).c_str());
+    RemoveStateFiles(path_);
   }
   void Open() {
     svc_.reset();
@@ -276,14 +273,8 @@ class SchedulingTest : public CoordinatorTest {
  protected:
   void SetUp() override {
     CoordinatorTest::SetUp();
-    grpc::ServerBuilder b;
-    int port = 0;
-    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    b.RegisterService(svc_.get());
-    server_ = b.BuildAndStart();
-    ASSERT_TRUE(server_ && port > 0);
-    stub_ = v1::Coordinator::NewStub(
-        grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+    server_ = ServeOnLoopback(svc_.get(), &stub_);
+    ASSERT_NE(server_, nullptr);
   }
   void TearDown() override {
     workers_.clear();

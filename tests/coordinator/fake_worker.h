@@ -1,5 +1,9 @@
-// A worker as the coordinator sees it, for the service's tests: registered over gRPC, its Session
-// stream open (bound by a first heartbeat), keeping every message the coordinator sends it.
+// Support for the coordinator service's tests: a state file name, the service served on loopback,
+// and a worker as the coordinator sees it (registered over gRPC, its Session stream open and bound
+// by a first heartbeat, keeping every message the coordinator sends it).
+//
+//   const std::string state = TempStatePath("longhaul-links");   ...   RemoveStateFiles(state);
+//   std::unique_ptr<grpc::Server> server = ServeOnLoopback(service.get(), &stub);
 //
 //   FakeSession w(stub, Registration("a"));
 //   w.Send(message);                               // returns once the coordinator has handled it
@@ -12,6 +16,10 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <string>
@@ -24,6 +32,35 @@
 #include "longhaul/v1/control_plane.grpc.pb.h"
 
 namespace longhaul::coordinator {
+
+// A fresh name for a coordinator state file under /tmp (nothing is created there).
+inline std::string TempStatePath(const std::string& prefix) {
+  std::string tmpl = "/tmp/" + prefix + "-XXXXXX";
+  const int fd = mkstemp(tmpl.data());
+  if (fd >= 0) close(fd);
+  std::remove(tmpl.c_str());
+  return tmpl;
+}
+
+// The state file and what SQLite and the coordinator's lock put next to it.
+inline void RemoveStateFiles(const std::string& path) {
+  for (const char* suffix : {"", "-wal", "-shm", ".lock"}) std::remove((path + suffix).c_str());
+}
+
+// `service` served on a free loopback port; *stub is a client of it. The server must be shut down
+// before the service goes away.
+inline std::unique_ptr<grpc::Server> ServeOnLoopback(grpc::Service* service,
+                                                     std::unique_ptr<v1::Coordinator::Stub>* stub) {
+  grpc::ServerBuilder b;
+  int port = 0;
+  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  b.RegisterService(service);
+  std::unique_ptr<grpc::Server> server = b.BuildAndStart();
+  EXPECT_TRUE(server && port > 0);
+  *stub = v1::Coordinator::NewStub(
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+  return server;
+}
 
 // A registration with `name` and a placeholder data-plane address.
 inline v1::RegisterRequest Registration(const std::string& name, const std::string& address = "127.0.0.1:9") {

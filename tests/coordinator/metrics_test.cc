@@ -20,6 +20,7 @@
 #include "absl/time/clock.h"
 #include "common/metrics.h"
 #include "tools/cluster/local_cluster.h"
+#include "tests/coordinator/fake_worker.h"
 
 namespace longhaul::coordinator {
 namespace {
@@ -103,10 +104,7 @@ TEST(MetricsServer, SilentAndEndlessClientsDoNotHoldTheServer) {
 class CoordinatorMetricsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/longhaul-coord-metrics-XXXXXX";
-    close(mkstemp(tmpl));
-    path_ = tmpl;
-    std::remove(path_.c_str());
+    path_ = TempStatePath("longhaul-coord-metrics");
     auto store = Store::Open(path_);
     ASSERT_TRUE(store.ok()) << store.status();
     CoordinatorOptions o;
@@ -121,7 +119,7 @@ class CoordinatorMetricsTest : public ::testing::Test {
   void TearDown() override {
     metrics_.reset();
     svc_.reset();
-    for (const char* suffix : {"", "-wal", "-shm", ".lock"}) std::remove((path_ + suffix).c_str());
+    RemoveStateFiles(path_);
   }
   void Register(const std::string& name, const std::string& metrics_address) {
     v1::RegisterRequest req;
