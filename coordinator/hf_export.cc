@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "stage_runtime/safetensors_header.h"
 
 namespace longhaul::coordinator {
 namespace {
@@ -23,7 +24,6 @@ namespace {
 // model this exporter does not know.
 constexpr char kStageFormat[] = "longhaul-stage-v1";
 constexpr char kOptimizerPrefix[] = "__optim__.";
-constexpr uint64_t kMaxHeaderBytes = 64ull << 20;
 
 std::string Shape(const std::vector<int64_t>& s) { return absl::StrCat("[", absl::StrJoin(s, ", "), "]"); }
 
@@ -71,18 +71,14 @@ absl::StatusOr<SourceFile> ReadHeader(const HfStageCheckpoint& c) {
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   uint64_t hn = 0;
   if (size < 8 || ::pread(f.fd, &hn, 8, 0) != 8) return bad("truncated (no header length)");
-  if (hn > kMaxHeaderBytes || hn > size - 8) {
-    return bad(absl::StrCat("header length ", hn, " exceeds the file (", size, " bytes) or the limit"));
+  if (absl::Status s = stage_runtime::CheckSafetensorsHeaderLength(hn, size); !s.ok()) {
+    return bad(std::string(s.message()));
   }
   std::string h(hn, '\0');
   if (::pread(f.fd, h.data(), hn, 8) != static_cast<ssize_t>(hn)) return bad("truncated header");
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(h);
-  } catch (const nlohmann::json::exception& e) {
-    return bad(absl::StrCat("header is not valid JSON: ", e.what()));
-  }
-  if (!header.is_object()) return bad("header is not a JSON object");
+  absl::StatusOr<nlohmann::json> parsed = stage_runtime::ParseSafetensorsHeader(h);
+  if (!parsed.ok()) return bad(std::string(parsed.status().message()));
+  const nlohmann::json& header = *parsed;
   SourceFile out{c.path, fd, c.stage, 0, {}};
   const uint64_t data_begin = 8 + hn, data_size = size - data_begin;
   try {

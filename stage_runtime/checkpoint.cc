@@ -9,11 +9,11 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "stage_runtime/safetensors_header.h"
 
 namespace longhaul::stage_runtime {
 namespace {
 
-constexpr uint64_t kMaxHeaderBytes = 64ull << 20;
 
 absl::Status WriteAll(int fd, const void* data, size_t n, const std::string& path) {
   const char* p = static_cast<const char*>(data);
@@ -68,21 +68,14 @@ absl::StatusOr<TensorFile> ReadSafetensors(const std::string& path) {
   auto bad = [&](const std::string& why) {
     return absl::DataLossError(absl::StrCat("checkpoint ", path, ": ", why));
   };
-  if (size < 8) return bad("truncated (no header length)");
   uint64_t hn = 0;
-  in.read(reinterpret_cast<char*>(&hn), 8);
-  if (hn > kMaxHeaderBytes || hn > size - 8) {
-    return bad(absl::StrCat("header length ", hn, " exceeds the file (", size, " bytes) or the limit"));
-  }
+  if (size >= 8) in.read(reinterpret_cast<char*>(&hn), 8);
+  if (absl::Status s = CheckSafetensorsHeaderLength(hn, size); !s.ok()) return bad(std::string(s.message()));
   std::string h(hn, '\0');
   in.read(h.data(), static_cast<std::streamsize>(hn));
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(h);
-  } catch (const nlohmann::json::exception& e) {
-    return bad(absl::StrCat("header is not valid JSON: ", e.what()));
-  }
-  if (!header.is_object()) return bad("header is not a JSON object");
+  absl::StatusOr<nlohmann::json> parsed = ParseSafetensorsHeader(h);
+  if (!parsed.ok()) return bad(std::string(parsed.status().message()));
+  const nlohmann::json& header = *parsed;
   const uint64_t data_size = size - 8 - hn;
   TensorFile f;
   try {
