@@ -73,7 +73,7 @@ PY
       mkdir -p /var/tmp/longhaul
       TMPDIR=/var/tmp/longhaul build/bin/longhaul-bench sweep --shaper="$shaper" --preset=gpt2-xl --layers="${SWEEP_LAYERS:-48}" --stages=4 --device=cuda:0 \
         --precision=bf16 --context=1024 --micro-batches="${SWEEP_MICRO_BATCHES:-8}" --micro-batch-size=1 \
-        --steps="${SWEEP_STEPS:-4}" --repeats=1 --rates="${SWEEP_RATES:-1000,500,300,100}" --codecs=fp32,tahquant --backward=int8 \
+        --steps="${SWEEP_STEPS:-8}" --repeats=1 --rates="${SWEEP_RATES:-1000,500,300,100}" --codecs=fp32,tahquant --backward=int8 \
         --markdown="$OUT/gpu-sweep.md" >"$OUT/sweep.log" 2>&1 || { tail -30 "$OUT/sweep.log"; exit 1; }
       cat "$OUT/gpu-sweep.md" ;;
     pipeline)
