@@ -360,7 +360,7 @@ absl::Status DecodeImpl(absl::string_view frame, torch::Tensor* out, const Decod
         // the frame's dtype there.
         absl::StatusOr<internal::ValidatedPayload> p = internal::ValidatePayload(*v);
         if (!p.ok()) return p.status();
-        if (*gpu) return internal::DecodeOnGpu(*p, h.shape, out_type, *o.device);
+        if (*gpu) return internal::DecodeOnGpu(*p, h.shape, out_type, *o.device, o.cuda_stream);
         torch::Tensor t = out_type == torch::kFloat32 ? target(torch::kFloat32) : torch::empty(h.shape, torch::kFloat32);
         internal::DecodeValidated(*p, o.threads, o.kernels ? *o.kernels : BestKernels(), t.data_ptr<float>());
         return out_type == torch::kFloat32 ? t : t.to(out_type);

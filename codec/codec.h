@@ -90,11 +90,14 @@ struct DecodeOptions {
   // uploaded (one copy) and decoded on the device (fp32, then cast there for fp16/bf16 frames; raw
   // frames are uploaded and cast). Otherwise (kAuto, kCpu) it is decoded on the CPU and copied to
   // the device; kGpu without the GPU codecs, or with a target that is not a CUDA device, is
-  // FailedPrecondition. The device work runs on the legacy default stream (LibTorch's default
-  // stream) and may still be in flight when the call returns: work queued on that stream afterwards
-  // sees the result; a consumer on another stream synchronises first.
+  // FailedPrecondition. The device work runs on `cuda_stream` and may still be in flight when the
+  // call returns when that is LibTorch's current stream: work queued there afterwards sees the
+  // result; otherwise the call waits for it.
   std::optional<torch::Device> device = std::nullopt;
   CodecDevice codec_device = CodecDevice::kAuto;
+  // The CUDA stream (a cudaStream_t) of a device decode; nullptr: the legacy default stream,
+  // LibTorch's default stream.
+  void* cuda_stream = nullptr;
 };
 
 struct EncodeStats {

@@ -195,39 +195,41 @@ absl::StatusOr<torch::Tensor> RawBodyOnGpu(const torch::Tensor& x, torch::Scalar
 }
 
 absl::Status DecodeValidatedOnGpu(const ValidatedPayload& p, const uint8_t* payload_dev, float* out,
-                                  gpu::Workspace& ws) {
+                                  gpu::Workspace& ws, gpu::Stream s) {
   switch (p.family) {
     case CodecFamily::kGroupQuant:
-      return gpu::GroupQuantDecode(payload_dev, p.layout, p.tokens, p.dim, p.group_quant, out, ws, nullptr);
-    case CodecFamily::kSymQuant: return gpu::SymQuantDecode(payload_dev, p.numel, p.sym_quant, out, nullptr);
-    case CodecFamily::kBitDp: return gpu::BitDpDecode(payload_dev, p.rows, p.cols, p.bitdp_bits, out, nullptr);
+      return gpu::GroupQuantDecode(payload_dev, p.layout, p.tokens, p.dim, p.group_quant, out, ws, s);
+    case CodecFamily::kSymQuant: return gpu::SymQuantDecode(payload_dev, p.numel, p.sym_quant, out, s);
+    case CodecFamily::kBitDp: return gpu::BitDpDecode(payload_dev, p.rows, p.cols, p.bitdp_bits, out, s);
     case CodecFamily::kRaw: break;
   }
   return absl::InternalError("a raw frame has no payload decoder");
 }
 
 absl::StatusOr<torch::Tensor> DecodeOnGpu(const ValidatedPayload& p, const std::vector<int64_t>& shape,
-                                          torch::ScalarType out_type, const torch::Device& device) {
+                                          torch::ScalarType out_type, const torch::Device& device,
+                                          gpu::Stream s) {
   const absl::string_view payload = p.payload;
   return CatchTorch("decode on the GPU", [&]() -> absl::StatusOr<torch::Tensor> {
     const c10::DeviceGuard on_device(device);
     const torch::Device d = WithIndex(device);
     const torch::TensorOptions on_d = torch::TensorOptions().device(d);
     if (Elements(shape) == 0) return torch::empty(shape, on_d.dtype(out_type));
-    // LibTorch allocates on its current stream; the copy and the kernels run on the legacy default
-    // stream. When those differ, LibTorch's stream is drained before (the blocks may still be in use
-    // there) and the legacy stream after (the result, and the payload block LibTorch frees below).
-    const bool same = TorchStreamIs(nullptr, d);
+    // LibTorch allocates on its current stream; the copy and the kernels run on `s`. When those
+    // differ, LibTorch's stream is drained before (the blocks may still be in use there) and `s`
+    // after (the result, and the payload block LibTorch frees below).
+    const bool same = TorchStreamIs(s, d);
     torch::Tensor bytes = torch::empty({static_cast<int64_t>(payload.size())}, on_d.dtype(torch::kUInt8));
     torch::Tensor out = torch::empty(shape, on_d.dtype(torch::kFloat32));
     if (!same) SynchronizeTorchStream(d);
-    if (absl::Status st = gpu::Upload(bytes.data_ptr(), payload.data(), payload.size(), nullptr); !st.ok()) return st;
-    if (absl::Status st = DecodeValidatedOnGpu(p, bytes.data_ptr<uint8_t>(), out.data_ptr<float>(), ThreadWorkspace(d.index()));
+    if (absl::Status st = gpu::Upload(bytes.data_ptr(), payload.data(), payload.size(), s); !st.ok()) return st;
+    if (absl::Status st =
+            DecodeValidatedOnGpu(p, bytes.data_ptr<uint8_t>(), out.data_ptr<float>(), ThreadWorkspace(d.index()), s);
         !st.ok()) {
       return st;
     }
     if (!same) {
-      if (absl::Status st = gpu::Synchronize(nullptr); !st.ok()) return st;
+      if (absl::Status st = gpu::Synchronize(s); !st.ok()) return st;
     }
     return out_type == torch::kFloat32 ? out : out.to(out_type);
   });

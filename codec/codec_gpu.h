@@ -97,14 +97,15 @@ absl::StatusOr<std::string> EncodeFrameOnGpu(const CodecSpec& spec, const torch:
 absl::StatusOr<torch::Tensor> RawBodyOnGpu(const torch::Tensor& x, torch::ScalarType wire, gpu::Stream s);
 
 // The kernels' decode of a validated payload already in device memory (`payload_dev`) into fp32
-// out[numel] on the device, on the legacy default stream.
+// out[numel] on the device, on stream `s` (nullptr: the legacy default stream).
 absl::Status DecodeValidatedOnGpu(const ValidatedPayload& p, const uint8_t* payload_dev, float* out,
-                                  gpu::Workspace& ws);
+                                  gpu::Workspace& ws, gpu::Stream s = nullptr);
 // Decodes a validated payload to `device`: uploads it (one synchronous copy), decodes it into a new
 // fp32 tensor of `shape` there, and returns it cast to `out_type` on the device. The decode runs on
-// the legacy default stream (see DecodeOptions::device).
+// the stream `s` (nullptr: the legacy default stream; see DecodeOptions::cuda_stream).
 absl::StatusOr<torch::Tensor> DecodeOnGpu(const ValidatedPayload& p, const std::vector<int64_t>& shape,
-                                          torch::ScalarType out_type, const torch::Device& device);
+                                          torch::ScalarType out_type, const torch::Device& device,
+                                          gpu::Stream s = nullptr);
 // A raw frame's payload (elements of `wire`) uploaded to `device` and cast to `out_type` there.
 absl::StatusOr<torch::Tensor> UploadRaw(absl::string_view payload, const std::vector<int64_t>& shape,
                                         torch::ScalarType wire, torch::ScalarType out_type,

@@ -38,6 +38,17 @@ struct DeviceCopier::Streams {
     by_device.emplace_back(d, c10::cuda::getStreamFromPool(/*isHighPriority=*/false, d));
     return by_device.back().second;
   }
+
+  // Device d's link stream, made to wait (on the GPU) for the work queued so far on the calling
+  // thread's current stream there: the compute that wrote the tensors handed over now.
+  c10::cuda::CUDAStream After(c10::DeviceIndex d) {
+    const c10::cuda::CUDAStream compute = c10::cuda::getCurrentCUDAStream(d);
+    const c10::cuda::CUDAStream link = For(d);
+    at::cuda::CUDAEvent ready;  // destroying it while the wait is pending is fine (CUDA frees it later)
+    ready.record(compute);
+    ready.block(link);
+    return link;
+  }
 };
 
 absl::StatusOr<torch::Tensor> HostCopy::Wait() {
@@ -69,11 +80,7 @@ absl::StatusOr<HostCopy> DeviceCopier::StartHostCopy(const torch::Tensor& src) {
     const c10::cuda::CUDAGuard device(d);
     // Compute wrote `src` on this thread's current stream; the copy stream waits for that work on
     // the GPU, so neither the compute thread nor its stream waits for the copy.
-    const c10::cuda::CUDAStream compute = c10::cuda::getCurrentCUDAStream(d);
-    const c10::cuda::CUDAStream link = streams_->For(d);
-    at::cuda::CUDAEvent ready;  // destroying it while the wait is pending is fine (CUDA frees it later)
-    ready.record(compute);
-    ready.block(link);
+    const c10::cuda::CUDAStream link = streams_->After(d);
 
     HostCopy c;
     c.host_ = torch::empty(src.sizes(), torch::TensorOptions().dtype(src.scalar_type()).pinned_memory(true));
@@ -96,6 +103,20 @@ absl::StatusOr<HostCopy> DeviceCopier::StartHostCopy(const torch::Tensor& src) {
   }
 }
 
+absl::StatusOr<DeviceUse> DeviceCopier::StartDeviceUse(const torch::Tensor& src) {
+  if (!src.is_cuda()) return DeviceUse{};
+  try {
+    const c10::DeviceIndex d = src.device().index();
+    const c10::cuda::CUDAGuard device(d);
+    const c10::cuda::CUDAStream link = streams_->After(d);
+    c10::cuda::CUDACachingAllocator::recordStream(src.storage().data_ptr(), link);
+    return DeviceUse{link.unwrap(), static_cast<void*>(link.stream())};
+  } catch (const c10::Error& e) {
+    return absl::InternalError(
+        absl::StrCat("handing a tensor on ", src.device().str(), " to its link's stream: ", e.what_without_backtrace()));
+  }
+}
+
 #else  // The CPU build: no device copies can be in flight, so the twin copies synchronously.
 
 struct DeviceCopier::Streams {};
@@ -113,6 +134,8 @@ absl::StatusOr<HostCopy> DeviceCopier::StartHostCopy(const torch::Tensor& src) {
     return CopyError(src.device(), "copying", e);
   }
 }
+
+absl::StatusOr<DeviceUse> DeviceCopier::StartDeviceUse(const torch::Tensor&) { return DeviceUse{}; }
 
 #endif  // LONGHAUL_WITH_CUDA
 

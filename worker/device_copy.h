@@ -1,5 +1,5 @@
-// Device -> host copies of the tensors a link sends, started on the compute thread and finished on
-// the link's encoder thread, so that the copy of one micro-batch's activations overlaps the compute
+// Device -> host copies of the tensors a link sends (and the hand-over of those it encodes on the
+// device, DeviceUse), started on the compute thread and finished on the link's encoder thread, so that the copy of one micro-batch's activations overlaps the compute
 // of the next (the issue: a synchronous .to(kCPU) on the encoder thread ran on the default stream
 // and serialised with compute).
 //
@@ -31,6 +31,7 @@
 #define LONGHAUL_WORKER_DEVICE_COPY_H_
 
 #include <memory>
+#include <optional>
 
 #include <torch/torch.h>
 
@@ -59,6 +60,17 @@ class HostCopy {
   std::shared_ptr<void> done_;
 };
 
+// A CUDA tensor handed from the compute thread to the link's encoder thread for an encode on the
+// device (StartDeviceUse). The link's stream already waits on the GPU for the compute that wrote
+// the tensor; the encoder runs the codec's kernels on `cuda_stream` with `stream` as LibTorch's
+// current stream (StreamGuard), so the encode overlaps the stage's next kernels and its
+// synchronisation waits for the encode only. Empty (no stream: the legacy default stream, ordered
+// behind compute) for a CPU tensor and in the CPU build.
+struct DeviceUse {
+  std::optional<c10::Stream> stream;  // LibTorch's handle of the link's stream
+  void* cuda_stream = nullptr;        // its cudaStream_t, for codec::EncodeOptions::cuda_stream
+};
+
 class DeviceCopier {
  public:
   DeviceCopier();
@@ -69,6 +81,11 @@ class DeviceCopier {
   // Starts copying `src` to the host (see the top of this file). A CPU tensor comes back as it is,
   // with nothing to wait for. Owner (compute) thread only.
   absl::StatusOr<HostCopy> StartHostCopy(const torch::Tensor& src);
+  // Steps 1 and 3 of a copy without the copy: the link's stream waits for the compute that wrote
+  // `src`, and the allocator keeps src's block from being reused before the work queued on that
+  // stream afterwards (the encode) is done. The tensor must still be held until the encode ends.
+  // Owner (compute) thread only.
+  absl::StatusOr<DeviceUse> StartDeviceUse(const torch::Tensor& src);
 
  private:
   struct Streams;  // the per-device copy streams (CUDA build), or nothing

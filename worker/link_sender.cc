@@ -4,6 +4,8 @@
 #include <cstring>
 #include <utility>
 
+#include <c10/core/StreamGuard.h>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "codec/spec.h"
@@ -111,9 +113,14 @@ absl::Status LinkSender::Send(LinkMessage m, bool measure_error) {
     absl::StatusOr<bool> on_device = EncodeOnDevice(m.tensor);
     if (!on_device.ok()) return on_device.status();
     if (*on_device) {
-      // Kept as it is: the encoder's work on the legacy default stream is queued after the work
-      // compute queued before this call, which produced the tensor (see the top of link_sender.h).
+      // Kept as it is (the reference keeps its memory), with the link's stream ordered after the
+      // compute queued before this call, which produced it (see the top of link_sender.h).
+      absl::StatusOr<DeviceUse> use = copier_.StartDeviceUse(m.tensor);
+      if (!use.ok()) {
+        return absl::Status(use.status().code(), absl::StrCat("link to ", opt_.peer, ": ", use.status().message()));
+      }
       it.on_device = true;
+      it.device_use = *std::move(use);
     } else if (!m.tensor.device().is_cpu()) {
       // Started here, on compute's thread, so that it is ordered after the work that produced the
       // tensor and overlaps the work that follows; the encoder thread waits for it.
@@ -147,7 +154,11 @@ absl::StatusOr<LinkSender::Encoded> LinkSender::Encode(Item item) const {
     eo.seed = item.msg.step;  // stochastic rounding differs per step, reproducibly
     // Send chose the place; the tensor is on the CPU otherwise (a host copy or a CPU tensor).
     eo.device = item.on_device ? codec::CodecDevice::kGpu : codec::CodecDevice::kCpu;
-    eo.cuda_stream = nullptr;  // the legacy default stream: ordered after the tensor's producer
+    // On the link's stream, LibTorch's too for what the encode asks of it (casts, copies, the
+    // error measurement below); none (the legacy default stream) for host tensors.
+    std::optional<c10::StreamGuard> on_link;
+    if (item.device_use.stream.has_value()) on_link.emplace(*item.device_use.stream);
+    eo.cuda_stream = item.device_use.cuda_stream;
     e.elements = item.msg.tensor.numel();
     absl::StatusOr<codec::FrameParts> f = codec_->EncodeParts(item.msg.tensor, eo);
     if (!f.ok()) {
@@ -158,7 +169,10 @@ absl::StatusOr<LinkSender::Encoded> LinkSender::Encode(Item item) const {
       codec::DecodeOptions d;
       d.threads = opt_.codec_threads;
       // A tensor encoded on its device is compared there (decoded there when the GPU codecs are).
-      if (item.on_device) d.device = item.msg.tensor.device();
+      if (item.on_device) {
+        d.device = item.msg.tensor.device();
+        d.cuda_stream = item.device_use.cuda_stream;
+      }
       absl::StatusOr<torch::Tensor> y = codec::DecodeFrame(parts.Join(), d);
       if (y.ok()) e.rel_error = stage_runtime::RelativeL2Error(item.msg.tensor, *y);
     }

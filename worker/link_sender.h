@@ -23,11 +23,11 @@
 //     codec with work to do: every quantising codec, and a raw one whose wire dtype differs from
 //     the tensor's): Send queues the device tensor itself (the reference keeps its memory alive)
 //     and the encoder thread encodes it there (codec::EncodeOptions::device), so only the frame's
-//     bytes cross PCIe. The encode runs on the legacy default stream, which is LibTorch's default
-//     stream, so it is ordered after the compute that produced the tensor (queued there before
-//     Send); its synchronisation waits for that compute too, and the stage's next kernels queue
-//     behind the encode's. A per-link stream ordered by an event (as the copy below has) would
-//     let them overlap; not done yet.
+//     bytes cross PCIe. Send makes the link's own CUDA stream wait (an event, on the GPU) for the
+//     compute queued so far, which produced the tensor (DeviceCopier::StartDeviceUse), and the
+//     encoder runs the codec's kernels on that stream, with it as LibTorch's current stream on
+//     the encoder thread: the encode overlaps the stage's next kernels, and its synchronisation
+//     waits for the encode only, not for the compute queued after Send.
 //   - otherwise Send starts the tensor's copy to pinned host memory on the link's own CUDA stream
 //     (a DeviceCopier, device_copy.h), behind the compute stream's work but without waiting for
 //     it, and queues the pending HostCopy instead of the tensor; the encoder thread waits for that
@@ -133,6 +133,7 @@ class LinkSender {
     // A device tensor's copy to the host, started by Send; the encoder waits for it.
     std::optional<HostCopy> copy;
     bool on_device = false;  // msg.tensor is on a CUDA device and is encoded there
+    DeviceUse device_use;    // with on_device: the link's stream the encode runs on
     bool measure_error = false;
     bool end = false;  // queued by Finish after the last message
   };

@@ -1,9 +1,15 @@
 // DeviceCopier / HostCopy: CPU tensors pass through untouched (the path every CPU link takes), and,
 // where there is a GPU and the CUDA parts are built, a device tensor arrives on the host intact
-// even when compute frees it right after the copy was started.
+// even when compute frees it right after the copy was started, and one handed to a link's stream
+// for a device encode is encoded as the CPU would encode it.
 #include "worker/device_copy.h"
 
+#include <thread>
+
+#include <c10/core/StreamGuard.h>
 #include <gtest/gtest.h>
+
+#include "codec/codec.h"
 
 namespace longhaul::worker {
 namespace {
@@ -75,6 +81,45 @@ TEST(DeviceCopyTest, CudaTensorArrivesIntactWhileComputeMovesOn) {
     EXPECT_TRUE(torch::equal(*hb, want_view));
     EXPECT_TRUE(torch::equal(*ha, want));
   }
+}
+
+// The device-encode hand-over (DeviceUse): the link's stream waits for the compute that wrote the
+// tensor, the encode runs there on another thread with it as LibTorch's current stream, and the
+// frame equals the CPU's, even though compute dropped the tensor and queued more work (which
+// reuses freed blocks) before the encode started.
+TEST(DeviceCopyTest, DeviceEncodeOnTheLinkStreamSeesTheFinishedTensor) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "SKIPPED: no CUDA device";
+  if (!codec::GpuCodecsAvailable()) GTEST_SKIP() << "SKIPPED: no GPU codecs in this build";
+  DeviceCopier copier;
+  const torch::Device dev(torch::kCUDA, 0);
+  absl::StatusOr<std::unique_ptr<codec::Codec>> tah = codec::MakeCodec("tahquant");
+  ASSERT_TRUE(tah.ok()) << tah.status();
+  torch::manual_seed(3);
+  torch::Tensor w = torch::randn({2048, 2048}, torch::TensorOptions().device(dev)) / 45.0;
+  torch::Tensor x = torch::randn({2048, 2048}, torch::TensorOptions().device(dev));
+  for (int i = 0; i < 20; ++i) x = torch::tanh(torch::matmul(x, w));  // long work for the stream
+  absl::StatusOr<DeviceUse> use = copier.StartDeviceUse(x);
+  ASSERT_TRUE(use.ok()) << use.status();
+  ASSERT_TRUE(use->stream.has_value());
+  ASSERT_NE(use->cuda_stream, nullptr);
+  const torch::Tensor want_host = x.to(torch::kCPU);  // the compute stream's view, for the reference
+  torch::Tensor handed = x;
+  x = torch::Tensor();
+  for (int i = 0; i < 20; ++i) (void)torch::full({2048, 2048}, 7.0f, torch::TensorOptions().device(dev));
+  absl::StatusOr<std::string> frame = absl::InternalError("not run");
+  std::thread encoder([&] {
+    const c10::StreamGuard on_link(*use->stream);
+    codec::EncodeOptions eo;
+    eo.device = codec::CodecDevice::kGpu;
+    eo.cuda_stream = use->cuda_stream;
+    frame = (*tah)->Encode(handed, eo);
+    handed = torch::Tensor();
+  });
+  encoder.join();
+  ASSERT_TRUE(frame.ok()) << frame.status();
+  absl::StatusOr<std::string> want = (*tah)->Encode(want_host);
+  ASSERT_TRUE(want.ok()) << want.status();
+  EXPECT_TRUE(*frame == *want) << "the frame encoded on the link's stream differs from the CPU's";
 }
 #endif
 

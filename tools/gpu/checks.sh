@@ -11,6 +11,9 @@
 #   pipeline  where the sweep's step time goes: deploy/jobs/gpt2-xl-pipeline.yaml (unshaped, fp32
 #             links) on 4 workers sharing cuda:0, with 1 and 4 LibTorch threads per worker; GPU
 #             utilisation (nvidia-smi dmon) and every worker's /metrics mid-run
+#   bootstrap docs/deploy.md's GPU run: a coordinator on this machine, then deploy/bootstrap.sh (offline
+#             packages, build, install into /var/tmp/longhaul/boot, worker in the foreground) until
+#             the coordinator lists the worker; run it first on a fresh machine to see every step
 #   test      ./longhaul.sh test -L gpu
 #   bench     longhaul-bench stage: one gpt2-xl stage of 12 layers, bf16 (MFU)
 #   data      SentencePiece tokens of the fortunes corpus into /var/tmp/longhaul/fortunes-sp
@@ -19,7 +22,7 @@
 #             FIDELITY_STEPS steps (default 1000), both runs at once on cuda:0
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-OUT="${1:?usage: tools/gpu/checks.sh OUT_DIR [build|codec|codecbench|sweep|pipeline|test|bench|data|job|fidelity ...]}"
+OUT="${1:?usage: tools/gpu/checks.sh OUT_DIR [build|codec|codecbench|sweep|pipeline|bootstrap|test|bench|data|job|fidelity ...]}"
 shift
 steps=("$@")
 ((${#steps[@]})) || steps=(build test bench data job)
@@ -98,6 +101,28 @@ PY
         awk 'NR > 2 && $2 ~ /^[0-9]+$/ { s += $2; n++ } END { if (n) printf "  GPU busy (dmon sm%%) mean %.0f%% over %d s\n", s / n, n }' "$OUT/dmon-t$t.txt"
         rm -rf "$rd"/worker-*/jobs
       done ;;
+    bootstrap)
+      ./longhaul.sh build longhaul-coordinator longhaulctl >"$OUT/build-boot.log" 2>&1 \
+        || { tail -40 "$OUT/build-boot.log"; exit 1; }
+      b=/var/tmp/longhaul/boot
+      rm -rf "$b"; mkdir -p "$b"
+      addr="$(hostname -I | awk '{print $1}')"
+      build/bin/longhaul-coordinator --listen=0.0.0.0:7400 --state="$b/coordinator.db" --metrics-listen=none \
+        >"$OUT/boot-coordinator.log" 2>&1 &
+      cp=$!
+      SECONDS=0
+      deploy/bootstrap.sh --coordinator "$addr:7400" --prefix "$b/bin" --data-dir "$b/data" --name gpu-bootstrap \
+        >"$OUT/bootstrap.log" 2>&1 &
+      bp=$!
+      until grep -q "worker registered" "$OUT/bootstrap.log" || ! kill -0 "$bp" 2>/dev/null || ((SECONDS > 480)); do
+        sleep 2
+      done
+      echo "bootstrap: $SECONDS s to a registered worker (or to giving up)"
+      build/bin/longhaulctl --coordinator="$addr:7400" workers || true
+      kill -TERM "$bp" 2>/dev/null || true
+      wait "$bp" || echo "bootstrap exited with $?"
+      kill "$cp"; wait "$cp" || true
+      cat "$OUT/bootstrap.log" ;;
     test) ./longhaul.sh test -L gpu 2>&1 | tee "$OUT/gpu-tests.log" | tail -15 ;;
     bench) nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
            build/bin/longhaul-bench stage --device=cuda:0 --preset=gpt2-xl --layers=12 --precision=bf16 --json \
