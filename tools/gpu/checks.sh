@@ -7,7 +7,8 @@
 #   codecbench  longhaul-bench codec --device=cuda:0 for each codec family, 8192 x 4096 fp32 and bf16
 #   sweep     docs/gpu-sweep.md: 4 workers sharing cuda:0, each in its own network namespace with tc
 #             tbf access links, a gpt2-xl-shaped pipeline (SWEEP_LAYERS, default 48, over 4 stages,
-#             bf16), fp32 vs tahquant/int8 links at 1000, 500, 300 and 100 Mbit/s (SWEEP_RATES)
+#             bf16), fp32 vs tahquant/int8 links at 1000, 500, 300 and 100 Mbit/s (SWEEP_RATES;
+#             SWEEP_STEPS 8, SWEEP_MICRO_BATCHES 8, SWEEP_SCHEDULE gpipe)
 #   pipeline  where the sweep's step time goes: deploy/jobs/gpt2-xl-pipeline.yaml (unshaped, fp32
 #             links) on 4 workers sharing cuda:0, with 1 and 4 LibTorch threads per worker; GPU
 #             utilisation (nvidia-smi dmon) and every worker's /metrics mid-run
@@ -76,7 +77,7 @@ PY
       mkdir -p /var/tmp/longhaul
       TMPDIR=/var/tmp/longhaul build/bin/longhaul-bench sweep --shaper="$shaper" --preset=gpt2-xl --layers="${SWEEP_LAYERS:-48}" --stages=4 --device=cuda:0 \
         --precision=bf16 --context=1024 --micro-batches="${SWEEP_MICRO_BATCHES:-8}" --micro-batch-size=1 \
-        --steps="${SWEEP_STEPS:-8}" --repeats=1 --rates="${SWEEP_RATES:-1000,500,300,100}" --codecs=fp32,tahquant --backward=int8 \
+        --schedule="${SWEEP_SCHEDULE:-gpipe}" --steps="${SWEEP_STEPS:-8}" --repeats=1 --rates="${SWEEP_RATES:-1000,500,300,100}" --codecs=fp32,tahquant --backward=int8 \
         --markdown="$OUT/gpu-sweep.md" >"$OUT/sweep.log" 2>&1 || { tail -30 "$OUT/sweep.log"; exit 1; }
       cat "$OUT/gpu-sweep.md" ;;
     pipeline)
@@ -123,7 +124,9 @@ PY
       wait "$bp" || echo "bootstrap exited with $?"
       kill "$cp"; wait "$cp" || true
       cat "$OUT/bootstrap.log" ;;
-    test) ./longhaul.sh test -L gpu 2>&1 | tee "$OUT/gpu-tests.log" | tail -15 ;;
+    test) ./longhaul.sh test -L gpu 2>&1 | tee "$OUT/gpu-tests.log" | tail -15
+          # The CUDA cases of the link's device hand-over (label worker, skipped without a GPU).
+          build/tests/worker_test --gtest_filter='DeviceCopyTest.*' 2>&1 | tee "$OUT/device-copy-tests.log" | tail -4 ;;
     bench) nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
            build/bin/longhaul-bench stage --device=cuda:0 --preset=gpt2-xl --layers=12 --precision=bf16 --json \
              | tee "$OUT/stage-bench.json" ;;
