@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/read_file.h"
+#include "coordinator/ctl_plan_sim.h"
 #include "longhaul/v1/control_plane.grpc.pb.h"
 #include "proto/channel_config.h"
 
@@ -62,6 +63,7 @@ CLI::App* AddPlanCommand(CLI::App& app, PlanFlags* flags) {
               "starts nothing");
   cmd->add_option("spec", flags->spec, "the job spec")->type_name("JOB.yaml")->required();
   cmd->add_flag("--json", flags->json, "machine-readable output");
+  AddPlanSimulationFlags(cmd, flags);
   return cmd;
 }
 
@@ -130,6 +132,7 @@ int RunLinks(const std::string& coordinator, const LinksFlags& flags) {
 }
 
 int RunPlan(const std::string& coordinator, const PlanFlags& flags) {
+  if (flags.simulate) return RunPlanSimulation(flags);
   absl::StatusOr<std::string> yaml = common::ReadFile(flags.spec);
   if (!yaml.ok()) return Fail(std::string(yaml.status().message()));
   v1::PlanJobRequest req;

@@ -1,6 +1,7 @@
 // `longhaulctl links` (the coordinator's link matrix: Mbit/s, RTT and age of every directed pair
 // of live workers, and each worker's compute speed) and `longhaulctl plan JOB.yaml` (where the
-// job would be placed now, its predicted step time and the naive order's, nothing started).
+// job would be placed now, its predicted step time and the naive order's, nothing started;
+// `plan --simulate` plans on a simulated topology instead, without a coordinator: ctl_plan_sim.h).
 // Kept out of ctl_main.cc so that the CLI's main stays a list of commands.
 //
 //   LinksFlags lf;  CLI::App* links = AddLinksCommand(app, &lf);
@@ -23,6 +24,15 @@ struct LinksFlags {
 struct PlanFlags {
   std::string spec;  // the job spec's path
   bool json = false;
+  // --simulate: no coordinator; the job on a simulated topology (ctl_plan_sim.h).
+  bool simulate = false;
+  std::string topology = "8-cities";
+  int workers = 64;
+  int replicas = 0;           // 0: workers / stages
+  double gflops = 100000;     // each simulated worker's benchmark speed
+  int random = 1000;          // random placements to compare with
+  double time_limit_s = 5;    // the heuristic's wall-time limit
+  uint64_t seed = 1;
 };
 
 CLI::App* AddLinksCommand(CLI::App& app, LinksFlags* flags);

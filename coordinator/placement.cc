@@ -5,6 +5,7 @@
 #include <limits>
 #include <numeric>
 #include <random>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -66,7 +67,7 @@ Cost EvaluatePrefix(const JobShape& job, const Cluster& c, const int* p, int n) 
       out.limit_stage = limit_stage;
     }
   }
-  double dp = 0;
+  double dp = 0, group = 0;
   if (D > 1) {
     for (int s = 0; s < S; ++s) {
       const double grad = s < static_cast<int>(job.stage_grad_bytes.size()) ? job.stage_grad_bytes[s] : 0.0;
@@ -79,7 +80,10 @@ Cost EvaluatePrefix(const JobShape& job, const Cluster& c, const int* p, int n) 
           total += 2 * (l.latency_s + Transfer(l, grad / D));
         }
         dp = std::max(dp, total);
+        group = std::max(group, total);
       }
+      out.tiebreak += group;  // every group's sync, not only the slowest's
+      group = 0;
     }
   }
   out.dp_s = dp;
@@ -184,6 +188,121 @@ class Search {
         }
       }
     }
+  }
+
+  // DT-FM's order of decisions, for data-parallel jobs (D > 1), where one worker moved at a time
+  // rarely improves the slowest replica group: first the S groups of D workers that sync cheaply
+  // with each other, then their order along the pipelines and which members form each pipeline.
+  // Groups are grown one at a time around a seed worker, each time taking the worker that keeps
+  // the group's most loaded member lowest; `isolated_first` seeds each group with the worker
+  // whose D - 1 cheapest partners cost most (the hardest to place, so that the last group is not
+  // left with the scattered rest), otherwise with the best-connected one. The order: from each
+  // group as stage 0, the next stage is the group whose greedy bottleneck matching to the last
+  // stage is cheapest; the best of these S chains under the full model is returned.
+  Placement Grouped(bool isolated_first) {
+    const int S = job_.stages, D = job_.replicas;
+    double grad = 0;
+    for (double g : job_.stage_grad_bytes) grad = std::max(grad, g);
+    auto sync = [&](int i, int j) {  // both members' share of a pair's DT-FM cost
+      const Link& a = c_.links[i][j];
+      const Link& b = c_.links[j][i];
+      return 2 * (a.latency_s + Transfer(a, grad / D)) + 2 * (b.latency_s + Transfer(b, grad / D));
+    };
+    std::vector<char> free(N_, 1);
+    std::vector<std::vector<int>> groups;
+    std::vector<double> costs;
+    for (int k = 0; k < S; ++k) {
+      int seed = -1;
+      double seed_h = 0;
+      for (int u = 0; u < N_; ++u) {
+        if (!free[u]) continue;
+        costs.clear();
+        for (int v = 0; v < N_; ++v) {
+          if (v != u && free[v]) costs.push_back(sync(u, v));
+        }
+        const int take = std::min<int>(D - 1, static_cast<int>(costs.size()));
+        std::partial_sort(costs.begin(), costs.begin() + take, costs.end());
+        const double h = std::accumulate(costs.begin(), costs.begin() + take, 0.0);
+        if (seed < 0 || (isolated_first ? h > seed_h : h < seed_h)) std::tie(seed, seed_h) = std::pair(u, h);
+      }
+      std::vector<int> g{seed};
+      std::vector<double> load{0};  // per member: the sum of its pair costs within the group
+      free[seed] = 0;
+      while (static_cast<int>(g.size()) < D) {
+        int best = -1;
+        double best_max = 0;
+        for (int v = 0; v < N_; ++v) {
+          if (!free[v]) continue;
+          double own = 0, worst = 0;
+          for (size_t m = 0; m < g.size(); ++m) {
+            const double x = sync(g[m], v);
+            own += x;
+            worst = std::max(worst, load[m] + x);
+          }
+          worst = std::max(worst, own);
+          if (best < 0 || worst < best_max) std::tie(best, best_max) = std::pair(v, worst);
+        }
+        double own = 0;
+        for (size_t m = 0; m < g.size(); ++m) {
+          load[m] += sync(g[m], best);
+          own += sync(g[m], best);
+        }
+        load.push_back(own);
+        g.push_back(best);
+        free[best] = 0;
+      }
+      groups.push_back(std::move(g));
+    }
+    // One pipeline link's time per micro-batch (both directions carry at once: the slower counts).
+    auto link = [&](int a, int b) {
+      return std::max(c_.links[a][b].latency_s + Transfer(c_.links[a][b], job_.activation_bytes),
+                      c_.links[b][a].latency_s + Transfer(c_.links[b][a], job_.gradient_bytes));
+    };
+    // Members of `next` matched to the pipelines ending in `last`: cheapest pairs first.
+    auto match = [&](const std::vector<int>& last, const std::vector<int>& next, std::vector<int>* out) {
+      std::vector<std::tuple<double, int, int>> pairs;
+      for (int r = 0; r < D; ++r) {
+        for (int m = 0; m < D; ++m) pairs.emplace_back(link(last[r], next[m]), r, m);
+      }
+      std::sort(pairs.begin(), pairs.end());
+      out->assign(D, -1);
+      std::vector<char> taken(D, 0);
+      double worst = 0;
+      for (const auto& [t, r, m] : pairs) {
+        if ((*out)[r] >= 0 || taken[m]) continue;
+        (*out)[r] = next[m];
+        taken[m] = 1;
+        worst = std::max(worst, t);
+      }
+      return worst;
+    };
+    Placement best;
+    Cost best_cost;
+    for (int first = 0; first < S && !OutOfTime(); ++first) {
+      std::vector<std::vector<int>> stage{groups[first]};  // stage s's workers by replica
+      std::vector<char> used(S, 0);
+      used[first] = 1;
+      std::vector<int> m;
+      for (int s = 1; s < S; ++s) {
+        int pick = -1;
+        double pick_t = 0;
+        for (int k = 0; k < S; ++k) {
+          if (used[k]) continue;
+          const double t = match(stage.back(), groups[k], &m);
+          if (pick < 0 || t < pick_t) std::tie(pick, pick_t) = std::pair(k, t);
+        }
+        used[pick] = 1;
+        match(stage.back(), groups[pick], &m);
+        stage.push_back(m);
+      }
+      Placement p(K_);
+      for (int r = 0; r < D; ++r) {
+        for (int s = 0; s < S; ++s) p[r * S + s] = stage[s][r];
+      }
+      const Cost x = Eval(p);
+      if (best.empty() || Better(x, best_cost)) std::tie(best, best_cost) = std::pair(p, x);
+    }
+    return best;
   }
 
   // A few random swaps or replacements: a kick out of the current local optimum.
@@ -325,6 +444,13 @@ Solution SolveHeuristic(const JobShape& job, const Cluster& c, const SolveOption
   std::stable_sort(seeds.begin() + 1, seeds.end(),
                    [](const auto& a, const auto& b) { return Better(a.first, b.first); });
   if (seeds.size() > 4) seeds.resize(4);  // the naive order and the three best greedy ones
+  if (job.replicas > 1) {  // and the two grouped constructions
+    for (bool isolated_first : {true, false}) {
+      if (search.OutOfTime()) break;
+      Placement g = search.Grouped(isolated_first);
+      if (!g.empty()) seeds.emplace_back(search.Eval(g), std::move(g));
+    }
+  }
   out.placement = naive;
   out.cost = seeds[0].first;
   for (auto& [cost, p] : seeds) {
@@ -343,6 +469,89 @@ Solution SolveHeuristic(const JobShape& job, const Cluster& c, const SolveOption
   out.method = absl::StrCat("local search (greedy seeds, ", rounds, " perturbation rounds, ", out.evaluated,
                             " placements costed) over ", N, " workers");
   return out;
+}
+
+namespace {
+
+// The k-th smallest (1-based) of `v`, which it reorders; infinity when v holds fewer than k.
+double KthSmallest(std::vector<double>& v, int k) {
+  if (k < 1 || k > static_cast<int>(v.size())) return kInf;
+  std::nth_element(v.begin(), v.begin() + (k - 1), v.end());
+  return v[k - 1];
+}
+
+}  // namespace
+
+Bound LowerBound(const JobShape& job, const Cluster& c) {
+  const int S = job.stages, D = job.replicas, N = c.size();
+  Bound b;
+  if (N < job.workers() || S < 1 || D < 1) {
+    b.step_s = b.period_s = kInf;
+    return b;
+  }
+  const int K = job.workers();
+  std::vector<double> v(N), any_stage(N, kInf);
+  // Stages: each needs D distinct workers, so the slowest of them is at best the D-th fastest; and
+  // all K placed workers are distinct, so the slowest of all is at best the K-th fastest at
+  // whichever stage suits it best.
+  for (int s = 0; s < S; ++s) {
+    double fastest = kInf;
+    for (int w = 0; w < N; ++w) {
+      v[w] = c.flops_per_s[w] > 0 ? job.stage_flops[s] / c.flops_per_s[w] : kInf;
+      fastest = std::min(fastest, v[w]);
+      any_stage[w] = std::min(any_stage[w], v[w]);
+    }
+    b.period_s = std::max(b.period_s, KthSmallest(v, D));
+    b.fill_drain_s += fastest;
+  }
+  b.period_s = std::max(b.period_s, KthSmallest(any_stage, K));
+  if (S > 1) {
+    // Links: D (S - 1) of them, each sent by a different worker (a worker holds one position).
+    double cheapest_fill = kInf;
+    for (int i = 0; i < N; ++i) {
+      v[i] = kInf;
+      for (int j = 0; j < N; ++j) {
+        if (j == i) continue;
+        const Link& fw = c.links[i][j];
+        const Link& bw = c.links[j][i];
+        const double tf = Transfer(fw, job.activation_bytes), tb = Transfer(bw, job.gradient_bytes);
+        v[i] = std::min(v[i], std::max(tf, tb));
+        cheapest_fill = std::min(cheapest_fill, 2 * (fw.latency_s + bw.latency_s) + tf + tb);
+      }
+    }
+    b.period_s = std::max(b.period_s, KthSmallest(v, D * (S - 1)));
+    b.fill_drain_s += (S - 1) * cheapest_fill;
+  }
+  if (D > 1) {
+    // Replica groups: a member i pays at least the sum of its D - 1 cheapest pair costs (for the
+    // stage's gradients) into `v`.
+    std::vector<double> pair;
+    auto member_costs = [&](double grad) {
+      for (int i = 0; i < N; ++i) {
+        pair.clear();
+        for (int j = 0; j < N; ++j) {
+          if (j != i) pair.push_back(2 * (c.links[i][j].latency_s + Transfer(c.links[i][j], grad / D)));
+        }
+        std::partial_sort(pair.begin(), pair.begin() + (D - 1), pair.end());
+        v[i] = std::accumulate(pair.begin(), pair.begin() + (D - 1), 0.0);
+      }
+    };
+    // A group's most loaded member: at least the D-th smallest over all workers. The K members of
+    // all groups are distinct: the most loaded of them at least the K-th smallest for the
+    // smallest stage's gradients.
+    double least = kInf;
+    for (int s = 0; s < S; ++s) {
+      const double grad = s < static_cast<int>(job.stage_grad_bytes.size()) ? job.stage_grad_bytes[s] : 0.0;
+      least = std::min(least, grad);
+      member_costs(grad);
+      b.dp_s = std::max(b.dp_s, KthSmallest(v, D));
+    }
+    member_costs(least);
+    b.dp_s = std::max(b.dp_s, KthSmallest(v, K));
+  }
+  const double M1 = std::max(job.micro_batches, 1) - 1;
+  b.step_s = (M1 > 0 ? M1 * b.period_s : 0.0) + b.fill_drain_s + b.dp_s;  // (0 x infinity is NaN)
+  return b;
 }
 
 Solution Solve(const JobShape& job, const Cluster& c, const SolveOptions& o) {

@@ -74,9 +74,9 @@ struct Cost {
   double period_s = 0;      // the slowest pipeline's steady-state time per micro-batch
   double fill_drain_s = 0;  // that pipeline's fill and drain (and gradient-norm exchange)
   double dp_s = 0;          // data-parallel sync; 0 with one replica
-  // Sum of every stage's and link's time per micro-batch: among placements with the same step
-  // time, the one with less work off the critical path is preferred (local search needs a slope
-  // where the maximum is flat).
+  // Sum of every stage's and link's time per micro-batch and of every replica group's sync time:
+  // among placements with the same step time, the one with less work off the critical path is
+  // preferred (local search needs a slope where the maximum is flat).
   double tiebreak = 0;
   // What sets the period: compute of a stage, or the link from that stage to the next.
   enum class Limit { kCompute, kLinkForward, kLinkBackward };
@@ -124,6 +124,29 @@ Solution Solve(const JobShape& job, const Cluster& c, const SolveOptions& o = {}
 
 // True when `a` is a better prediction than `b` (step time first, then the tie-break).
 bool Better(const Cost& a, const Cost& b);
+
+// A lower bound of every placement's step time on `c` (docs/placement.md, "The per-group lower
+// bound"): each group -- a stage's D workers, the D (S - 1) links of the pipelines, a stage's
+// replica group -- gets its own best workers, chosen independently of the others, and from each
+// group's best the bound keeps only what holds whatever the others took:
+//   period    >= max over stages s of the D-th smallest compute time of s over all workers,
+//             >= the K-th smallest (K = S D placed workers, all distinct) of min_s c_s(w), and
+//             >= the D (S - 1)-th smallest over workers i of min_j max(act / bw_ij, grad / bw_ji)
+//                (the links' senders are distinct workers);
+//   fill      >= sum_s min_w c_s(w) + (S - 1) min_{i != j} (the link's fill and norm terms);
+//   sync      >= max over s of the D-th smallest over workers i of L_i(s), the sum of i's D - 1
+//                cheapest DT-FM pair costs 2 (alpha_ij + grad_s / (D beta_ij)), and
+//             >= the K-th smallest of L_i for the smallest stage's gradients;
+//   step      >= (M - 1) period + fill + sync.
+// Each group's term is at most what an exhaustive search over that group alone would give, so the
+// bound is below both that per-group optimum and the true optimum. O(S N + N^2 log N).
+struct Bound {
+  double step_s = 0;
+  double period_s = 0;
+  double fill_drain_s = 0;
+  double dp_s = 0;
+};
+Bound LowerBound(const JobShape& job, const Cluster& c);
 
 }  // namespace longhaul::coordinator::placement
 

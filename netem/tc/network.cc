@@ -42,6 +42,55 @@ std::vector<std::string> TbfArgs(double mbit, double queue_ms) {
   return {"tbf", "rate", absl::StrCat(mbit, "mbit"), "burst", absl::StrCat(burst), "latency", absl::StrCat(queue_ms, "ms")};
 }
 
+// A byte FIFO that holds `queue_ms` of traffic at `mbit` (what tbf's latency bounds), at least
+// two full-size packets.
+std::string FifoLimit(double mbit, double queue_ms) {
+  return absl::StrCat(std::max<int64_t>(3200, static_cast<int64_t>(MbitToBytesPerSecond(mbit) * queue_ms / 1e3)));
+}
+
+// htb's quantum (bytes a class sends per round) from its rate, within what htb accepts quietly.
+std::string HtbQuantum(double mbit) {
+  return absl::StrCat(std::clamp<int64_t>(static_cast<int64_t>(MbitToBytesPerSecond(mbit) / 10), 1600, 60000));
+}
+
+// The egress of host `h` in a topology with regions: an htb whose class 1:1 holds the host's
+// rate (unlimited hosts: the most a rate may be); under it the default class 1:10 (hosts of its
+// own region, hosts without one) and, per host of another region, a class at the rate between
+// regions that a u32 filter on the destination address sends it to (1:1xx, xx the host's index in
+// hex). One class per destination, so that each pair has its rate: a worker's activations to one
+// host and gradients to another do not share one.
+std::vector<std::vector<std::string>> RegionEgress(const Topology& t, const HostSpec& h, const std::string& ns,
+                                                   const std::string& dev) {
+  const double own = h.rate_mbit > 0 ? h.rate_mbit : 100000;
+  const double between = std::min(own, t.between_regions_mbit);
+  auto htb_class = [&](const std::string& parent, const std::string& id, double mbit) {
+    return std::vector<std::string>{"tc", "-n", ns, "class", "add", "dev", dev, "parent", parent, "classid", id, "htb",
+                                    "rate", absl::StrCat(mbit, "mbit"), "quantum", HtbQuantum(mbit)};
+  };
+  std::vector<std::vector<std::string>> c = {
+      {"tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "10"},
+      htb_class("1:", "1:1", own),
+      htb_class("1:1", "1:10", own),
+  };
+  if (h.rate_mbit > 0) {
+    c.push_back({"tc", "-n", ns, "qdisc", "add", "dev", dev, "parent", "1:10", "handle", "10:", "bfifo", "limit",
+                 FifoLimit(h.rate_mbit, h.queue_ms)});
+  }
+  for (size_t i = 0; i < t.hosts.size(); ++i) {
+    const HostSpec& other = t.hosts[i];
+    if (other.region.empty() || other.region == h.region) continue;
+    const std::string minor = absl::StrCat(absl::Hex(0x100 + i));
+    c.push_back(htb_class("1:1", absl::StrCat("1:", minor), between));
+    c.push_back({"tc", "-n", ns, "qdisc", "add", "dev", dev, "parent", absl::StrCat("1:", minor), "handle",
+                 absl::StrCat(minor, ":"), "bfifo", "limit", FifoLimit(between, t.between_regions_queue_ms)});
+    c.push_back({"tc", "-n", ns, "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "1", "u32",
+                 "match", "ip", "dst", absl::StrCat(t.Address(other.name), "/32"), "flowid", absl::StrCat("1:", minor)});
+  }
+  return c;
+}
+
+bool RegionShaped(const Topology& t, const HostSpec& h) { return t.between_regions_mbit > 0 && !h.region.empty(); }
+
 // Where a host's access link is shaped, as (namespace, device): [0] the host's own eth0 (its
 // upload), [1] the bridge port towards it in the switch namespace (its download).
 struct Egress {
@@ -79,7 +128,31 @@ absl::StatusOr<Topology> ParseTopology(const std::string& yaml) {
   };
   for (const auto& kv : root) {
     const std::string k = kv.first.as<std::string>("");
-    if (k != "name" && k != "subnet" && k != "hosts") p.push_back(absl::StrCat(k, ": unknown key (name, subnet, hosts)"));
+    if (k != "name" && k != "subnet" && k != "hosts" && k != "between_regions") {
+      p.push_back(absl::StrCat(k, ": unknown key (name, subnet, hosts, between_regions)"));
+    }
+  }
+  if (const YAML::Node b = root["between_regions"]) {
+    if (!b.IsMap()) {
+      p.push_back("between_regions: must be a mapping {rate_mbit, queue_ms}");
+    } else {
+      try {
+        for (const auto& kv : b) {
+          const std::string k = kv.first.as<std::string>("");
+          if (k == "rate_mbit") t.between_regions_mbit = kv.second.as<double>();
+          else if (k == "queue_ms") t.between_regions_queue_ms = kv.second.as<double>();
+          else p.push_back(absl::StrCat("between_regions.", k, ": unknown key (rate_mbit, queue_ms)"));
+        }
+      } catch (const YAML::Exception&) {
+        p.push_back("between_regions: values must be numbers");
+      }
+      if (!(t.between_regions_mbit > 0 && t.between_regions_mbit <= 100000)) {
+        p.push_back("between_regions.rate_mbit: out of (0, 100000]");
+      }
+      if (!(t.between_regions_queue_ms >= 1 && t.between_regions_queue_ms <= 60000)) {
+        p.push_back("between_regions.queue_ms: out of [1, 60000]");
+      }
+    }
   }
   try {
     if (root["name"]) t.name = root["name"].as<std::string>();
@@ -95,6 +168,7 @@ absl::StatusOr<Topology> ParseTopology(const std::string& yaml) {
     subnet_ok = subnet_ok && absl::SimpleAtoi(o, &v) && v >= 0 && v <= 255;
   }
   if (!subnet_ok) p.push_back(absl::StrCat("subnet: \"", t.subnet, "\" must be the first three octets of a /24, e.g. 10.77.0"));
+  const bool between_regions = static_cast<bool>(root["between_regions"]);
   const YAML::Node hosts = root["hosts"];
   if (!hosts || !hosts.IsSequence() || hosts.size() == 0) {
     p.push_back("hosts: must be a non-empty list");
@@ -117,7 +191,8 @@ absl::StatusOr<Topology> ParseTopology(const std::string& yaml) {
           else if (k == "jitter_ms") hs.jitter_ms = kv.second.as<double>();
           else if (k == "loss") hs.loss = kv.second.as<double>();
           else if (k == "queue_ms") hs.queue_ms = kv.second.as<double>();
-          else p.push_back(absl::StrCat(where, ".", k, ": unknown key (name, rate_mbit, delay_ms, jitter_ms, loss, queue_ms)"));
+          else if (k == "region") hs.region = kv.second.as<std::string>();
+          else p.push_back(absl::StrCat(where, ".", k, ": unknown key (name, region, rate_mbit, delay_ms, jitter_ms, loss, queue_ms)"));
         }
       } catch (const YAML::Exception&) {
         p.push_back(absl::StrCat(where, ": values must be a name and numbers"));
@@ -132,6 +207,13 @@ absl::StatusOr<Topology> ParseTopology(const std::string& yaml) {
       if (!(hs.jitter_ms >= 0 && hs.jitter_ms <= hs.delay_ms)) p.push_back(absl::StrCat(where, ".jitter_ms: must be in [0, delay_ms]"));
       if (!(hs.loss >= 0 && hs.loss <= 0.5)) p.push_back(absl::StrCat(where, ".loss: out of [0, 0.5]"));
       if (!(hs.queue_ms >= 1 && hs.queue_ms <= 60000)) p.push_back(absl::StrCat(where, ".queue_ms: out of [1, 60000]"));
+      if (!hs.region.empty() && !is_name(hs.region, 32)) {
+        p.push_back(absl::StrCat(where, ".region: \"", hs.region, "\" must be 1..32 letters, digits or _"));
+      }
+      if (!hs.region.empty() && between_regions && (hs.delay_ms > 0 || hs.jitter_ms > 0 || hs.loss > 0)) {
+        p.push_back(absl::StrCat(where, ": delay_ms, jitter_ms and loss are not supported on a host of a region "
+                                        "(give them to the job spec's links: section)"));
+      }
       t.hosts.push_back(hs);
     }
     if (hosts.size() > 250) p.push_back("hosts: at most 250 in a /24");
@@ -269,7 +351,13 @@ absl::Status Network::Up(const std::function<bool()>& interrupted) {
         {"ip", "-n", sw, "link", "set", sv, "up"},
     };
     cmds.insert(cmds.end(), c.begin(), c.end());
-    for (const auto& [tns, dev] : AccessLinkEgress(t_, h.name)) {
+    const std::array<Egress, 2> egress = AccessLinkEgress(t_, h.name);
+    for (const auto& [tns, dev] : egress) {
+      if (RegionShaped(t_, h) && tns == egress[0].ns) {
+        const std::vector<std::vector<std::string>> r = RegionEgress(t_, h, tns, dev);
+        cmds.insert(cmds.end(), r.begin(), r.end());
+        continue;
+      }
       std::string parent = "root";
       if (netem && (h.delay_ms > 0 || h.jitter_ms > 0 || h.loss > 0)) {
         std::vector<std::string> n = {"tc", "-n", tns, "qdisc", "add", "dev", dev, "root", "handle", "1:", "netem"};
@@ -307,6 +395,9 @@ absl::Status Network::Up(const std::function<bool()>& interrupted) {
 }
 
 absl::Status Network::SetRate(double mbit) {
+  if (t_.between_regions_mbit > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(t_.name, " has regions: SetRate would replace their shaping"));
+  }
   for (const HostSpec& h : t_.hosts) {
     for (const auto& [ns, dev] : AccessLinkEgress(t_, h.name)) {
       (void)run_({"tc", "-n", ns, "qdisc", "del", "dev", dev, "root"});  // absent: nothing to delete

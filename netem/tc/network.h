@@ -14,6 +14,18 @@
 // reported); otherwise `up` says so and they must come from the in-process shaper (the job spec's
 // `links:` section).
 //
+// Regions (optional): hosts may name a region, and the topology a rate between regions:
+//   between_regions: {rate_mbit: 2}         # default queue_ms 400
+//   hosts:
+//     - {name: a1, region: east, rate_mbit: 200}
+//     - {name: b1, region: west, rate_mbit: 200}
+// Traffic from a host to a host of another region is paced at between_regions.rate_mbit on the
+// sender's egress (one htb class per such destination, which a u32 filter on its address sends
+// it to; the rest of its traffic goes at its own rate_mbit), so hosts of a region talk fast among
+// themselves and slowly to the others, each pair at its own rate: per-pair rates on one bridge. Hosts without a region (a coordinator) are neither
+// slowed nor slow to reach. Not with delay_ms/jitter/loss on a host of a region (the netem qdisc
+// would have to sit under the htb classes), nor with SetRate.
+//
 //   auto topo = ParseTopology(yaml);   Network net(*topo, RunCommand);   net.Up();  ...  net.Down();
 #ifndef LONGHAUL_NETEM_TC_NETWORK_H_
 #define LONGHAUL_NETEM_TC_NETWORK_H_
@@ -35,12 +47,17 @@ struct HostSpec {
   // The tbf queue: this much traffic at rate_mbit waits, more is dropped. Shallow queues make
   // TCP lose packets whenever its sending rate overshoots the link (BBR's bandwidth probes do).
   double queue_ms = 400;
+  std::string region = "";  // none
 };
 
 struct Topology {
   std::string name = "lh";
   std::string subnet = "10.77.0";
   std::vector<HostSpec> hosts;
+  // Between hosts of different regions (both named): at most this rate from each sender. 0: no
+  // region shaping.
+  double between_regions_mbit = 0;
+  double between_regions_queue_ms = 400;
   std::string Namespace(const std::string& host) const { return name + "-" + host; }
   std::string SwitchNamespace() const { return name + "-sw"; }
   // Address of a host, or "" if unknown.
@@ -81,7 +98,7 @@ class Network {
   bool NetemAvailable();
   // Re-shapes every host's access link (both directions) to `mbit` (0: unshaped), keeping each
   // host's queue_ms. For experiments that sweep rates on a network that is up; hosts with netem
-  // qdiscs are not supported.
+  // qdiscs and topologies with regions are not supported.
   absl::Status SetRate(double mbit);
   // Goodput in Mbit/s of one TCP connection carrying `bytes` from this (the root) namespace to a
   // sink in `host`'s namespace: through the uplink (unshaped) and `host`'s shaped download. What
