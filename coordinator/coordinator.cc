@@ -1,7 +1,6 @@
 #include "coordinator/coordinator.h"
 
 #include <algorithm>
-#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
@@ -122,6 +121,7 @@ void CoordinatorService::Persist(const Job& job) {
 }
 
 void CoordinatorService::SetWorkerState(Worker& w, v1::WorkerState s, uint64_t job_id, const std::string& note) {
+  w.draining.reset();  // Drain sets it after this
   w.status.set_state(s);
   w.status.set_job_id(job_id);
   w.status.set_note(note);
@@ -219,6 +219,7 @@ void CoordinatorService::Start(Job& job, const std::vector<uint64_t>& worker_ids
   job.status.clear_pending_reason();
   job.status.set_state(v1::JOB_STATE_RUNNING);
   job.status.set_started_unix(UnixNow());
+  ResetProgress(job);
   Log(absl::StrCat("job ", id, " (", job.status.name(), ") placed on ", spec.stages(), " worker(s) after waiting ",
                    Ms(opt_.clock->Now() - job.queued_at)));
   Persist(job);
@@ -246,12 +247,14 @@ void CoordinatorService::FailJob(Job& job, const std::string& error, v1::JobStat
       out->emplace_back(it->second.session, std::move(m));
     }
     ReleaseWorkers(job);
+    job.release_by = opt_.clock->Now() + opt_.stop_timeout;  // stages not stopped by then: drained
   }
   Persist(job);
   Changed();
 }
 
-void CoordinatorService::WorkerLost(uint64_t worker_id, const std::string& why, Outbox* out) {
+void CoordinatorService::WorkerLost(uint64_t worker_id, const std::string& why, Outbox* out,
+                                    absl::Duration detection) {
   auto it = workers_.find(worker_id);
   if (it == workers_.end() || it->second.status.state() == v1::WORKER_STATE_DEAD) return;
   Worker& w = it->second;
@@ -259,11 +262,13 @@ void CoordinatorService::WorkerLost(uint64_t worker_id, const std::string& why, 
   if (w.session && w.session->ctx) w.session->ctx->TryCancel();
   w.session.reset();
   Log(absl::StrCat(Describe(w.status), " lost: ", why));
-  const absl::Duration silent = opt_.clock->Now() - w.last_heartbeat;
+  const absl::Duration silent = detection == absl::InfiniteDuration() ? opt_.clock->Now() - w.last_heartbeat : detection;
+  const bool draining = w.draining.has_value();  // its stage is not the job's any more
   SetWorkerState(w, v1::WORKER_STATE_DEAD, 0, why);
   auto j = jobs_.find(job_id);
   // A coordinator shutting down leaves its jobs running: their workers come back to the next one.
-  if (j != jobs_.end() && !IsTerminal(j->second.status.state()) && !stopping_) {
+  if (j != jobs_.end() && !IsTerminal(j->second.status.state()) && !stopping_ && !draining &&
+      StageOf(j->second, worker_id) >= 0) {
     BeginRecovery(j->second, absl::StrCat(Describe(w.status), " lost: ", why), &w, silent, out);
   }
   SendProbePeers(out);  // the others stop probing it
@@ -289,6 +294,7 @@ void CoordinatorService::CheckHeartbeats() {
                  &out);
     }
     CheckDeadlines(&out);
+    CheckProgress(&out);
     SendFloors(&out);
     Schedule(&out);
   }
@@ -322,7 +328,8 @@ grpc::Status CoordinatorService::Register(grpc::ServerContext*, const v1::Regist
     w.last_heartbeat = opt_.clock->Now();
     w.session.reset();
     SetWorkerState(w, v1::WORKER_STATE_IDLE, 0, "");
-    if (req->has_running()) Reattach(w, req->running());  // after a coordinator restart
+    // After a coordinator restart, or after being declared dead: re-attached, or drained.
+    if (req->has_running()) Reattach(w, req->running());
     resp->set_worker_id(id);
     resp->set_heartbeat_interval_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(opt_.heartbeat_interval)));
     resp->set_heartbeat_timeout_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(opt_.heartbeat_timeout)));
@@ -370,6 +377,7 @@ grpc::Status CoordinatorService::Session(
       Worker& w = it->second;
       w.last_heartbeat = opt_.clock->Now();
       if (m.has_heartbeat()) {
+        Txn txn(*store_);  // (rarely) frees a worker and schedules
         CheckRunning(w, m.heartbeat(), &out);
       } else if (m.has_progress()) {
         Txn txn(*store_);
@@ -423,6 +431,7 @@ void CoordinatorService::OnProgress(Worker& w, const v1::StepProgress& p) {
   }
   job.latest[p.stage()] = p;
   TrackCheckpoints(job, p);
+  TrackStep(job, p);
   job.status.mutable_stages(p.stage())->set_step(p.step());
   int64_t wire = 0, raw = 0;
   double err = 0;
@@ -572,28 +581,6 @@ grpc::Status CoordinatorService::ListWorkers(grpc::ServerContext*, const v1::Lis
     }
   }
   return grpc::Status::OK;
-}
-
-CoordinatorService::MetricsView CoordinatorService::ViewForMetrics(size_t max_jobs) {
-  MetricsView v;
-  absl::MutexLock l(&mu_);
-  const absl::Time now = opt_.clock->Now();
-  // Every pending or running job, and the `max_jobs` most recent others: a long job never goes
-  // dark because newer jobs came and went.
-  auto recent = jobs_.end();
-  for (size_t n = 0; n < max_jobs && recent != jobs_.begin(); ++n) --recent;
-  const auto recent_id = recent == jobs_.end() ? std::numeric_limits<uint64_t>::max() : recent->first;
-  for (const auto& [id, job] : jobs_) {
-    const v1::JobState s = job.status.state();
-    if (id < recent_id && IsTerminal(s)) continue;
-    v.jobs.push_back(job.status);
-    v.jobs.back().clear_spec_yaml();
-  }
-  for (const auto& [id, w] : workers_) {
-    const bool live = w.status.state() != v1::WORKER_STATE_DEAD;
-    v.workers.push_back({w.status, live ? absl::ToDoubleSeconds(now - w.last_heartbeat) : 0.0});
-  }
-  return v;
 }
 
 }  // namespace longhaul::coordinator

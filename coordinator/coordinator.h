@@ -37,6 +37,16 @@
 // workers register again naming their stage and are re-attached; a stage whose worker has not
 // come back within reattach_grace is recovered like a dead one.
 //
+// Hung stages and stragglers (coordinator_watchdog.cc, docs/recovery.md): a running job that
+// reports no step for a multiple of its expected step time (the spec's recovery.progress_timeout_*)
+// has a hung stage — the one computing while its neighbours wait for it, by the activity its
+// worker's heartbeats report — whose worker is treated as lost. A stage whose compute per step is
+// a multiple of its prediction is flagged as a straggler (StagePlacement.straggler).
+//
+// A worker still running a stage the coordinator no longer wants there (moved to another worker
+// while it was away, or of a job that has ended) is kept BUSY — given no work — and told to stop
+// at each heartbeat until it reports the stage's end or a heartbeat with nothing running.
+//
 // Threading: all state is guarded by mu_ (Store calls included). gRPC sync-server threads run the
 // handlers; Session handlers live as long as their worker's stream. Writes to a worker's stream go
 // through its Session's own write mutex and are never made while holding mu_. The monitor thread
@@ -45,8 +55,10 @@
 #ifndef LONGHAUL_COORDINATOR_COORDINATOR_H_
 #define LONGHAUL_COORDINATOR_COORDINATOR_H_
 
+#include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <thread>
 #include <vector>
@@ -138,6 +150,9 @@ class CoordinatorService final : public v1::Coordinator::Service {
     v1::WorkerStatus status;
     absl::Time last_heartbeat;
     std::shared_ptr<SessionHandle> session;  // null until Session opens, and after it closes
+    // A stage it runs that the coordinator does not want there (see the top of this file): BUSY,
+    // given no work, until that stage ends.
+    std::optional<v1::RunningStage> draining;
   };
   struct Job {
     v1::JobStatus status;
@@ -156,6 +171,19 @@ class CoordinatorService final : public v1::Coordinator::Service {
     absl::Time reattach_by = absl::InfiniteFuture();  // after a restart: unattached stages are lost then
     std::set<int> attached;  // after a restart: stages whose worker registered again
     int64_t floor = 0;       // the checkpoint floor last sent to the workers
+    // Terminal: stages still running then get a note and their workers are drained.
+    absl::Time release_by = absl::InfiniteFuture();
+    // The progress watchdog and stragglers (coordinator_watchdog.cc), for the current attempt unless
+    // said otherwise.
+    absl::Time attempt_started;          // its assignments went out
+    absl::Time last_step_at;             // a stage last reported a step (or its end)
+    bool stepped = false;                // a step of this attempt was reported
+    std::set<int> past_setup;            // stages seen stepping (activity or a step)
+    absl::Time stepping_since = absl::InfiniteFuture();  // when the last of them was seen so
+    std::map<int, v1::StageActivity> activity;  // per stage, from its worker's latest heartbeat
+    std::deque<double> step_seconds;     // the last stage's recent step times (every attempt)
+    double max_checkpoint_seconds = 0;   // the longest checkpoint write of any stage (every attempt)
+    std::map<int, std::deque<double>> compute;  // per stage: recent compute seconds per step
   };
   using Outbox = std::vector<std::pair<std::shared_ptr<SessionHandle>, v1::CoordinatorMessage>>;
 
@@ -164,7 +192,9 @@ class CoordinatorService final : public v1::Coordinator::Service {
   void Schedule(Outbox* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Start(Job& job, const std::vector<uint64_t>& worker_ids, Outbox* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FailJob(Job& job, const std::string& error, v1::JobState state, Outbox* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void WorkerLost(uint64_t worker_id, const std::string& why, Outbox* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `detection`: how long the failure went unnoticed (infinite: since the worker's last heartbeat).
+  void WorkerLost(uint64_t worker_id, const std::string& why, Outbox* out,
+                  absl::Duration detection = absl::InfiniteDuration()) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnProgress(Worker& w, const v1::StepProgress& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnFinished(Worker& w, const v1::JobFinished& f, Outbox* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Recovery (coordinator_recovery.cc).
@@ -184,7 +214,9 @@ class CoordinatorService final : public v1::Coordinator::Service {
   void OnReplicated(Worker& w, const v1::CheckpointReplicated& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sends every running job's workers its checkpoint floor when it advanced.
   void SendFloors(Outbox* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether the heartbeat's running job is what this coordinator expects of `w`; cancels it if not.
+  // Whether the heartbeat's running job is what this coordinator expects of `w` (then its activity
+  // feeds the watchdog); cancels it if not; frees a drained worker (or one of an ended job) that
+  // runs nothing any more (coordinator_watchdog.cc).
   void CheckRunning(Worker& w, const v1::Heartbeat& hb, Outbox* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A worker registering again with the stage it runs (after a coordinator restart).
   void Reattach(Worker& w, const v1::RunningStage& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -194,6 +226,18 @@ class CoordinatorService final : public v1::Coordinator::Service {
   void CheckDeadlines(Outbox* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A terminal job's workers that are not running a stage of it any more become idle.
   void ReleaseWorkers(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `w` runs stage `r`, which the coordinator does not want there: BUSY, no work, until it ends.
+  void Drain(Worker& w, const v1::RunningStage& r, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Progress watchdog and stragglers (coordinator_watchdog.cc).
+  // A new attempt's assignments went out (Start, Resume) or a restarted coordinator loaded the job.
+  void ResetProgress(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A step report of the current attempt: step times, checkpoint times, each stage's compute.
+  void TrackStep(Job& job, const v1::StepProgress& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A heartbeat's activity of the current attempt's stage `stage`.
+  void TrackActivity(Job& job, int stage, const v1::StageActivity& a) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Running jobs without a step for longer than their progress timeout: the hung stages' workers
+  // are lost (or, when none is hung, every stage restarts on its worker).
+  void CheckProgress(Outbox* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SetWorkerState(Worker& w, v1::WorkerState s, uint64_t job_id, const std::string& note)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Persist(const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -1,5 +1,7 @@
 #include "coordinator/coordinator_metrics.h"
 
+#include <algorithm>
+#include <limits>
 #include <map>
 
 #include <nlohmann/json.hpp>
@@ -34,6 +36,15 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& r, CoordinatorServi
                         .Name("longhaul_job_restarts_total")
                         .Help("Times the job was restarted after a failure (docs/recovery.md)")
                         .Register(r)),
+      stage_straggler_(Gauge(r, "longhaul_job_stage_straggler",
+                             "1 when the stage computes more than recovery.straggler_factor times its prediction per "
+                             "step (docs/recovery.md), else 0")),
+      stage_compute_(Gauge(r, "longhaul_job_stage_compute_seconds",
+                           "The stage's compute per step: its step time less its waits on links (median of recent "
+                           "steps; 0 until measured)")),
+      stage_predicted_(Gauge(r, "longhaul_job_stage_predicted_compute_seconds",
+                             "The stage's predicted compute per step (its worker's measured speed, else the other "
+                             "stages'; 0: none)")),
       worker_heartbeat_age_(Gauge(r, "longhaul_worker_heartbeat_age_seconds",
                                   "Seconds since the worker's last message (live workers only; a dead "
                                   "worker's series are removed)")),
@@ -44,6 +55,14 @@ void CoordinatorMetrics::RemoveJob(const std::string& id) {
   // Add returns the existing series for these labels (or makes one), which Remove then drops.
   for (auto* f : {&job_step_, &job_loss_, &job_tokens_}) f->Remove(&f->Add({{"job_id", id}}));
   job_restarts_.Remove(&job_restarts_.Add({{"job_id", id}}));
+  if (auto stages = job_stages_.find(id); stages != job_stages_.end()) {
+    for (int s = 0; s < stages->second; ++s) {
+      for (auto* f : {&stage_straggler_, &stage_compute_, &stage_predicted_}) {
+        f->Remove(&f->Add({{"job_id", id}, {"stage", absl::StrCat(s)}}));
+      }
+    }
+    job_stages_.erase(stages);
+  }
   for (v1::JobState s : kJobStates) {
     job_state_.Remove(&job_state_.Add({{"job_id", id}, {"state", Lower(JobStateName(s))}}));
   }
@@ -71,6 +90,14 @@ void CoordinatorMetrics::Refresh() {
     for (v1::JobState s : kJobStates) {
       job_state_.Add({{"job_id", id}, {"state", Lower(JobStateName(s))}}).Set(j.state() == s ? 1 : 0);
     }
+    for (const v1::StagePlacement& p : j.stages()) {
+      const std::map<std::string, std::string> labels = {{"job_id", id}, {"stage", absl::StrCat(p.stage())}};
+      stage_straggler_.Add(labels).Set(p.straggler().empty() ? 0 : 1);
+      stage_compute_.Add(labels).Set(p.compute_seconds());
+      stage_predicted_.Add(labels).Set(p.predicted_compute_seconds());
+    }
+    int& stages = job_stages_[id];
+    stages = std::max(stages, j.stages_size());
   }
   for (const std::string& id : jobs_) {
     if (!now.count(id)) RemoveJob(id);
@@ -101,6 +128,29 @@ void CoordinatorMetrics::Refresh() {
   }
   worker_series_ = std::move(live);
   for (const auto& [s, n] : by_state) workers_.Add({{"state", Lower(WorkerStateName(s))}}).Set(n);
+}
+
+// Here rather than in coordinator.cc: the metrics are its only caller.
+CoordinatorService::MetricsView CoordinatorService::ViewForMetrics(size_t max_jobs) {
+  MetricsView v;
+  absl::MutexLock l(&mu_);
+  const absl::Time now = opt_.clock->Now();
+  // Every pending or running job, and the `max_jobs` most recent others: a long job never goes
+  // dark because newer jobs came and went.
+  auto recent = jobs_.end();
+  for (size_t n = 0; n < max_jobs && recent != jobs_.begin(); ++n) --recent;
+  const auto recent_id = recent == jobs_.end() ? std::numeric_limits<uint64_t>::max() : recent->first;
+  for (const auto& [id, job] : jobs_) {
+    const v1::JobState s = job.status.state();
+    if (id < recent_id && IsTerminal(s)) continue;
+    v.jobs.push_back(job.status);
+    v.jobs.back().clear_spec_yaml();
+  }
+  for (const auto& [id, w] : workers_) {
+    const bool live = w.status.state() != v1::WORKER_STATE_DEAD;
+    v.workers.push_back({w.status, live ? absl::ToDoubleSeconds(now - w.last_heartbeat) : 0.0});
+  }
+  return v;
 }
 
 std::string CoordinatorMetrics::DiscoveryJson() {

@@ -9,7 +9,9 @@
 // job_id (not `job`: Prometheus gives every scraped series a `job` label of its own, the scrape
 // job's, and would rename ours to exported_job). Pending and running jobs and the kMaxJobs most
 // recent others have series; a finished job's series are removed when newer ones push it out
-// (bounded cardinality). Per live worker: heartbeat age and state, labelled worker (its name); a
+// (bounded cardinality). Per stage of a job that has been placed, labelled job_id and stage: its
+// compute per step, the prediction, and whether it is flagged as a straggler (docs/recovery.md).
+// Per live worker: heartbeat age and state, labelled worker (its name); a
 // worker's series go when it dies (longhaul_workers counts the dead).
 //
 // Threading: Refresh and DiscoveryJson are called by the metrics server, one request at a time.
@@ -53,12 +55,16 @@ class CoordinatorMetrics {
   prometheus::Family<prometheus::Gauge>& job_tokens_;
   prometheus::Family<prometheus::Gauge>& job_state_;
   prometheus::Family<prometheus::Counter>& job_restarts_;
+  prometheus::Family<prometheus::Gauge>& stage_straggler_;
+  prometheus::Family<prometheus::Gauge>& stage_compute_;
+  prometheus::Family<prometheus::Gauge>& stage_predicted_;
   prometheus::Family<prometheus::Gauge>& worker_heartbeat_age_;
   prometheus::Family<prometheus::Gauge>& worker_state_;
   prometheus::Family<prometheus::Gauge>& workers_;
   std::set<std::string> jobs_;  // job ids with series
   std::set<std::string> worker_series_;  // names of the (live) workers with series
   std::map<std::string, std::string> job_names_;  // id -> the name in its info series
+  std::map<std::string, int> job_stages_;         // id -> stages with series
 };
 
 }  // namespace longhaul::coordinator

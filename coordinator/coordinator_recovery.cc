@@ -143,8 +143,8 @@ void CoordinatorService::BeginRecovery(Job& job, const std::string& cause, const
   job.recover_by = now + absl::Seconds(rs.wait_seconds());
   job.reattach_by = absl::InfiniteFuture();
   Log(absl::StrCat("job ", id, " RECOVERING (restart ", job.status.restarts(), " of at most ", rs.max_restarts(),
-                   ", detected ", absl::StrFormat("%.3f", absl::ToDoubleSeconds(detection)),
-                   " s after the last heartbeat) at step ", job.status.step(), ": ", cause));
+                   "; unnoticed for ", absl::StrFormat("%.3f", absl::ToDoubleSeconds(detection)), " s) at step ",
+                   job.status.step(), ": ", cause));
   Persist(job);
   Changed();
 }
@@ -319,6 +319,7 @@ void CoordinatorService::Resume(Job& job, const std::vector<uint64_t>& spares, O
   job.finished.clear();
   job.stopped.clear();
   job.lost.clear();
+  ResetProgress(job);
   Log(absl::StrCat("job ", id, " restarts as attempt ", attempt, " from step ", restore, " (it had reached step ",
                    r->failed_step(), ") ", absl::StrFormat("%.3f", r->resumed_unix() - r->failed_unix()),
                    " s after the failure: ", absl::StrJoin(r->replacements(), "; ")));
@@ -435,6 +436,14 @@ void CoordinatorService::SendFloors(Outbox* out) {
 }
 
 void CoordinatorService::OnFinished(Worker& w, const v1::JobFinished& f, Outbox* out) {
+  // A drained worker runs nothing else (it is given no work): any end of that job is its stage's.
+  if (w.draining && w.draining->job_id() == f.job_id()) {
+    Log(absl::StrCat(Describe(w.status), " stopped job ", f.job_id(), " stage ", f.stage(), ", which it no longer held: idle"));
+    SetWorkerState(w, v1::WORKER_STATE_IDLE, 0, "");
+    Changed();
+    Schedule(out);
+    return;
+  }
   auto it = jobs_.find(f.job_id());
   const int s = it == jobs_.end() ? -1 : StageOf(it->second, w.status.worker_id());
   if (it == jobs_.end() || IsTerminal(it->second.status.state()) || s != f.stage()) {
@@ -452,6 +461,7 @@ void CoordinatorService::OnFinished(Worker& w, const v1::JobFinished& f, Outbox*
   // The worker stays reserved for the job (BUSY) until the job ends: a restart needs it again.
   if (job.status.state() == v1::JOB_STATE_RUNNING && f.attempt() == job.status.attempt()) {
     job.ended.insert(s);
+    job.last_step_at = opt_.clock->Now();  // progress, for the watchdog
     job.status.mutable_stages(s)->set_checkpoint_path(f.checkpoint_path());
     const std::string what = absl::StrCat(Describe(w.status), " failed: ", f.error());
     if (f.ok()) {
@@ -476,35 +486,21 @@ void CoordinatorService::OnFinished(Worker& w, const v1::JobFinished& f, Outbox*
   Schedule(out);
 }
 
-void CoordinatorService::CheckRunning(Worker& w, const v1::Heartbeat& hb, Outbox* out) {
-  const uint64_t running = hb.running_job_id();
-  if (running == 0) return;
-  auto j = jobs_.find(running);
-  if (j != jobs_.end() && w.status.job_id() == running && StageOf(j->second, w.status.worker_id()) >= 0) {
-    const v1::JobStatus& st = j->second.status;
-    if (st.state() == v1::JOB_STATE_RUNNING && hb.running_attempt() == st.attempt()) return;
-  }
-  // Anything else stops, a stage of a recovering job's failed attempt included (again: after a
-  // coordinator restart nothing else told it; the worker ignores a repeated cancellation).
-  v1::CoordinatorMessage c;
-  c.mutable_cancel()->set_job_id(running);
-  c.mutable_cancel()->set_attempt(hb.running_attempt());
-  c.mutable_cancel()->set_reason("the coordinator does not have this job running on this worker");
-  out->emplace_back(w.session, std::move(c));
-}
-
 void CoordinatorService::Reattach(Worker& w, const v1::RunningStage& r) {
   auto it = jobs_.find(r.job_id());
-  if (it == jobs_.end()) return;
+  if (it == jobs_.end()) return Drain(w, r, absl::StrCat("job ", r.job_id(), " is unknown here"));
   Job& job = it->second;
   const int s = r.stage();
-  if (s < 0 || s >= job.status.stages_size() || job.status.stages(s).worker_id() != w.status.worker_id()) return;
+  if (s < 0 || s >= job.status.stages_size() || job.status.stages(s).worker_id() != w.status.worker_id()) {
+    return Drain(w, r, absl::StrCat("stage ", s, " of job ", r.job_id(), " has moved to another worker"));
+  }
   if (job.status.state() == v1::JOB_STATE_RUNNING && r.attempt() == job.status.attempt()) {
     job.attached.insert(s);
   } else if (!(job.status.state() == v1::JOB_STATE_RECOVERING && r.attempt() < job.status.attempt() &&
                !job.lost.count(s))) {
     // Not a stage this job runs now (or one given up for lost, whose stage goes to a spare): its
-    // heartbeat gets it cancelled, and it stays idle.
+    // heartbeat gets it cancelled, and it takes no work until that stage has ended.
+    Drain(w, r, absl::StrCat("job ", r.job_id(), " does not run stage ", s, " (attempt ", r.attempt(), ") here any more"));
     return;
   }
   SetWorkerState(w, v1::WORKER_STATE_BUSY, job.status.job_id(), "");
@@ -520,6 +516,7 @@ void CoordinatorService::AfterRestart(Job& job) {
   job.finished.clear();
   if (job.status.state() == v1::JOB_STATE_RUNNING) {
     job.reattach_by = now + opt_.reattach_grace;
+    ResetProgress(job);
   } else {
     // Which stages of the failed attempt had stopped was not persisted: each stage's worker reports
     // its end again when it comes back (or has become idle), or its stage is lost at stop_by.
@@ -535,7 +532,24 @@ void CoordinatorService::AfterRestart(Job& job) {
 void CoordinatorService::CheckDeadlines(Outbox* out) {
   const absl::Time now = opt_.clock->Now();
   for (auto& [id, job] : jobs_) {
-    if (job.status.state() == v1::JOB_STATE_RUNNING && now >= job.reattach_by) {
+    if (IsTerminal(job.status.state()) && now >= job.release_by) {
+      // Stages told to stop when the job ended that have not reported their end: their workers
+      // take no work until they do (a heartbeat with nothing running frees them as well).
+      job.release_by = absl::InfiniteFuture();
+      for (const v1::StagePlacement& p : job.status.stages()) {
+        auto w = workers_.find(p.worker_id());
+        if (w == workers_.end() || w->second.status.state() != v1::WORKER_STATE_BUSY || w->second.status.job_id() != id ||
+            w->second.draining) {
+          continue;
+        }
+        v1::RunningStage r;
+        r.set_job_id(id);
+        r.set_stage(p.stage());
+        r.set_attempt(job.status.attempt());
+        Drain(w->second, r, absl::StrCat("its stage of job ", id, " did not stop within ",
+                                         absl::FormatDuration(opt_.stop_timeout), " of the job's end"));
+      }
+    } else if (job.status.state() == v1::JOB_STATE_RUNNING && now >= job.reattach_by) {
       job.reattach_by = absl::InfiniteFuture();
       std::vector<std::string> missing;
       for (const v1::StagePlacement& p : job.status.stages()) {

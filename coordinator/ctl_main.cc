@@ -1,6 +1,7 @@
 // longhaulctl: the command-line client of the coordinator.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -69,8 +70,10 @@ std::unique_ptr<grpc::ClientContext> Ctx(double seconds) {
 std::vector<std::string> DescribeRecoveries(const v1::JobStatus& j) {
   std::vector<std::string> out;
   for (const v1::Recovery& r : j.recoveries()) {
-    std::string line = absl::StrFormat("restart %d at step %lld: %s; detected %.2f s after the last heartbeat", r.attempt(),
-                                       static_cast<long long>(r.failed_step()), r.cause(), r.detection_seconds());
+    // A hung stage still heart-beats: the progress watchdog counts from the job's last step.
+    std::string line = absl::StrFormat("restart %d at step %lld: %s; detected %.2f s after the last %s", r.attempt(),
+                                       static_cast<long long>(r.failed_step()), r.cause(), r.detection_seconds(),
+                                       r.no_progress() ? "step (progress watchdog)" : "heartbeat");
     if (r.resumed_unix() > 0) {
       absl::StrAppend(&line, absl::StrFormat("; restarted from step %lld %.2f s after the failure",
                                              static_cast<long long>(r.restored_step()), r.resumed_unix() - r.failed_unix()));
@@ -80,6 +83,15 @@ std::vector<std::string> DescribeRecoveries(const v1::JobStatus& j) {
       absl::StrAppend(&line, absl::StrFormat("; training again %.2f s after the failure", r.recovery_seconds()));
     }
     out.push_back(std::move(line));
+  }
+  return out;
+}
+
+// The stages flagged as stragglers, "stage 1 (w1), stage 3 (w3)"; "" when none.
+std::string Stragglers(const v1::JobStatus& j) {
+  std::string out;
+  for (const v1::StagePlacement& p : j.stages()) {
+    if (!p.straggler().empty()) absl::StrAppend(&out, out.empty() ? "" : ", ", "stage ", p.stage(), " (", p.worker_name(), ")");
   }
   return out;
 }
@@ -108,6 +120,8 @@ nlohmann::json Summary(const v1::JobStatus& j) {
       {"predicted_step_seconds", j.predicted_step_seconds()},
       {"naive_step_seconds", j.naive_step_seconds()},
       {"restarts", j.restarts()},
+      {"expected_step_seconds", j.expected_step_seconds()},
+      {"progress_timeout_seconds", j.progress_timeout_seconds()},
   };
   nlohmann::json recoveries = nlohmann::json::array();
   for (const v1::Recovery& r : j.recoveries()) {
@@ -121,13 +135,15 @@ nlohmann::json Summary(const v1::JobStatus& j) {
                           {"restored_step", r.restored_step()},
                           {"recovered_unix", r.recovered_unix()},
                           {"recovery_seconds", r.recovery_seconds()},
+                          {"no_progress", r.no_progress()},
                           {"replacements", std::vector<std::string>(r.replacements().begin(), r.replacements().end())}});
   }
   out["recoveries"] = recoveries;
   nlohmann::json stages = nlohmann::json::array();
   for (const v1::StagePlacement& p : j.stages()) {
     stages.push_back({{"stage", p.stage()}, {"worker", p.worker_name()}, {"layers", {p.layer_begin(), p.layer_end()}},
-                      {"checkpoint", p.checkpoint_path()}});
+                      {"checkpoint", p.checkpoint_path()}, {"compute_seconds", p.compute_seconds()},
+                      {"predicted_compute_seconds", p.predicted_compute_seconds()}, {"straggler", p.straggler()}});
   }
   out["stages"] = stages;
   return out;
@@ -156,10 +172,27 @@ void PrintDetail(const v1::JobStatus& j) {
     }
     std::printf("\n");
   }
+  if (j.state() == v1::JOB_STATE_RUNNING && j.progress_timeout_seconds() > 0) {
+    const double since =
+        j.last_progress_unix() > 0 ? absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()) - j.last_progress_unix() : -1;
+    std::printf("  watchdog: expected step %s; a stage is hung after %.1f s without a step%s\n",
+                j.expected_step_seconds() > 0 ? absl::StrFormat("%.3f s", j.expected_step_seconds()).c_str()
+                                              : "not known yet",
+                j.progress_timeout_seconds(),
+                since >= 0 ? absl::StrFormat(" (last step %.1f s ago)", std::max(0.0, since)).c_str() : "");
+  }
   for (const v1::StagePlacement& p : j.stages()) {
-    std::printf("  stage %d: worker %s, layers %d..%d, step %lld%s%s\n", p.stage(), p.worker_name().c_str(),
-                p.layer_begin(), p.layer_end() - 1, static_cast<long long>(p.step()),
+    std::string compute;
+    if (p.compute_seconds() > 0) {
+      compute = absl::StrFormat(", compute %.3g s/step", p.compute_seconds());
+      if (p.predicted_compute_seconds() > 0) {
+        absl::StrAppend(&compute, absl::StrFormat(" (predicted %.3g s)", p.predicted_compute_seconds()));
+      }
+    }
+    std::printf("  stage %d: worker %s, layers %d..%d, step %lld%s%s%s\n", p.stage(), p.worker_name().c_str(),
+                p.layer_begin(), p.layer_end() - 1, static_cast<long long>(p.step()), compute.c_str(),
                 p.checkpoint_path().empty() ? "" : ", checkpoint ", p.checkpoint_path().c_str());
+    if (!p.straggler().empty()) std::printf("    STRAGGLER: %s\n", p.straggler().c_str());
   }
 }
 
@@ -230,7 +263,11 @@ class Ctl {
       std::printf("%-5s %-16s %-10s %-13s %-9s %-10s %s\n", "JOB", "NAME", "STATE", "STEP", "LOSS", "TOKENS/S", "NOTE");
       for (const auto& j : r.jobs()) {
         const bool waiting = j.state() == v1::JOB_STATE_PENDING || j.state() == v1::JOB_STATE_RECOVERING;
-        const std::string& note = waiting ? j.pending_reason() : j.error();
+        const std::string stragglers = Stragglers(j);
+        const std::string note = waiting                 ? j.pending_reason()
+                                 : !j.error().empty()    ? j.error()
+                                 : !stragglers.empty()   ? absl::StrCat("straggler: ", stragglers)
+                                                         : "";
         std::printf("%-5llu %-16s %-10s %-13s %-9.4f %-10.0f %s\n", static_cast<unsigned long long>(j.job_id()),
                     j.name().c_str(), JobStateName(j.state()),
                     absl::StrCat(j.step(), "/", j.steps()).c_str(), j.loss(), j.tokens_per_s(), note.c_str());
@@ -328,7 +365,8 @@ class Ctl {
                               bar, JobStateName(j.state()), static_cast<long long>(j.step()),
                               static_cast<long long>(j.steps()), j.loss(), j.tokens_per_s(), Ratio(j),
                               j.mean_rel_error(), Duration(eta)) +
-                  (j.restarts() > 0 ? absl::StrFormat("  restarts %d", j.restarts()) : "");
+                  (j.restarts() > 0 ? absl::StrFormat("  restarts %d", j.restarts()) : "") +
+                  (Stragglers(j).empty() ? "" : absl::StrCat("  straggler: ", Stragglers(j)));
     if (tty) {
       std::fprintf(stderr, "\r%s\x1b[K", line.c_str());
     } else {

@@ -47,6 +47,15 @@ v1::JobSpec DefaultJobSpec() {
   s.set_checkpoint_replicate("peer");
   s.mutable_recovery()->set_max_restarts(10);
   s.mutable_recovery()->set_wait_seconds(600);
+  // The progress watchdog (docs/recovery.md): steps vary by a few times (checkpoint copies, a slow
+  // link's retransmits, the scheduler of a shared host), a hang does not end; the floor keeps
+  // millisecond steps from tripping on a pause of the process (allocation, swap).
+  s.mutable_recovery()->set_progress_timeout_factor(10);
+  s.mutable_recovery()->set_progress_timeout_min_seconds(60);
+  // Building a stage and restoring it may fetch gigabytes over a slow link (a 4.5 GB gpt2-xl stage
+  // takes 6 minutes at 100 Mbit/s).
+  s.mutable_recovery()->set_startup_timeout_seconds(1800);
+  s.mutable_recovery()->set_straggler_factor(3);
   s.set_data_dir("/usr/share/games/fortunes");
   s.set_val_fraction(0.1);
   s.set_codec_threads(1);
@@ -193,18 +202,29 @@ absl::StatusOr<v1::JobSpec> ParseJobSpec(const std::string& yaml, int64_t steps_
             .Field<std::string>("replicate", [&](std::string v) { s.set_checkpoint_replicate(v); });
       })
       .Map("recovery", [&](MapReader& m) {
-        m.Field<int>("max_restarts", [&](int v) { s.mutable_recovery()->set_max_restarts(v); })
-            .Field<std::string>("wait", [&](std::string v) {
-              double seconds = 0;
-              absl::Duration d;
-              if (absl::SimpleAtod(v, &seconds)) {
-                s.mutable_recovery()->set_wait_seconds(seconds);
-              } else if (absl::ParseDuration(v, &d)) {
-                s.mutable_recovery()->set_wait_seconds(absl::ToDoubleSeconds(d));
-              } else {
-                problems.push_back(absl::StrCat("recovery.wait: \"", v, "\" is not a duration (0, 90s, 10m)"));
-              }
-            });
+        v1::RecoverySpec* r = s.mutable_recovery();
+        // A duration: seconds as a plain number, or absl's form (90s, 10m, 1h30m).
+        auto duration = [&](const char* key, void (v1::RecoverySpec::*set)(double)) {
+          return [&problems, r, key, set](std::string v) {
+            double seconds = 0;
+            absl::Duration d;
+            if (absl::SimpleAtod(v, &seconds)) {
+              (r->*set)(seconds);
+            } else if (absl::ParseDuration(v, &d)) {
+              (r->*set)(absl::ToDoubleSeconds(d));
+            } else {
+              problems.push_back(absl::StrCat("recovery.", key, ": \"", v, "\" is not a duration (0, 90s, 10m)"));
+            }
+          };
+        };
+        m.Field<int>("max_restarts", [&](int v) { r->set_max_restarts(v); })
+            .Field<std::string>("wait", duration("wait", &v1::RecoverySpec::set_wait_seconds))
+            .Field<double>("progress_timeout_factor", [&](double v) { r->set_progress_timeout_factor(v); })
+            .Field<std::string>("progress_timeout_min",
+                                duration("progress_timeout_min", &v1::RecoverySpec::set_progress_timeout_min_seconds))
+            .Field<std::string>("startup_timeout",
+                                duration("startup_timeout", &v1::RecoverySpec::set_startup_timeout_seconds))
+            .Field<double>("straggler_factor", [&](double v) { r->set_straggler_factor(v); });
       })
       .Map("data", [&](MapReader& m) {
         m.Field<std::string>("format", [&](std::string v) { s.set_data_format(v); })
@@ -292,6 +312,25 @@ absl::Status ValidateJobSpec(const v1::JobSpec& s) {
   }
   range("recovery.max_restarts", s.recovery().max_restarts(), 0, 1e6);
   range("recovery.wait", s.recovery().wait_seconds(), 0, 1e7);
+  const v1::RecoverySpec& rs = s.recovery();
+  // Below 2 the watchdog would take an ordinary slow step (twice the median) for a hang.
+  if (rs.progress_timeout_factor() != 0 && !(rs.progress_timeout_factor() >= 2 && rs.progress_timeout_factor() <= 1e4)) {
+    p.push_back(absl::StrCat("recovery.progress_timeout_factor: ", rs.progress_timeout_factor(),
+                             " must be 0 (no watchdog) or in [2, 10000]"));
+  }
+  // The watchdog sees stages through heartbeats (every second by default): a shorter floor only
+  // measures their jitter.
+  if (!(rs.progress_timeout_min_seconds() >= 1 && rs.progress_timeout_min_seconds() <= 1e7)) {
+    p.push_back(absl::StrCat("recovery.progress_timeout_min: ", rs.progress_timeout_min_seconds(),
+                             "s must be in [1s, 1e7s]"));
+  }
+  if (!(rs.startup_timeout_seconds() >= 1 && rs.startup_timeout_seconds() <= 1e7)) {
+    p.push_back(absl::StrCat("recovery.startup_timeout: ", rs.startup_timeout_seconds(), "s must be in [1s, 1e7s]"));
+  }
+  if (rs.straggler_factor() != 0 && !(rs.straggler_factor() > 1 && rs.straggler_factor() <= 1e4)) {
+    p.push_back(absl::StrCat("recovery.straggler_factor: ", rs.straggler_factor(),
+                             " must be 0 (not flagged) or in (1, 10000]"));
+  }
   if (!(s.val_fraction() > 0 && s.val_fraction() < 1)) {
     p.push_back(absl::StrCat("data.val_fraction: ", s.val_fraction(), " must be in (0, 1)"));
   }

@@ -22,10 +22,16 @@
 //                         a failure re-runs at most about one interval (docs/recovery.md). replicate:
 //                         peer (each checkpoint is copied to the next stage's worker, so a stage can
 //                         be restored when its machine is gone) | none
-//   recovery: {max_restarts [10], wait [10m]}
+//   recovery: {max_restarts [10], wait [10m], progress_timeout_factor [10], progress_timeout_min [60s],
+//              startup_timeout [30m], straggler_factor [3]}
 //                         a dead worker's job restarts from the checkpoints (RECOVERING), at most
 //                         max_restarts times; with no spare worker within `wait` (a duration: 0,
-//                         90s, 10m) it fails naming the worker
+//                         90s, 10m) it fails naming the worker. The progress watchdog: no step for
+//                         max(progress_timeout_min, progress_timeout_factor x the expected step
+//                         time) (factor 0: off; else 2..10000) means a hung stage, whose worker is
+//                         treated as lost; startup_timeout bounds an attempt's start (restoring,
+//                         connecting). A stage computing more than straggler_factor x its
+//                         prediction per step is flagged (0: never). docs/recovery.md
 //   precision [fp32]      fp32 | bf16 (matrix products and attention in bf16, fp32 master weights)
 //   data: {format [text], corpus [/usr/share/games/fortunes], val_fraction [0.1]}
 //                         text: byte-level (vocab >= 256), corpus a file or a directory;

@@ -1,6 +1,7 @@
 // longhaul-worker: the worker daemon. Hosts a pipeline stage when the coordinator assigns one.
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <thread>
 
 #include <torch/torch.h>
@@ -88,6 +89,21 @@ int main(int argc, char** argv) {
   if (threads > 0) {
     torch::set_num_threads(static_cast<int>(threads));
     torch::set_num_interop_threads(1);
+  }
+
+  // TEST HOOK, for the integration tests of the progress watchdog (docs/recovery.md), read once
+  // here: LONGHAUL_TEST_HANG_AT_STEP=N makes stage LONGHAUL_TEST_HANG_STAGE (default: any) of a
+  // job's first attempt stop before its step N and stay stopped, ignoring cancellation, while the
+  // worker keeps sending heartbeats. Never set it in production.
+  if (const char* hang = std::getenv("LONGHAUL_TEST_HANG_AT_STEP"); hang != nullptr && *hang != '\0') {
+    const char* stage = std::getenv("LONGHAUL_TEST_HANG_STAGE");
+    if (!absl::SimpleAtoi(hang, &o.test_hang.at_step) || o.test_hang.at_step < 1 ||
+        (stage != nullptr && *stage != '\0' && (!absl::SimpleAtoi(stage, &o.test_hang.stage) || o.test_hang.stage < 0))) {
+      std::fprintf(stderr, "longhaul-worker: LONGHAUL_TEST_HANG_AT_STEP / _STAGE must be a step >= 1 / a stage >= 0\n");
+      return 2;
+    }
+    std::fprintf(stderr, "longhaul-worker: TEST HOOK: stage %d of a job's first attempt hangs before step %lld\n",
+                 o.test_hang.stage, static_cast<long long>(o.test_hang.at_step));
   }
 
   if (!longhaul::common::InstallTerminationHandlers()) {

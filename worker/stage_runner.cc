@@ -75,6 +75,58 @@ bool Exists(const std::string& path) { return ::access(path.c_str(), R_OK) == 0;
 
 }  // namespace
 
+// A link as the stage loop sees it: the GrpcLink, with the time the compute thread spends blocked
+// in it recorded as the runner's activity (waiting on that neighbour).
+class ActivityLink final : public stage_runtime::Link {
+ public:
+  ActivityLink(StageRunner* runner, stage_runtime::Link* link, int peer) : runner_(runner), link_(link), peer_(peer) {}
+
+  absl::Status Send(stage_runtime::LinkMessage m, bool measure_error) override {
+    runner_->Enter(v1::StageActivity::PHASE_SEND, peer_);
+    absl::Status s = link_->Send(std::move(m), measure_error);
+    runner_->Enter(v1::StageActivity::PHASE_COMPUTE);
+    return s;
+  }
+  absl::StatusOr<stage_runtime::LinkMessage> Receive(absl::Duration timeout) override {
+    runner_->Enter(v1::StageActivity::PHASE_RECEIVE, peer_);
+    absl::StatusOr<stage_runtime::LinkMessage> m = link_->Receive(timeout);
+    runner_->Enter(v1::StageActivity::PHASE_COMPUTE);
+    return m;
+  }
+  absl::Status Finish() override {
+    runner_->Enter(v1::StageActivity::PHASE_SEND, peer_);
+    absl::Status s = link_->Finish();
+    runner_->Enter(v1::StageActivity::PHASE_COMPUTE);
+    return s;
+  }
+  void Abort(absl::Status why) override { link_->Abort(std::move(why)); }
+  stage_runtime::LinkStats stats() override { return link_->stats(); }
+  absl::Duration TakeSendWait() override { return link_->TakeSendWait(); }
+  const std::string& peer() const override { return link_->peer(); }
+
+ private:
+  StageRunner* const runner_;
+  stage_runtime::Link* const link_;
+  const int peer_;
+};
+
+void StageRunner::Enter(v1::StageActivity::Phase phase, int peer) {
+  absl::MutexLock l(&activity_mu_);
+  phase_ = phase;
+  phase_peer_ = peer;
+  phase_since_ = absl::Now();
+}
+
+v1::StageActivity StageRunner::Activity() {
+  v1::StageActivity a;
+  absl::MutexLock l(&activity_mu_);
+  a.set_phase(phase_);
+  if (phase_ == v1::StageActivity::PHASE_RECEIVE || phase_ == v1::StageActivity::PHASE_SEND) a.set_peer_stage(phase_peer_);
+  a.set_step(steps_done_);
+  a.set_seconds(absl::ToDoubleSeconds(absl::Now() - phase_since_));
+  return a;
+}
+
 std::string StageRunner::CheckpointDir(const v1::JobSpec& spec, const std::string& data_dir, uint64_t job_id) {
   return spec.checkpoint_dir().empty() ? absl::StrCat(data_dir, "/jobs/", job_id) : spec.checkpoint_dir();
 }
@@ -209,8 +261,10 @@ absl::Status StageRunner::Setup() {
     if (!l.ok()) return l.status();
     prev_ = std::move(*l);
   }
+  if (prev_) watched_prev_ = std::make_unique<ActivityLink>(this, prev_.get(), a_.stage() - 1);
+  if (next_) watched_next_ = std::make_unique<ActivityLink>(this, next_.get(), a_.stage() + 1);
   loop_ = std::make_unique<stage_runtime::StageLoop>(
-      opt_, a_.stage(), exec_.get(), prev_.get(), next_.get(),
+      opt_, a_.stage(), exec_.get(), watched_prev_.get(), watched_next_.get(),
       stage_runtime::CheckpointPolicy{checkpoint_path_, spec.checkpoint_interval(), spec.steps()});
   absl::MutexLock l(&mu_);
   live_loop_ = loop_.get();
@@ -321,7 +375,18 @@ v1::StepProgress StageRunner::Progress(const stage_runtime::StepResult& r, absl:
 absl::Status StageRunner::RunSteps() {
   const v1::JobSpec& spec = a_.spec();
   std::vector<stage_runtime::Batch> batches;
+  {
+    absl::MutexLock l(&activity_mu_);
+    steps_done_ = exec_->step();
+  }
+  Enter(v1::StageActivity::PHASE_COMPUTE);
   for (int64_t step = exec_->step(); step < spec.steps(); ++step) {
+    if (test_hang_.at_step == step + 1 && a_.attempt() == 0 && (test_hang_.stage < 0 || test_hang_.stage == a_.stage())) {
+      common::Log(absl::StrCat("job ", a_.job_id(), " stage ", a_.stage()),
+                  absl::StrCat("TEST HOOK: hanging before step ", step + 1, " (LONGHAUL_TEST_HANG_AT_STEP)"));
+      while (!hang_released_.load()) absl::SleepFor(absl::Milliseconds(50));
+      return absl::CancelledError("the test hook's hang was released (worker shutting down)");
+    }
     const absl::Time t0 = absl::Now();
     // Stage 0 needs the tokens, the last stage the labels: both sample the same micro-batches.
     batches.clear();
@@ -332,6 +397,10 @@ absl::Status StageRunner::RunSteps() {
     absl::StatusOr<stage_runtime::StepResult> r = loop_->Step(batches);
     if (!r.ok()) return r.status();
     if (r->checkpointed) KeepCheckpoint(exec_->step());
+    {
+      absl::MutexLock l(&activity_mu_);
+      steps_done_ = exec_->step();
+    }
     StageStepSample sample;
     const v1::StepProgress p = Progress(*r, absl::Now() - t0, &sample);
     if (metrics_ != nullptr) metrics_->RecordStep(sample);
@@ -355,6 +424,8 @@ v1::JobFinished StageRunner::Run() {
   }
   loop_.reset();
   replicator_.reset();  // a copy in flight is moot once the stage stopped
+  watched_prev_.reset();
+  watched_next_.reset();
   prev_.reset();  // joins the senders' threads
   next_.reset();
   if (from_prev_) from_prev_->Cancel(absl::CancelledError("job over"));

@@ -9,9 +9,13 @@
 // also kept under its step's name and, when the assignment names a replica worker, copied there
 // in the background; step files older than the coordinator's floor (SetFloor) are deleted.
 //
+// For the coordinator's progress watchdog it tracks what the compute thread is doing (Activity():
+// setting up, computing, or waiting on the link to which neighbour, since when), reported in the
+// worker's heartbeats: a stage that computes while its neighbours wait for it is the hung one.
+//
 // Threading: Run() is the stage's compute thread and owns the executor, the loop and the links.
-// Cancel(), SetFloor() and InboxFrom() may be called from any thread; the replicator copies on a
-// thread of its own and calls the replication callback there.
+// Cancel(), SetFloor(), InboxFrom(), Activity() and ReleaseTestHang() may be called from any
+// thread; the replicator copies on a thread of its own and calls the replication callback there.
 #ifndef LONGHAUL_WORKER_STAGE_RUNNER_H_
 #define LONGHAUL_WORKER_STAGE_RUNNER_H_
 
@@ -37,6 +41,17 @@ namespace longhaul::worker {
 // networked job against the in-process pipeline).
 absl::StatusOr<stage_runtime::PipelineOptions> ToPipelineOptions(const v1::JobSpec& spec);
 
+class ActivityLink;
+
+// TEST HOOK (LONGHAUL_TEST_HANG_AT_STEP, worker/main.cc): the stage `stage` (-1: any) of a job's
+// first attempt stops before computing step `at_step` (1-based) and stays stopped — deaf to
+// cancellation, as a stuck kernel would be — until the worker shuts down, while the worker keeps
+// sending heartbeats. at_step 0: off.
+struct TestHang {
+  int64_t at_step = 0;
+  int stage = -1;
+};
+
 class StageRunner {
  public:
   using ProgressFn = std::function<void(const v1::StepProgress&)>;
@@ -59,6 +74,13 @@ class StageRunner {
   void SetFloor(int64_t step) { floor_.store(step); }
   // Largest checkpoint fetched from another worker when restoring.
   void SetFetchLimit(int64_t bytes) { fetch_limit_ = bytes; }
+  // The test hook (before Run).
+  void SetTestHang(const TestHang& h) { test_hang_ = h; }
+  // Lets a stage stopped by the test hook go on (it then ends as cancelled). Any thread.
+  void ReleaseTestHang() { hang_released_.store(true); }
+
+  // What the compute thread is doing now (for the heartbeats). Any thread.
+  v1::StageActivity Activity();
 
   // The inbox for frames sent by `from_stage`, or an error if that stage is not a neighbour.
   absl::StatusOr<std::shared_ptr<Inbox>> InboxFrom(int from_stage);
@@ -86,6 +108,9 @@ class StageRunner {
   // The step's progress message; fills `sample` (the metrics' view of the same step) on the way.
   v1::StepProgress Progress(const stage_runtime::StepResult& r, absl::Duration took, StageStepSample* sample);
   absl::Status Cancelled();
+  // The compute thread enters `phase` (on the link to `peer` for RECEIVE and SEND).
+  void Enter(v1::StageActivity::Phase phase, int peer = -1);
+  friend class ActivityLink;
 
   const v1::StageAssignment a_;
   const std::string data_dir_;
@@ -102,6 +127,7 @@ class StageRunner {
   std::unique_ptr<stage_runtime::StageExecutor> exec_;
   std::unique_ptr<stage_runtime::Dataset> data_;
   std::unique_ptr<GrpcLink> prev_, next_;  // null at the ends
+  std::unique_ptr<ActivityLink> watched_prev_, watched_next_;  // the loop's view of them
   std::unique_ptr<stage_runtime::StageLoop> loop_;
   std::string checkpoint_dir_, checkpoint_path_;
   ReplicatedFn replicated_;
@@ -111,6 +137,14 @@ class StageRunner {
   // Error samples of the forward link already reported (progress carries the mean since then).
   int64_t reported_error_samples_ = 0;
   double reported_error_sum_ = 0;
+  TestHang test_hang_;
+  std::atomic<bool> hang_released_{false};
+
+  absl::Mutex activity_mu_;
+  v1::StageActivity::Phase phase_ ABSL_GUARDED_BY(activity_mu_) = v1::StageActivity::PHASE_SETUP;
+  int phase_peer_ ABSL_GUARDED_BY(activity_mu_) = -1;
+  absl::Time phase_since_ ABSL_GUARDED_BY(activity_mu_) = absl::Now();
+  int64_t steps_done_ ABSL_GUARDED_BY(activity_mu_) = 0;
 
   absl::Mutex mu_;
   absl::Status cancelled_ ABSL_GUARDED_BY(mu_);

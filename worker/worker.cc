@@ -183,6 +183,7 @@ bool Worker::RunSession() {
     // A stage still running (or ended while the coordinator was away) is named, so that a
     // restarted coordinator re-attaches it to its job.
     absl::MutexLock l(&mu_);
+    absl::MutexLock p(&progress_mu_);
     if (job_) {
       req.mutable_running()->set_job_id(job_->job_id());
       req.mutable_running()->set_stage(job_->stage());
@@ -219,6 +220,7 @@ bool Worker::RunSession() {
     if (job_ && !job_done_) {
       m.mutable_heartbeat()->set_running_job_id(job_->job_id());
       m.mutable_heartbeat()->set_running_attempt(job_->attempt());
+      *m.mutable_heartbeat()->mutable_activity() = job_->Activity();  // for the progress watchdog
     } else {
       m.mutable_heartbeat();
     }
@@ -228,9 +230,10 @@ bool Worker::RunSession() {
   // written before the stream is published to the other writers.
   stream->Write(heartbeat());
   {
-    // Published and the end of a job delivered under mu_, which the job thread holds while it
-    // sends that end (or keeps it for the next session): it cannot fall between the two.
-    absl::MutexLock l(&mu_);
+    // Published, and what was kept delivered, under progress_mu_, which the job thread holds while
+    // it sends a report or the end of its stage (or keeps it for the next session): nothing falls
+    // between the two.
+    absl::MutexLock p(&progress_mu_);
     {
       absl::MutexLock w(&write_mu_);
       session_ = stream.get();
@@ -271,7 +274,7 @@ bool Worker::RunSession() {
   stop = true;
   hb.join();
   {
-    absl::MutexLock l(&mu_);
+    absl::MutexLock p(&progress_mu_);
     {
       absl::MutexLock w(&write_mu_);
       session_ = nullptr;
@@ -320,8 +323,9 @@ void Worker::StartJob(const v1::StageAssignment& a) {
         v1::WorkerMessage m;
         m.set_worker_id(id);
         *m.mutable_progress() = p;
-        // Kept while the coordinator is away (its loss curve would have a gap), up to a bound.
-        absl::MutexLock l(&mu_);
+        // Kept while the coordinator is away (its loss curve would have a gap), up to a bound. Not
+        // under mu_: a slow write would hold up everything else that needs it.
+        absl::MutexLock l(&progress_mu_);
         if (Send(m)) {
           if (recent_progress_.size() >= kRecentProgress) recent_progress_.pop_front();
           recent_progress_.push_back(std::move(m));
@@ -338,10 +342,14 @@ void Worker::StartJob(const v1::StageAssignment& a) {
         Send(m);
       });
       job_->SetFetchLimit(opt_.replica_max_bytes);
+      job_->SetTestHang(opt_.test_hang);
       checkpoint_dirs_[a.job_id()] = StageRunner::CheckpointDir(a.spec(), opt_.data_dir, a.job_id());
-      last_finished_.reset();
-      recent_progress_.clear();
-      unsent_progress_.clear();  // of an earlier job (nobody wants them now)
+      {
+        absl::MutexLock p(&progress_mu_);
+        last_finished_.reset();
+        recent_progress_.clear();
+        unsent_progress_.clear();  // of an earlier job (nobody wants them now)
+      }
       job_done_ = false;
       job_thread_ = std::thread([this, id, who, runner = job_] {
         v1::WorkerMessage m;
@@ -350,9 +358,12 @@ void Worker::StartJob(const v1::StageAssignment& a) {
         common::Log(who, absl::StrCat("job ", runner->job_id(), " stage ", runner->stage(),
                                       m.finished().ok() ? " finished" : " failed: ", m.finished().error()));
         // Done before the end is sent, so that an assignment the coordinator answers it with finds
-        // this worker free; sent under mu_, so that a session opening meanwhile delivers it.
-        absl::MutexLock l(&mu_);
-        job_done_ = true;
+        // this worker free; sent under progress_mu_, so that a session opening meanwhile delivers it.
+        {
+          absl::MutexLock l(&mu_);
+          job_done_ = true;
+        }
+        absl::MutexLock p(&progress_mu_);
         Send(m);
         last_finished_ = std::move(m);
       });
@@ -428,10 +439,18 @@ void Worker::Shutdown() {
   std::thread t;
   {
     absl::MutexLock l(&mu_);
-    if (shutdown_) return;
+    if (shutdown_) {
+      // Another thread is shutting down (the signal handler's, while Run() returns and main
+      // destroys this worker): wait for it to finish, or the destructor frees what it still uses.
+      mu_.Await(absl::Condition(&shutdown_done_));
+      return;
+    }
     shutdown_ = true;
     job = job_;
-    if (job) job->Cancel(absl::CancelledError(absl::StrCat("worker ", opt_.name, " is shutting down")));
+    if (job) {
+      job->ReleaseTestHang();
+      job->Cancel(absl::CancelledError(absl::StrCat("worker ", opt_.name, " is shutting down")));
+    }
     t = std::move(job_thread_);
   }
   // The job thread reports the failure on the still-open session before it closes.
@@ -443,6 +462,8 @@ void Worker::Shutdown() {
   }
   StopProbing();
   if (server_) server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+  absl::MutexLock l(&mu_);
+  shutdown_done_ = true;
 }
 
 }  // namespace longhaul::worker

@@ -20,8 +20,12 @@
 // writes heartbeats; the job thread runs the StageRunner (the compute thread) and writes progress;
 // the probe sink serves on a thread of its own and the prober has one (it writes its reports).
 // A stage's checkpoint replicator has a thread of its own (it writes its reports). Writes to the
-// session stream are serialised by write_mu_. gRPC's threads run the StageLink handlers (callback
-// API) and the CheckpointStore's (sync API). Shutdown() may be called from any thread, once.
+// session stream are serialised by write_mu_; what a coordinator that went away may have missed
+// (progress, the end of a stage) is kept under progress_mu_, which the job thread holds while it
+// sends one of those — never mu_, so a slow session write does not stall the data plane's inbox
+// lookups, cancellations or the heartbeats. Lock order: mu_, progress_mu_, write_mu_. gRPC's
+// threads run the StageLink handlers (callback API) and the CheckpointStore's (sync API).
+// Shutdown() may be called from any thread, more than once (later calls wait for the first).
 #ifndef LONGHAUL_WORKER_WORKER_H_
 #define LONGHAUL_WORKER_WORKER_H_
 
@@ -69,6 +73,8 @@ struct WorkerOptions {
   bool measure_compute = true;      // run the compute benchmark at start-up (compute_bench.h)
   // Largest checkpoint this worker takes as a replica from another, or fetches to restore one.
   int64_t replica_max_bytes = kDefaultReplicaMaxBytes;
+  // TEST HOOK only (LONGHAUL_TEST_HANG_AT_STEP, read once by worker/main.cc): a stage that hangs.
+  TestHang test_hang;
 };
 
 class Worker : public InboxRouter {
@@ -79,7 +85,8 @@ class Worker : public InboxRouter {
   // The session loop: registers, serves the coordinator's stream, reconnects (with backoff) when
   // the coordinator goes away. Returns after Shutdown().
   void Run();
-  // Stops the running job (it is reported as failed), closes the session and the server.
+  // Stops the running job (it is reported as failed), closes the session and the server. Any
+  // thread; a second call waits for the first to finish.
   void Shutdown();
 
   const std::string& address() const { return address_; }
@@ -126,24 +133,29 @@ class Worker : public InboxRouter {
 
   absl::Mutex mu_;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  bool shutdown_done_ ABSL_GUARDED_BY(mu_) = false;  // Shutdown() has finished
   uint64_t worker_id_ ABSL_GUARDED_BY(mu_) = 0;
   grpc::ClientContext* session_ctx_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::shared_ptr<StageRunner> job_ ABSL_GUARDED_BY(mu_);
   std::thread job_thread_ ABSL_GUARDED_BY(mu_);
   bool job_done_ ABSL_GUARDED_BY(mu_) = false;
+  // Where this worker's stages of each job keep their checkpoints (for CheckpointStore.Get).
+  std::map<uint64_t, std::string> checkpoint_dirs_ ABSL_GUARDED_BY(mu_);
+
   // What a coordinator that went away may have missed (docs/recovery.md), sent again on the next
   // session: the end of the last job (until another starts; a repeat is harmless), the progress
   // reports made while there was no session (the newest kMaxUnsentProgress), and the last few
   // sent before the session broke (written to the stream is not yet read by the coordinator).
-  std::optional<v1::WorkerMessage> last_finished_ ABSL_GUARDED_BY(mu_);
+  // A message is sent and, failing that, kept under progress_mu_, and a new session is published
+  // and sent what was kept under it too: none falls between the two.
+  absl::Mutex progress_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  std::optional<v1::WorkerMessage> last_finished_ ABSL_GUARDED_BY(progress_mu_);
   static constexpr size_t kMaxUnsentProgress = 100000;
-  std::deque<v1::WorkerMessage> unsent_progress_ ABSL_GUARDED_BY(mu_);
+  std::deque<v1::WorkerMessage> unsent_progress_ ABSL_GUARDED_BY(progress_mu_);
   static constexpr size_t kRecentProgress = 16;
-  std::deque<v1::WorkerMessage> recent_progress_ ABSL_GUARDED_BY(mu_);
-  // Where this worker's stages of each job keep their checkpoints (for CheckpointStore.Get).
-  std::map<uint64_t, std::string> checkpoint_dirs_ ABSL_GUARDED_BY(mu_);
+  std::deque<v1::WorkerMessage> recent_progress_ ABSL_GUARDED_BY(progress_mu_);
 
-  absl::Mutex write_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  absl::Mutex write_mu_ ABSL_ACQUIRED_AFTER(mu_, progress_mu_);
   grpc::ClientReaderWriter<v1::WorkerMessage, v1::CoordinatorMessage>* session_ ABSL_GUARDED_BY(write_mu_) = nullptr;
 };
 

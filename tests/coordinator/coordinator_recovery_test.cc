@@ -19,165 +19,8 @@
 namespace longhaul::coordinator {
 namespace {
 
-// A worker as the coordinator sees it, keeping every message it is sent.
-class Fake : public FakeSession {
- public:
-  // `running`: the stage it says it runs when it registers (after a coordinator restart).
-  Fake(v1::Coordinator::Stub& stub, const std::string& name, const v1::RunningStage* running = nullptr)
-      : FakeSession(stub, Request(name, running)) {}
-
-  void Heartbeat(uint64_t job, int attempt) {
-    v1::WorkerMessage m;
-    m.mutable_heartbeat()->set_running_job_id(job);
-    m.mutable_heartbeat()->set_running_attempt(attempt);
-    Send(m);
-  }
-  void Progress(uint64_t job, int stage, int64_t step, int attempt, bool checkpointed = false) {
-    v1::WorkerMessage m;
-    v1::StepProgress* p = m.mutable_progress();
-    p->set_job_id(job);
-    p->set_stage(stage);
-    p->set_step(step);
-    p->set_attempt(attempt);
-    p->set_checkpointed(checkpointed);
-    p->set_loss(5.0 - 0.01 * static_cast<double>(step));
-    Send(m);
-  }
-  void Replicated(uint64_t job, int stage, int64_t step, int attempt, uint64_t to) {
-    v1::WorkerMessage m;
-    v1::CheckpointReplicated* r = m.mutable_replicated();
-    r->set_job_id(job);
-    r->set_stage(stage);
-    r->set_step(step);
-    r->set_attempt(attempt);
-    r->set_replica_worker_id(to);
-    Send(m);
-  }
-  void Finished(uint64_t job, int stage, int attempt, bool ok, bool retryable = true, const std::string& error = "") {
-    v1::WorkerMessage m;
-    v1::JobFinished* f = m.mutable_finished();
-    f->set_job_id(job);
-    f->set_stage(stage);
-    f->set_attempt(attempt);
-    f->set_ok(ok);
-    f->set_retryable(retryable);
-    f->set_error(error);
-    Send(m);
-  }
-
-  // The last assignment of `job` with at least `attempt`, waiting a few seconds for it.
-  std::optional<v1::StageAssignment> Assigned(uint64_t job, int attempt) {
-    std::optional<v1::StageAssignment> a;
-    WaitFor([&](const v1::CoordinatorMessage& c) {
-      if (c.has_assign() && c.assign().job_id() == job && c.assign().attempt() >= attempt) a = c.assign();
-      return a.has_value();
-    });
-    return a;
-  }
-  bool Cancelled(uint64_t job, int attempt) {
-    return WaitFor([&](const v1::CoordinatorMessage& c) {
-      return c.has_cancel() && c.cancel().job_id() == job && c.cancel().attempt() == attempt;
-    });
-  }
-  bool GotFloor(uint64_t job, int64_t step) {
-    return WaitFor([&](const v1::CoordinatorMessage& c) {
-      return c.has_checkpoint_floor() && c.checkpoint_floor().job_id() == job && c.checkpoint_floor().step() == step;
-    });
-  }
-
- private:
-  static v1::RegisterRequest Request(const std::string& name, const v1::RunningStage* running) {
-    v1::RegisterRequest req = Registration(name, absl::StrCat(name, ":1"));
-    if (running != nullptr) *req.mutable_running() = *running;
-    return req;
-  }
-};
-
-class RecoveryTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    path_ = TempStatePath("longhaul-recovery");
-    Start();
-  }
-  void TearDown() override {
-    StopService();
-    RemoveStateFiles(path_);
-  }
-  void Start() {
-    auto store = Store::Open(path_);
-    ASSERT_TRUE(store.ok()) << store.status();
-    CoordinatorOptions o;
-    o.heartbeat_timeout = absl::Seconds(10);
-    o.reattach_grace = absl::Seconds(20);
-    o.stop_timeout = absl::Seconds(30);
-    o.clock = &clock_;
-    auto svc = CoordinatorService::Create(std::move(*store), o);
-    ASSERT_TRUE(svc.ok()) << svc.status();
-    svc_ = std::move(*svc);
-    server_ = ServeOnLoopback(svc_.get(), &stub_);
-    ASSERT_NE(server_, nullptr);
-  }
-  // As a coordinator going away: its sessions end first (the workers are not lost), then the fakes.
-  void StopService() {
-    if (svc_) svc_->Stop();
-    if (server_) server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-    workers_.clear();
-    server_.reset();
-    svc_.reset();
-  }
-  Fake& Add(const std::string& name, const v1::RunningStage* running = nullptr) {
-    workers_[name] = std::make_unique<Fake>(*stub_, name, running);
-    return *workers_[name];
-  }
-  void Kill(const std::string& name) {
-    workers_.erase(name);  // its session closes
-    // The service notices on its own thread: wait until it has.
-    for (int i = 0; i < 500; ++i) {
-      v1::ListWorkersResponse r;
-      EXPECT_TRUE(svc_->ListWorkers(nullptr, nullptr, &r).ok());
-      for (const auto& w : r.workers()) {
-        if (w.info().name() == name && w.state() == v1::WORKER_STATE_DEAD) return;
-      }
-      absl::SleepFor(absl::Milliseconds(10));
-    }
-    ADD_FAILURE() << name << " was not declared dead";
-  }
-  // Time passes; the live fakes keep their heartbeats up.
-  void Advance(absl::Duration d) {
-    clock_.Advance(d);
-    for (auto& [name, w] : workers_) w->Ping();
-    svc_->CheckHeartbeats();
-  }
-  uint64_t Submit(int stages, const std::string& extra = "") {
-    v1::SubmitJobRequest req;
-    req.set_spec_yaml(absl::StrCat("name: r\nstages: ", stages, "\nmodel: {layers: 4}\nsteps: 100\n", extra));
-    v1::SubmitJobResponse resp;
-    EXPECT_TRUE(svc_->SubmitJob(nullptr, &req, &resp).ok());
-    return resp.job_id();
-  }
-  v1::JobStatus Job(uint64_t id) {
-    v1::GetJobRequest req;
-    req.set_job_id(id);
-    v1::JobStatus st;
-    EXPECT_TRUE(svc_->GetJob(nullptr, &req, &st).ok());
-    return st;
-  }
-  v1::WorkerState StateOf(const std::string& name) {
-    v1::ListWorkersResponse r;
-    EXPECT_TRUE(svc_->ListWorkers(nullptr, nullptr, &r).ok());
-    for (const auto& w : r.workers()) {
-      if (w.info().name() == name) return w.state();
-    }
-    return v1::WORKER_STATE_UNSPECIFIED;
-  }
-
-  common::FakeClock clock_{absl::UnixEpoch() + absl::Hours(1000)};
-  std::string path_;
-  std::unique_ptr<CoordinatorService> svc_;
-  std::unique_ptr<grpc::Server> server_;
-  std::unique_ptr<v1::Coordinator::Stub> stub_;
-  std::map<std::string, std::unique_ptr<Fake>> workers_;
-};
+using Fake = FakeStage;
+using RecoveryTest = ServiceFixture;
 
 TEST_F(RecoveryTest, ADeadWorkersStageMovesToASpareAndEveryStageRestartsFromTheNewestCommonCheckpoint) {
   Fake& a = Add("a");
@@ -406,6 +249,86 @@ TEST_F(RecoveryTest, AfterACoordinatorRestartWorkersReattachAndAbsentOnesAreReco
   ASSERT_TRUE(as.has_value());
   ASSERT_EQ(as->restore_from_size(), 1);
   EXPECT_EQ(as->restore_from(0).name(), "a");
+}
+
+// A worker cut off and declared dead that comes back still running its old stage (a partition, a
+// SIGCONT): its stage has a spare now. It takes no work until that stage has ended.
+TEST_F(RecoveryTest, AWorkerBackWithAStageThatMovedTakesNoWorkUntilThatStageEnds) {
+  Fake& a = Add("a");
+  Add("b");
+  Add("spare");
+  const uint64_t job = Submit(2);
+  ASSERT_EQ(Job(job).stages(1).worker_name(), "b");
+  Kill("b");
+  a.Finished(job, 0, 0, false);
+  ASSERT_EQ(Job(job).state(), v1::JOB_STATE_RUNNING);
+  ASSERT_EQ(Job(job).stages(1).worker_name(), "spare");
+  v1::RunningStage r;
+  r.set_job_id(job);
+  r.set_stage(1);
+  r.set_attempt(0);
+  Fake& b = Add("b", &r);
+  EXPECT_EQ(StateOf("b"), v1::WORKER_STATE_BUSY);
+  EXPECT_NE(Worker("b").note().find(absl::StrCat("still running stage 1 of job ", job, " (attempt 0): stage 1 of job ",
+                                                 job, " has moved to another worker")),
+            std::string::npos)
+      << Worker("b").note();
+  // A job submitted now waits rather than going to b (it would be refused as busy and restart).
+  const uint64_t next = Submit(1);
+  EXPECT_EQ(Job(next).state(), v1::JOB_STATE_PENDING);
+  EXPECT_EQ(Job(next).pending_reason(), "waiting for 1 idle worker, 0 idle");
+  // Its heartbeats get the old stage cancelled; a report of a step of it changes nothing.
+  b.Heartbeat(job, 0);
+  EXPECT_TRUE(b.Cancelled(job, 0));
+  b.Progress(job, 1, 3, 0);
+  EXPECT_EQ(Job(job).stages(1).step(), 0);
+  Advance(absl::Seconds(40));
+  EXPECT_EQ(StateOf("b"), v1::WORKER_STATE_BUSY);
+  // The stage ends: b is free and takes the waiting job.
+  b.Finished(job, 1, 0, false);
+  ASSERT_EQ(Job(next).state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(Job(next).stages(0).worker_name(), "b");
+  EXPECT_EQ(Job(job).state(), v1::JOB_STATE_RUNNING);
+}
+
+// A failed job's stage that never reports its end: its worker gets a note after the stop timeout
+// and no work while its heartbeats say it still runs the stage; a heartbeat with nothing running
+// frees it (also at once, when only the end was lost).
+TEST_F(RecoveryTest, AnEndedJobsStageThatDoesNotReportItsEndHoldsItsWorkerOnlyWhileItRuns) {
+  Fake& a = Add("a");
+  Fake& b = Add("b");
+  Add("c");
+  const uint64_t job = Submit(2);
+  a.Finished(job, 0, 0, false, false, "stage 0: data: cannot open /nope");
+  ASSERT_EQ(Job(job).state(), v1::JOB_STATE_FAILED);
+  EXPECT_TRUE(b.Cancelled(job, 0));
+  EXPECT_EQ(StateOf("a"), v1::WORKER_STATE_IDLE);
+  EXPECT_EQ(StateOf("b"), v1::WORKER_STATE_BUSY);
+  // b's stage hangs: its heartbeats keep naming it, and are answered with the cancellation.
+  Advance(absl::Seconds(29));
+  b.Heartbeat(job, 0);
+  EXPECT_EQ(StateOf("b"), v1::WORKER_STATE_BUSY);
+  EXPECT_EQ(Worker("b").note(), "");
+  Advance(absl::Seconds(2));
+  EXPECT_EQ(StateOf("b"), v1::WORKER_STATE_BUSY);
+  EXPECT_NE(Worker("b").note().find(absl::StrCat("its stage of job ", job, " did not stop within 30s of the job's end")),
+            std::string::npos)
+      << Worker("b").note();
+  const uint64_t big = Submit(3);
+  EXPECT_EQ(Job(big).pending_reason(), "waiting for 3 idle workers, 2 idle");
+  b.Idle();  // the stage ended after all
+  ASSERT_EQ(Job(big).state(), v1::JOB_STATE_RUNNING);
+
+  // The end of a stage lost on its way: the first heartbeat with nothing running frees the worker.
+  Fake& d = Add("d");
+  Fake& e = Add("e");
+  const uint64_t lost = Submit(2);
+  ASSERT_EQ(Job(lost).stages(1).worker_name(), "e");
+  d.Finished(lost, 0, 0, false, false, "stage 0: boom");
+  ASSERT_EQ(Job(lost).state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(StateOf("e"), v1::WORKER_STATE_BUSY);
+  e.Idle();
+  EXPECT_EQ(StateOf("e"), v1::WORKER_STATE_IDLE);
 }
 
 TEST(RecoverySpecTest, DefaultsParsingAndProblems) {

@@ -9,6 +9,10 @@
 //   w.Send(message);                               // returns once the coordinator has handled it
 //   w.WaitFor([](const v1::CoordinatorMessage& c) { return c.has_assign(); });
 //
+// FakeStage is a worker that reports as a stage would (steps, checkpoints, copies, its end, what
+// it is doing); ServiceFixture runs the service with a fake clock and keeps named FakeStages
+// (the recovery and watchdog tests).
+//
 // Threading: one reader thread fills the message list; the methods may be called from any thread.
 #ifndef LONGHAUL_TESTS_COORDINATOR_FAKE_WORKER_H_
 #define LONGHAUL_TESTS_COORDINATOR_FAKE_WORKER_H_
@@ -21,7 +25,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -29,6 +35,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
+#include "coordinator/coordinator.h"
 #include "longhaul/v1/control_plane.grpc.pb.h"
 
 namespace longhaul::coordinator {
@@ -155,6 +163,195 @@ class FakeSession {
   std::thread reader_;
   absl::Mutex mu_;
   std::vector<v1::CoordinatorMessage> got_ ABSL_GUARDED_BY(mu_);
+};
+
+// A worker as the coordinator sees it running stages, keeping every message it is sent.
+class FakeStage : public FakeSession {
+ public:
+  // `running`: the stage it says it runs when it registers (after a coordinator restart, or after
+  // it was declared dead); `gflops`: the compute speed it reports (0: none).
+  FakeStage(v1::Coordinator::Stub& stub, const std::string& name, const v1::RunningStage* running = nullptr,
+            double gflops = 0)
+      : FakeSession(stub, Request(name, running, gflops)) {}
+
+  void Heartbeat(uint64_t job, int attempt) {
+    v1::WorkerMessage m;
+    m.mutable_heartbeat()->set_running_job_id(job);
+    m.mutable_heartbeat()->set_running_attempt(attempt);
+    Send(m);
+  }
+  // A heartbeat saying what its stage does (StageActivity), as the worker's heartbeats do.
+  void Doing(uint64_t job, int attempt, v1::StageActivity::Phase phase, int64_t step, int peer = -1,
+             double seconds = 0) {
+    v1::WorkerMessage m;
+    m.mutable_heartbeat()->set_running_job_id(job);
+    m.mutable_heartbeat()->set_running_attempt(attempt);
+    v1::StageActivity* a = m.mutable_heartbeat()->mutable_activity();
+    a->set_phase(phase);
+    a->set_step(step);
+    a->set_peer_stage(peer);
+    a->set_seconds(seconds);
+    Send(m);
+  }
+  // A heartbeat with nothing running.
+  void Idle() {
+    v1::WorkerMessage m;
+    m.mutable_heartbeat();
+    Send(m);
+  }
+  void Progress(uint64_t job, int stage, int64_t step, int attempt, bool checkpointed = false) {
+    v1::StepProgress p;
+    p.set_checkpointed(checkpointed);
+    Report(job, stage, step, attempt, p);
+  }
+  // A step report with `p`'s timings (and the job, stage, step and attempt given).
+  void Report(uint64_t job, int stage, int64_t step, int attempt, v1::StepProgress p) {
+    v1::WorkerMessage m;
+    p.set_job_id(job);
+    p.set_stage(stage);
+    p.set_step(step);
+    p.set_attempt(attempt);
+    p.set_loss(5.0 - 0.01 * static_cast<double>(step));
+    *m.mutable_progress() = p;
+    Send(m);
+  }
+  void Replicated(uint64_t job, int stage, int64_t step, int attempt, uint64_t to) {
+    v1::WorkerMessage m;
+    v1::CheckpointReplicated* r = m.mutable_replicated();
+    r->set_job_id(job);
+    r->set_stage(stage);
+    r->set_step(step);
+    r->set_attempt(attempt);
+    r->set_replica_worker_id(to);
+    Send(m);
+  }
+  void Finished(uint64_t job, int stage, int attempt, bool ok, bool retryable = true, const std::string& error = "") {
+    v1::WorkerMessage m;
+    v1::JobFinished* f = m.mutable_finished();
+    f->set_job_id(job);
+    f->set_stage(stage);
+    f->set_attempt(attempt);
+    f->set_ok(ok);
+    f->set_retryable(retryable);
+    f->set_error(error);
+    Send(m);
+  }
+
+  // The last assignment of `job` with at least `attempt`, waiting a few seconds for it.
+  std::optional<v1::StageAssignment> Assigned(uint64_t job, int attempt) {
+    std::optional<v1::StageAssignment> a;
+    WaitFor([&](const v1::CoordinatorMessage& c) {
+      if (c.has_assign() && c.assign().job_id() == job && c.assign().attempt() >= attempt) a = c.assign();
+      return a.has_value();
+    });
+    return a;
+  }
+  bool Cancelled(uint64_t job, int attempt) {
+    return WaitFor([&](const v1::CoordinatorMessage& c) {
+      return c.has_cancel() && c.cancel().job_id() == job && c.cancel().attempt() == attempt;
+    });
+  }
+  bool GotFloor(uint64_t job, int64_t step) {
+    return WaitFor([&](const v1::CoordinatorMessage& c) {
+      return c.has_checkpoint_floor() && c.checkpoint_floor().job_id() == job && c.checkpoint_floor().step() == step;
+    });
+  }
+
+ private:
+  static v1::RegisterRequest Request(const std::string& name, const v1::RunningStage* running, double gflops) {
+    v1::RegisterRequest req = Registration(name, absl::StrCat(name, ":1"));
+    req.mutable_info()->set_compute_gflops(gflops);
+    if (running != nullptr) *req.mutable_running() = *running;
+    return req;
+  }
+};
+
+// The service on loopback with a fake clock (heartbeat timeout 10 s, reattach grace 20 s, stop
+// timeout 30 s) and named FakeStages.
+class ServiceFixture : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    path_ = TempStatePath("longhaul-recovery");
+    Start();
+  }
+  void TearDown() override {
+    StopService();
+    RemoveStateFiles(path_);
+  }
+  void Start() {
+    auto store = Store::Open(path_);
+    ASSERT_TRUE(store.ok()) << store.status();
+    CoordinatorOptions o;
+    o.heartbeat_timeout = absl::Seconds(10);
+    o.reattach_grace = absl::Seconds(20);
+    o.stop_timeout = absl::Seconds(30);
+    o.clock = &clock_;
+    auto svc = CoordinatorService::Create(std::move(*store), o);
+    ASSERT_TRUE(svc.ok()) << svc.status();
+    svc_ = std::move(*svc);
+    server_ = ServeOnLoopback(svc_.get(), &stub_);
+    ASSERT_NE(server_, nullptr);
+  }
+  // As a coordinator going away: its sessions end first (the workers are not lost), then the fakes.
+  void StopService() {
+    if (svc_) svc_->Stop();
+    if (server_) server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    workers_.clear();
+    server_.reset();
+    svc_.reset();
+  }
+  FakeStage& Add(const std::string& name, const v1::RunningStage* running = nullptr, double gflops = 0) {
+    workers_[name] = std::make_unique<FakeStage>(*stub_, name, running, gflops);
+    return *workers_[name];
+  }
+  // Waits until the service has declared `name` dead.
+  void AwaitDead(const std::string& name) {
+    for (int i = 0; i < 500; ++i) {
+      if (StateOf(name) == v1::WORKER_STATE_DEAD) return;
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    ADD_FAILURE() << name << " was not declared dead";
+  }
+  void Kill(const std::string& name) {
+    workers_.erase(name);  // its session closes; the service notices on its own thread
+    AwaitDead(name);
+  }
+  // Time passes; the live fakes keep their heartbeats up.
+  void Advance(absl::Duration d) {
+    clock_.Advance(d);
+    for (auto& [name, w] : workers_) w->Ping();
+    svc_->CheckHeartbeats();
+  }
+  uint64_t Submit(int stages, const std::string& extra = "") {
+    v1::SubmitJobRequest req;
+    req.set_spec_yaml(absl::StrCat("name: r\nstages: ", stages, "\nmodel: {layers: 4}\nsteps: 100\n", extra));
+    v1::SubmitJobResponse resp;
+    EXPECT_TRUE(svc_->SubmitJob(nullptr, &req, &resp).ok());
+    return resp.job_id();
+  }
+  v1::JobStatus Job(uint64_t id) {
+    v1::GetJobRequest req;
+    req.set_job_id(id);
+    v1::JobStatus st;
+    EXPECT_TRUE(svc_->GetJob(nullptr, &req, &st).ok());
+    return st;
+  }
+  v1::WorkerStatus Worker(const std::string& name) {
+    v1::ListWorkersResponse r;
+    EXPECT_TRUE(svc_->ListWorkers(nullptr, nullptr, &r).ok());
+    for (const auto& w : r.workers()) {
+      if (w.info().name() == name) return w;
+    }
+    return {};
+  }
+  v1::WorkerState StateOf(const std::string& name) { return Worker(name).state(); }
+
+  common::FakeClock clock_{absl::UnixEpoch() + absl::Hours(1000)};
+  std::string path_;
+  std::unique_ptr<CoordinatorService> svc_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<v1::Coordinator::Stub> stub_;
+  std::map<std::string, std::unique_ptr<FakeStage>> workers_;
 };
 
 }  // namespace longhaul::coordinator

@@ -169,5 +169,39 @@ TEST(JobSpecTest, StepsOverrideApplies) {
   EXPECT_EQ(s->steps(), 60);
 }
 
+// The progress watchdog's and the straggler flag's settings (docs/recovery.md).
+TEST(JobSpecTest, WatchdogSettings) {
+  absl::StatusOr<v1::JobSpec> d = ParseJobSpec("name: x\n");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->recovery().progress_timeout_factor(), 10);
+  EXPECT_EQ(d->recovery().progress_timeout_min_seconds(), 60);
+  EXPECT_EQ(d->recovery().startup_timeout_seconds(), 1800);
+  EXPECT_EQ(d->recovery().straggler_factor(), 3);
+  absl::StatusOr<v1::JobSpec> s = ParseJobSpec(
+      "recovery: {progress_timeout_factor: 4, progress_timeout_min: 90s, startup_timeout: 1h, straggler_factor: 2.5}\n");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->recovery().progress_timeout_factor(), 4);
+  EXPECT_EQ(s->recovery().progress_timeout_min_seconds(), 90);
+  EXPECT_EQ(s->recovery().startup_timeout_seconds(), 3600);
+  EXPECT_EQ(s->recovery().straggler_factor(), 2.5);
+  // 0 turns the watchdog and the flag off; a plain number is seconds.
+  absl::StatusOr<v1::JobSpec> off =
+      ParseJobSpec("recovery: {progress_timeout_factor: 0, straggler_factor: 0, progress_timeout_min: 5}\n");
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_EQ(off->recovery().progress_timeout_factor(), 0);
+  EXPECT_EQ(off->recovery().progress_timeout_min_seconds(), 5);
+  absl::StatusOr<v1::JobSpec> bad = ParseJobSpec(
+      "recovery: {progress_timeout_factor: 1.5, progress_timeout_min: 0.5s, startup_timeout: never, "
+      "straggler_factor: 1}\n");
+  ASSERT_FALSE(bad.ok());
+  const std::string msg(bad.status().message());
+  for (const char* want : {"recovery.progress_timeout_factor: 1.5 must be 0 (no watchdog) or in [2, 10000]",
+                           "recovery.progress_timeout_min: 0.5s must be in [1s, 1e7s]",
+                           "recovery.startup_timeout: \"never\" is not a duration (0, 90s, 10m)",
+                           "recovery.straggler_factor: 1 must be 0 (not flagged) or in (1, 10000]"}) {
+    EXPECT_NE(msg.find(want), std::string::npos) << "missing \"" << want << "\" in:\n" << msg;
+  }
+}
+
 }  // namespace
 }  // namespace longhaul::coordinator

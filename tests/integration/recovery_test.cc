@@ -1,10 +1,13 @@
 // Failure recovery end to end (docs/recovery.md): real coordinator and worker processes on
-// loopback; workers killed (SIGKILL), frozen (SIGSTOP), their data directories deleted as if the
-// machine had vanished; the coordinator killed and restarted on its state file (ctest label:
-// integration). The cluster's heartbeat is every 300 ms with a 3 s timeout (tools/cluster).
+// loopback; workers killed (SIGKILL), frozen (SIGSTOP), hung in a step while still sending
+// heartbeats (the workers' test hook), their data directories deleted as if the machine had
+// vanished; the coordinator killed and restarted on its state file (ctest label: integration).
+// The cluster's heartbeat is every 300 ms with a 3 s timeout (tools/cluster).
 #include <signal.h>
+#include <stdlib.h>
 
 #include <cmath>
+#include <cstdio>
 #include <functional>
 
 #include <gtest/gtest.h>
@@ -137,6 +140,63 @@ TEST_F(RecoveryTest, StoppedWorkerIsRecoveredLikeADeadOne) {
   EXPECT_LT(r.detection_seconds(), 2 * kHeartbeatInterval + kHeartbeatTimeout);
   EXPECT_LE(r.failed_step() - r.restored_step(), kInterval);
   EXPECT_EQ(st->losses_size(), 25);
+}
+
+// A stage that stops making progress while its process keeps sending heartbeats: the progress
+// watchdog finds it (it computes while its neighbours wait for it), its worker is treated as lost
+// and a spare takes the stage from the last checkpoint. The hung process reconnects, still
+// running the stage, and is given no work.
+TEST_F(RecoveryTest, HungStageThatStillHeartBeatsIsRecoveredOntoASpare) {
+  ASSERT_TRUE(c_.StartCoordinator().ok());
+  // The test hook (worker/main.cc): stage 1 of a job's first attempt hangs before step 9, on
+  // whichever worker runs it; a later attempt does not.
+  setenv("LONGHAUL_TEST_HANG_AT_STEP", "9", 1);
+  setenv("LONGHAUL_TEST_HANG_STAGE", "1", 1);
+  const absl::Status started = c_.StartWorkers(4);
+  unsetenv("LONGHAUL_TEST_HANG_AT_STEP");
+  unsetenv("LONGHAUL_TEST_HANG_STAGE");
+  ASSERT_TRUE(started.ok()) << started;
+  constexpr double kMinTimeout = 2;
+  absl::StatusOr<uint64_t> job = c_.Submit(Spec(25, "recovery: {progress_timeout_min: 2s}\n"));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(c_.WaitForStep(*job, 8, absl::Minutes(2)).ok());
+  absl::StatusOr<std::string> victim = c_.WorkerOf(*job, 1);
+  ASSERT_TRUE(victim.ok());
+  absl::StatusOr<v1::JobStatus> st = c_.WaitForEnd(*job, absl::Minutes(4));
+  ASSERT_TRUE(st.ok()) << st.status();
+  ASSERT_EQ(st->state(), v1::JOB_STATE_SUCCEEDED) << st->error();
+  ASSERT_EQ(st->restarts(), 1);
+  const v1::Recovery& r = st->recoveries(0);
+  EXPECT_TRUE(r.no_progress());
+  EXPECT_EQ(r.dead_worker(), *victim);
+  EXPECT_NE(r.cause().find("no progress for"), std::string::npos) << r.cause();
+  EXPECT_NE(r.cause().find("stage 1: computing step 9"), std::string::npos) << r.cause();
+  // Found after the timeout — max(2 s, 10 x the step time) — plus at most a heartbeat interval
+  // and the monitor's tick; not after the neighbours' 10-minute receive timeout.
+  EXPECT_GT(r.detection_seconds(), kMinTimeout);
+  EXPECT_LT(r.detection_seconds(), std::max(kMinTimeout, 10 * st->expected_step_seconds()) + 3);
+  EXPECT_EQ(r.failed_step(), 8);
+  EXPECT_EQ(r.restored_step(), kInterval);
+  EXPECT_NE(st->stages(1).worker_name(), *victim);
+  EXPECT_EQ(st->losses_size(), 25);
+  std::printf("hung stage: detected %.2f s after the last step (expected step %.3f s), training again %.2f s after\n",
+              r.detection_seconds(), st->expected_step_seconds(), r.recovery_seconds());
+  auto [rc, out] = Ctl(absl::StrCat("status ", *job));
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("after the last step (progress watchdog)"), std::string::npos) << out;
+  // The hung worker came back, still running its stage: busy, not given work.
+  bool drained = false;
+  for (int i = 0; i < 100 && !drained; ++i) {
+    absl::StatusOr<std::vector<v1::WorkerStatus>> ws = c_.Workers();
+    ASSERT_TRUE(ws.ok()) << ws.status();
+    for (const v1::WorkerStatus& w : *ws) {
+      drained |= w.info().name() == *victim && w.state() == v1::WORKER_STATE_BUSY &&
+                 w.note().find("still running stage 1") != std::string::npos;
+    }
+    if (!drained) absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_TRUE(drained) << *victim << " should be busy with its hung stage";
+  c_.worker(*victim)->Signal(SIGKILL);
 }
 
 TEST_F(RecoveryTest, KilledCoordinatorRestartsOnItsStateFileAndTheJobCompletes) {
