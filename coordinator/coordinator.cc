@@ -157,7 +157,7 @@ void CoordinatorService::Schedule(Outbox* out) {
       FailJob(job, std::string(s.message()), v1::JOB_STATE_FAILED, out);
       continue;
     }
-    queue.push_back({job.status.job_id(), spec.stages(), job.queued_at});
+    queue.push_back({job.status.job_id(), WorkersNeeded(spec), job.queued_at});
   }
   const QueuePlan plan = PlanQueue(queue, idle, live, opt_.clock->Now(), opt_.queue);
   // PlanQueue decides which jobs start and counts their workers; the placement chooses which of
@@ -183,21 +183,26 @@ void CoordinatorService::Start(Job& job, const std::vector<uint64_t>& worker_ids
   const std::vector<stage_runtime::LayerRange> parts = *stage_runtime::PartitionLayers(spec.model().layers(), spec.stages());
   std::vector<Worker*> ws;
   for (uint64_t wid : worker_ids) ws.push_back(&workers_.at(wid));
+  // Slot i = r * S + s: replica r of stage s (placement.h's order; with one replica, the stage).
+  const int S = spec.stages(), R = Replicas(spec);
   job.status.clear_stages();
-  for (int s = 0; s < spec.stages(); ++s) {
+  for (int i = 0; i < S * R; ++i) {
+    const int s = i % S;
     v1::StagePlacement* p = job.status.add_stages();
     p->set_stage(s);
-    p->set_worker_id(ws[s]->status.worker_id());
-    p->set_worker_name(ws[s]->status.info().name());
+    if (R > 1) p->set_replica(i / S);
+    p->set_worker_id(ws[i]->status.worker_id());
+    p->set_worker_name(ws[i]->status.info().name());
     p->set_layer_begin(parts[s].begin);
     p->set_layer_end(parts[s].end);
   }
-  auto peer = [&](int s, v1::StagePeer* p) {
-    p->set_worker_id(ws[s]->status.worker_id());
-    p->set_name(ws[s]->status.info().name());
-    p->set_address(ws[s]->status.info().address());
+  auto peer = [&](int i, v1::StagePeer* p) {
+    p->set_worker_id(ws[i]->status.worker_id());
+    p->set_name(ws[i]->status.info().name());
+    p->set_address(ws[i]->status.info().address());
   };
-  for (int s = 0; s < spec.stages(); ++s) {
+  for (int i = 0; i < S * R; ++i) {
+    const int s = i % S, r = i / S;
     v1::CoordinatorMessage m;
     v1::StageAssignment* a = m.mutable_assign();
     a->set_job_id(id);
@@ -205,13 +210,23 @@ void CoordinatorService::Start(Job& job, const std::vector<uint64_t>& worker_ids
     a->set_stage(s);
     a->set_layer_begin(parts[s].begin);
     a->set_layer_end(parts[s].end);
-    if (s > 0) peer(s - 1, a->mutable_prev());
-    if (s + 1 < spec.stages()) peer(s + 1, a->mutable_next());
+    // Replica r of stage s streams to replica r of stage s + 1.
+    if (s > 0) peer(i - 1, a->mutable_prev());
+    if (s + 1 < S) peer(i + 1, a->mutable_next());
     a->set_attempt(job.status.attempt());
-    // Each stage's checkpoints are copied to the next stage's worker (the last stage's to stage 0's).
-    if (spec.checkpoint_replicate() == "peer" && spec.stages() > 1) peer((s + 1) % spec.stages(), a->mutable_replica());
-    SetWorkerState(*ws[s], v1::WORKER_STATE_BUSY, id, "");
-    out->emplace_back(ws[s]->session, std::move(m));
+    // Each stage's checkpoints are copied to the next stage's worker (the last stage's to stage 0's)
+    // of the same replica.
+    if (spec.checkpoint_replicate() == "peer" && S > 1) peer(r * S + (s + 1) % S, a->mutable_replica());
+    if (R > 1) {
+      a->set_replica_index(r);
+      for (int q = 0; q < R; ++q) {
+        v1::StagePeer* g = a->add_replica_group();
+        peer(q * S + s, g);
+        g->set_region(ws[q * S + s]->status.info().region());
+      }
+    }
+    SetWorkerState(*ws[i], v1::WORKER_STATE_BUSY, id, "");
+    out->emplace_back(ws[i]->session, std::move(m));
   }
   queue_.erase(id);
   job.ended.clear();
@@ -220,7 +235,7 @@ void CoordinatorService::Start(Job& job, const std::vector<uint64_t>& worker_ids
   job.status.set_state(v1::JOB_STATE_RUNNING);
   job.status.set_started_unix(UnixNow());
   ResetProgress(job);
-  Log(absl::StrCat("job ", id, " (", job.status.name(), ") placed on ", spec.stages(), " worker(s) after waiting ",
+  Log(absl::StrCat("job ", id, " (", job.status.name(), ") placed on ", S * R, " worker(s) after waiting ",
                    Ms(opt_.clock->Now() - job.queued_at)));
   Persist(job);
   Changed();
@@ -422,24 +437,34 @@ void CoordinatorService::OnProgress(Worker& w, const v1::StepProgress& p) {
   if (it == jobs_.end() || it->second.status.state() != v1::JOB_STATE_RUNNING) return;
   Job& job = it->second;
   const int S = job.status.spec().stages();
-  if (p.stage() < 0 || p.stage() >= S || job.status.stages(p.stage()).worker_id() != w.status.worker_id()) return;
-  if (p.attempt() != job.status.attempt()) return;  // a stage of a failed attempt, still winding down
-  if (p.step() <= job.status.stages(p.stage()).step()) {
-    // Sent again after the coordinator went away (worker.h): only a loss that may be missing.
-    if (p.stage() == S - 1) (void)store_->AppendLoss(job.status.job_id(), p.step(), p.loss());
+  // Replicated stages: slot = replica * S + stage; the loss (the mean over the last stage's
+  // replicas, which every one of them knows) is taken from replica 0.
+  const int slot = Slot(job, p.stage(), p.replica());
+  if (p.stage() < 0 || p.stage() >= S || slot < 0 || slot >= job.status.stages_size() ||
+      job.status.stages(slot).worker_id() != w.status.worker_id()) {
     return;
   }
-  job.latest[p.stage()] = p;
+  if (p.attempt() != job.status.attempt()) return;  // a stage of a failed attempt, still winding down
+  const bool reports_loss = p.stage() == S - 1 && p.replica() == 0;
+  if (p.step() <= job.status.stages(slot).step()) {
+    // Sent again after the coordinator went away (worker.h): only a loss that may be missing.
+    if (reports_loss) (void)store_->AppendLoss(job.status.job_id(), p.step(), p.loss());
+    return;
+  }
+  job.latest[slot] = p;
   TrackCheckpoints(job, p);
   TrackStep(job, p);
-  job.status.mutable_stages(p.stage())->set_step(p.step());
-  int64_t wire = 0, raw = 0;
-  double err = 0;
+  job.status.mutable_stages(slot)->set_step(p.step());
+  int64_t wire = 0, raw = 0, dp = 0, dp_raw = 0;
+  double err = 0, dp_seconds = 0;
   int err_n = 0;
   for (const auto& [s, lp] : job.latest) {
     wire += lp.wire_bytes();
     raw += lp.raw_bytes();
-    if (s < S - 1) {
+    dp += lp.dp_bytes();
+    dp_raw += lp.dp_raw_bytes();
+    dp_seconds = std::max(dp_seconds, lp.dp_seconds());
+    if (lp.stage() < S - 1) {
       err += lp.mean_rel_error();
       ++err_n;
     }
@@ -447,7 +472,12 @@ void CoordinatorService::OnProgress(Worker& w, const v1::StepProgress& p) {
   job.status.set_wire_bytes(wire);
   job.status.set_raw_bytes(raw);
   job.status.set_mean_rel_error(err_n ? err / err_n : 0.0);
-  if (p.stage() == S - 1) {
+  if (Replicas(job.status.spec()) > 1) {
+    job.status.set_dp_bytes_per_step(dp);
+    job.status.set_dp_raw_bytes_per_step(dp_raw);
+    job.status.set_dp_seconds(dp_seconds);
+  }
+  if (reports_loss) {
     const absl::Time now = opt_.clock->Now();
     if (job.status.step() == 0) {
       job.status.set_initial_loss(p.loss());
@@ -481,6 +511,20 @@ grpc::Status CoordinatorService::SubmitJob(grpc::ServerContext*, const v1::Submi
   {
     absl::MutexLock l(&mu_);
     if (stopping_) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator shutting down");
+    // A replicated job the cluster cannot host is refused now rather than queued (a one-replica job
+    // with more stages than workers still waits for them to register: scheduler.h).
+    if (Replicas(*spec) > 1) {
+      int live = 0, idle = 0;
+      for (const auto& [wid, w] : workers_) {
+        live += w.status.state() != v1::WORKER_STATE_DEAD;
+        idle += w.status.state() == v1::WORKER_STATE_IDLE;
+      }
+      if (WorkersNeeded(*spec) > live) {
+        return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                            absl::StrCat("needs ", WorkersNeeded(*spec), " workers (", spec->stages(), " stages x ",
+                                         Replicas(*spec), " replicas), ", idle, " are idle, ", live, " registered"));
+      }
+    }
     Txn txn(*store_);
     const uint64_t id = next_job_id_++;
     Job& job = jobs_[id];
@@ -495,7 +539,8 @@ grpc::Status CoordinatorService::SubmitJob(grpc::ServerContext*, const v1::Submi
     queue_.insert(id);
     Persist(job);
     Changed();
-    Log(absl::StrCat("job ", id, " (", spec->name(), ") submitted: ", spec->stages(), " stages, ", spec->steps(),
+    Log(absl::StrCat("job ", id, " (", spec->name(), ") submitted: ", spec->stages(), " stages",
+                     Replicas(*spec) > 1 ? absl::StrCat(" x ", Replicas(*spec), " replicas") : "", ", ", spec->steps(),
                      " steps"));
     resp->set_job_id(id);
     Schedule(&out);

@@ -206,8 +206,12 @@ class CoordinatorService final : public v1::Coordinator::Service {
   // takes the spares they get out of `idle`.
   void AdvanceRecoveries(std::vector<uint64_t>* idle, Outbox* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Resume(Job& job, const std::vector<uint64_t>& spares, Outbox* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The stage of `job` that `worker_id` runs, or -1.
+  // The slot of `job` that `worker_id` runs (its index in JobStatus.stages: replica r's stage s at
+  // r * stages + s, so the stage itself with one replica), or -1.
   int StageOf(const Job& job, uint64_t worker_id) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  static int Slot(const Job& job, int stage, int replica) {
+    return replica * job.status.spec().stages() + stage;
+  }
   bool Alive(uint64_t worker_id) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Checkpoints and recovery progress from a step report of the current attempt.
   void TrackCheckpoints(Job& job, const v1::StepProgress& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -47,7 +47,8 @@ template <typename LinkFn>
 Decision Decide(const v1::JobSpec& spec, const std::vector<Candidate>& cands, LinkFn link, double min_gain,
                 const placement::SolveOptions& solve) {
   Decision d;
-  const int K = spec.stages();
+  // Replicated stages: K = stages x replicas positions, replica r's stage s at r * stages + s.
+  const int K = WorkersNeeded(spec);
   for (int s = 0; s < K; ++s) d.naive.push_back(s);
   d.chosen = d.naive;
   absl::StatusOr<placement::JobShape> shape = JobShapeOf(spec);
@@ -56,6 +57,9 @@ Decision Decide(const v1::JobSpec& spec, const std::vector<Candidate>& cands, Li
     return d;
   }
   d.job = *shape;
+  // Each of the D pipelines runs micro_batches / D of the step (job_spec.h).
+  d.job.replicas = Replicas(spec);
+  d.job.micro_batches = std::max(1, d.job.micro_batches / d.job.replicas);
   const int N = static_cast<int>(cands.size());
   std::vector<double> known;
   for (const Candidate& c : cands) {
@@ -226,7 +230,7 @@ grpc::Status CoordinatorService::PlanJob(grpc::ServerContext*, const v1::PlanJob
     live.push_back(c);
     if (w.status.state() == v1::WORKER_STATE_IDLE && w.session) idle.push_back(c);
   }
-  const int K = spec->stages();
+  const int K = WorkersNeeded(*spec);
   std::string note;
   std::vector<Candidate> cands;
   if (static_cast<int>(idle.size()) >= K) {
@@ -248,7 +252,8 @@ grpc::Status CoordinatorService::PlanJob(grpc::ServerContext*, const v1::PlanJob
                   ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     std::vector<placement::StageCost> costs;
     if (d.modelled) costs = placement::StageCosts(d.job, d.cluster, p);
-    for (int s = 0; s < K; ++s) {
+    // Replicated stages: replica 0's pipeline (the others' workers follow it in the placement).
+    for (int s = 0; s < spec->stages(); ++s) {
       v1::PlannedStage* ps = out->Add();
       const Candidate& c = cands[p[s]];
       ps->set_stage(s);
@@ -259,7 +264,7 @@ grpc::Status CoordinatorService::PlanJob(grpc::ServerContext*, const v1::PlanJob
       ps->set_layer_end((*parts)[s].end);
       if (!d.modelled) continue;
       ps->set_compute_seconds(costs[s].compute_s);
-      if (s + 1 == K) continue;
+      if (s + 1 == spec->stages()) continue;
       ps->set_forward_seconds(costs[s].forward_s);
       ps->set_backward_seconds(costs[s].backward_s);
       const v1::LinkMeasurement* m = link(p[s], p[s + 1]);

@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "common/log.h"
 #include "coordinator/coordinator.h"
+#include "coordinator/job_spec.h"
 
 namespace longhaul::coordinator {
 namespace {
@@ -46,8 +47,8 @@ void SetLocal(v1::StagePlacement* p, std::vector<int64_t> steps) {
 }  // namespace
 
 int CoordinatorService::StageOf(const Job& job, uint64_t worker_id) const {
-  for (const v1::StagePlacement& p : job.status.stages()) {
-    if (p.worker_id() == worker_id) return p.stage();
+  for (int i = 0; i < job.status.stages_size(); ++i) {
+    if (job.status.stages(i).worker_id() == worker_id) return i;
   }
   return -1;
 }
@@ -60,6 +61,13 @@ bool CoordinatorService::Alive(uint64_t worker_id) const {
 void CoordinatorService::BeginRecovery(Job& job, const std::string& cause, const Worker* dead, absl::Duration detection,
                                        Outbox* out) {
   const uint64_t id = job.status.job_id();
+  if (Replicas(job.status.spec()) > 1) {
+    // Not yet: a replica group would need a new collective group, and the sharded optimizer state
+    // of sdp4bit / zeropp is not in the checkpoints (docs/replicated-stages.md).
+    FailJob(job, absl::StrCat(cause, "; a job with replicated stages is not recovered (it fails)"),
+            v1::JOB_STATE_FAILED, out);
+    return;
+  }
   const int S = job.status.stages_size();
   const int dead_stage = dead != nullptr ? StageOf(job, dead->status.worker_id()) : -1;
   if (job.status.state() == v1::JOB_STATE_RECOVERING) {
@@ -328,7 +336,8 @@ void CoordinatorService::Resume(Job& job, const std::vector<uint64_t>& spares, O
 }
 
 void CoordinatorService::TrackCheckpoints(Job& job, const v1::StepProgress& p) {
-  v1::StagePlacement* sp = job.status.mutable_stages(p.stage());
+  const int slot = Slot(job, p.stage(), p.replica());
+  v1::StagePlacement* sp = job.status.mutable_stages(slot);
   bool changed = false;
   if (p.checkpointed()) {
     std::vector<int64_t> local(sp->local_checkpoints().begin(), sp->local_checkpoints().end());
@@ -337,7 +346,7 @@ void CoordinatorService::TrackCheckpoints(Job& job, const v1::StepProgress& p) {
     changed = true;
   }
   const int S = job.status.stages_size();
-  if (p.stage() == S - 1 && job.status.recoveries_size() > 0) {
+  if (slot == S - 1 && job.status.recoveries_size() > 0) {
     v1::Recovery* r = job.status.mutable_recoveries(job.status.recoveries_size() - 1);
     if (r->resumed_unix() > 0 && r->recovered_unix() == 0 && p.step() > r->restored_step()) {
       r->set_recovered_unix(UnixNow());
@@ -356,8 +365,9 @@ void CoordinatorService::OnReplicated(Worker& w, const v1::CheckpointReplicated&
   Job& job = it->second;
   // Only the current attempt's copies count (a late report of a failed attempt would mix restore
   // points), and only onto a live worker.
-  if (r.stage() < 0 || r.stage() >= job.status.stages_size() ||
-      job.status.stages(r.stage()).worker_id() != w.status.worker_id() || r.attempt() != job.status.attempt() ||
+  const int slot = Slot(job, r.stage(), r.replica());
+  if (r.stage() < 0 || slot < 0 || slot >= job.status.stages_size() ||
+      job.status.stages(slot).worker_id() != w.status.worker_id() || r.attempt() != job.status.attempt() ||
       job.status.state() != v1::JOB_STATE_RUNNING) {
     return;
   }
@@ -367,7 +377,7 @@ void CoordinatorService::OnReplicated(Worker& w, const v1::CheckpointReplicated&
     Log(absl::StrCat("job ", r.job_id(), " stage ", r.stage(), " step ", r.step(), ": ", r.error()));
     return;
   }
-  v1::StagePlacement* sp = job.status.mutable_stages(r.stage());
+  v1::StagePlacement* sp = job.status.mutable_stages(slot);
   std::vector<int64_t> steps;
   google::protobuf::RepeatedPtrField<v1::CheckpointReplica> keep;
   for (const v1::CheckpointReplica& c : sp->replicas()) {
@@ -446,10 +456,11 @@ void CoordinatorService::OnFinished(Worker& w, const v1::JobFinished& f, Outbox*
   }
   auto it = jobs_.find(f.job_id());
   const int s = it == jobs_.end() ? -1 : StageOf(it->second, w.status.worker_id());
-  if (it == jobs_.end() || IsTerminal(it->second.status.state()) || s != f.stage()) {
+  const int fs = it == jobs_.end() ? f.stage() : Slot(it->second, f.stage(), f.replica());
+  if (it == jobs_.end() || IsTerminal(it->second.status.state()) || s != fs) {
     // A late end of a stage this worker no longer holds (it now holds stage s of the same job)
     // changes nothing; otherwise the worker is free.
-    if (w.status.job_id() == f.job_id() && !(s >= 0 && s != f.stage() && it != jobs_.end() &&
+    if (w.status.job_id() == f.job_id() && !(s >= 0 && s != fs && it != jobs_.end() &&
                                              !IsTerminal(it->second.status.state()))) {
       SetWorkerState(w, v1::WORKER_STATE_IDLE, 0, "");
     }
@@ -466,7 +477,7 @@ void CoordinatorService::OnFinished(Worker& w, const v1::JobFinished& f, Outbox*
     const std::string what = absl::StrCat(Describe(w.status), " failed: ", f.error());
     if (f.ok()) {
       job.finished[s] = true;
-      if (static_cast<int>(job.finished.size()) == job.status.spec().stages()) {
+      if (static_cast<int>(job.finished.size()) == job.status.stages_size()) {
         job.status.set_state(v1::JOB_STATE_SUCCEEDED);
         job.status.set_finished_unix(UnixNow());
         Log(absl::StrCat("job ", job.status.job_id(), " succeeded: ", job.status.step(), " steps, final loss ",
@@ -490,8 +501,8 @@ void CoordinatorService::Reattach(Worker& w, const v1::RunningStage& r) {
   auto it = jobs_.find(r.job_id());
   if (it == jobs_.end()) return Drain(w, r, absl::StrCat("job ", r.job_id(), " is unknown here"));
   Job& job = it->second;
-  const int s = r.stage();
-  if (s < 0 || s >= job.status.stages_size() || job.status.stages(s).worker_id() != w.status.worker_id()) {
+  const int s = Slot(job, r.stage(), r.replica());
+  if (r.stage() < 0 || s < 0 || s >= job.status.stages_size() || job.status.stages(s).worker_id() != w.status.worker_id()) {
     return Drain(w, r, absl::StrCat("stage ", s, " of job ", r.job_id(), " has moved to another worker"));
   }
   if (job.status.state() == v1::JOB_STATE_RUNNING && r.attempt() == job.status.attempt()) {
@@ -545,6 +556,7 @@ void CoordinatorService::CheckDeadlines(Outbox* out) {
         v1::RunningStage r;
         r.set_job_id(id);
         r.set_stage(p.stage());
+        r.set_replica(p.replica());
         r.set_attempt(job.status.attempt());
         Drain(w->second, r, absl::StrCat("its stage of job ", id, " did not stop within ",
                                          absl::FormatDuration(opt_.stop_timeout), " of the job's end"));
@@ -553,7 +565,8 @@ void CoordinatorService::CheckDeadlines(Outbox* out) {
       job.reattach_by = absl::InfiniteFuture();
       std::vector<std::string> missing;
       for (const v1::StagePlacement& p : job.status.stages()) {
-        if (!job.attached.count(p.stage()) && !job.ended.count(p.stage())) missing.push_back(p.worker_name());
+        const int slot = Slot(job, p.stage(), p.replica());
+        if (!job.attached.count(slot) && !job.ended.count(slot)) missing.push_back(p.worker_name());
       }
       if (!missing.empty()) {
         BeginRecovery(job,
@@ -564,24 +577,25 @@ void CoordinatorService::CheckDeadlines(Outbox* out) {
     } else if (job.status.state() == v1::JOB_STATE_RECOVERING && now >= job.stop_by &&
                static_cast<int>(job.stopped.size()) < job.status.stages_size()) {
       for (const v1::StagePlacement& p : job.status.stages()) {
-        if (job.stopped.count(p.stage())) continue;
+        if (job.stopped.count(Slot(job, p.stage(), p.replica()))) continue;
         const uint64_t wid = p.worker_id();
         auto w = workers_.find(wid);
         if (w != workers_.end() && w->second.status.state() != v1::WORKER_STATE_DEAD &&
             w->second.status.job_id() != id) {
-          job.stopped.insert(p.stage());  // not running the failed attempt
+          job.stopped.insert(Slot(job, p.stage(), p.replica()));  // not running the failed attempt
           if (w->second.status.state() == v1::WORKER_STATE_IDLE) {
             SetWorkerState(w->second, v1::WORKER_STATE_BUSY, id, "");  // came back idle: reserved
           } else {
-            job.lost.insert(p.stage());  // meanwhile given to another job: the stage needs a spare
+            // Meanwhile given to another job: the stage needs a spare.
+            job.lost.insert(Slot(job, p.stage(), p.replica()));
           }
           continue;
         }
         WorkerLost(wid, absl::StrCat("its stage of job ", id, " did not stop within ",
                                      absl::FormatDuration(opt_.stop_timeout), " of the recovery's start"),
                    out);
-        job.lost.insert(p.stage());
-        job.stopped.insert(p.stage());
+        job.lost.insert(Slot(job, p.stage(), p.replica()));
+        job.stopped.insert(Slot(job, p.stage(), p.replica()));
       }
     }
   }
@@ -596,7 +610,8 @@ void CoordinatorService::ReleaseWorkers(Job& job) {
       continue;
     }
     // A stage still running reports its end later (OnFinished frees its worker then).
-    if (done || job.ended.count(p.stage()) || job.stopped.count(p.stage())) {
+    const int slot = Slot(job, p.stage(), p.replica());
+    if (done || job.ended.count(slot) || job.stopped.count(slot)) {
       SetWorkerState(it->second, v1::WORKER_STATE_IDLE, 0, "");
     }
   }

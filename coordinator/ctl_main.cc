@@ -143,9 +143,14 @@ nlohmann::json Summary(const v1::JobStatus& j) {
   for (const v1::StagePlacement& p : j.stages()) {
     stages.push_back({{"stage", p.stage()}, {"worker", p.worker_name()}, {"layers", {p.layer_begin(), p.layer_end()}},
                       {"checkpoint", p.checkpoint_path()}, {"compute_seconds", p.compute_seconds()},
-                      {"predicted_compute_seconds", p.predicted_compute_seconds()}, {"straggler", p.straggler()}});
+                      {"predicted_compute_seconds", p.predicted_compute_seconds()}, {"straggler", p.straggler()},
+                      {"replica", p.replica()}});
   }
   out["stages"] = stages;
+  out["replicas"] = std::max(1, j.spec().replicas());
+  out["dp_bytes_per_step"] = j.dp_bytes_per_step();
+  out["dp_raw_bytes_per_step"] = j.dp_raw_bytes_per_step();
+  out["dp_seconds"] = j.dp_seconds();
   return out;
 }
 
@@ -165,6 +170,11 @@ void PrintDetail(const v1::JobStatus& j) {
               j.spec().links().rate_mbit() > 0 ? absl::StrCat(j.spec().links().rate_mbit(), " Mbit/s").c_str()
                                                : "unshaped",
               HumanBytes(j.wire_bytes()).c_str(), HumanBytes(j.raw_bytes()).c_str(), Ratio(j), j.mean_rel_error());
+  if (j.spec().replicas() > 1) {  // docs/replicated-stages.md
+    std::printf("  data parallel: %d replicas per stage, %s; %s per step vs %s as fp32, sync %.3f s\n",
+                j.spec().replicas(), j.spec().data_parallel().codec().c_str(), HumanBytes(j.dp_bytes_per_step()).c_str(),
+                HumanBytes(j.dp_raw_bytes_per_step()).c_str(), j.dp_seconds());
+  }
   if (!j.placement().empty()) {
     std::printf("  placement: %s", j.placement().c_str());
     if (j.predicted_step_seconds() > 0) {
@@ -189,7 +199,8 @@ void PrintDetail(const v1::JobStatus& j) {
         absl::StrAppend(&compute, absl::StrFormat(" (predicted %.3g s)", p.predicted_compute_seconds()));
       }
     }
-    std::printf("  stage %d: worker %s, layers %d..%d, step %lld%s%s%s\n", p.stage(), p.worker_name().c_str(),
+    std::printf("  stage %d%s: worker %s, layers %d..%d, step %lld%s%s%s\n", p.stage(),
+                j.spec().replicas() > 1 ? absl::StrCat(" replica ", p.replica()).c_str() : "", p.worker_name().c_str(),
                 p.layer_begin(), p.layer_end() - 1, static_cast<long long>(p.step()), compute.c_str(),
                 p.checkpoint_path().empty() ? "" : ", checkpoint ", p.checkpoint_path().c_str());
     if (!p.straggler().empty()) std::printf("    STRAGGLER: %s\n", p.straggler().c_str());

@@ -176,6 +176,7 @@ int RunPlanSimulation(const PlanFlags& flags) {
         {"stages", S},
         {"replicas", D},
         {"micro_batches", job.micro_batches},
+        {"schedule", pl::ScheduleName(job.schedule)},
         {"placement", r.solution.method},
         {"pipelines", pipelines},
         {"pipeline_links_inside_regions", inside},
@@ -205,8 +206,8 @@ int RunPlanSimulation(const PlanFlags& flags) {
   }
   std::printf("  by worker id: %s; each %.0f GFLOP/s (stages reach x%.1f of it)\n", absl::StrJoin(blocks, ", ").c_str(),
               flags.gflops, kComputeEfficiency);
-  std::printf("job: %s: %d stage(s) x %d data-parallel pipeline(s), %d micro-batch(es) per step\n", spec->name().c_str(),
-              S, D, job.micro_batches);
+  std::printf("job: %s: %d stage(s) x %d data-parallel pipeline(s), %d micro-batch(es) per step, %s\n",
+              spec->name().c_str(), S, D, job.micro_batches, pl::ScheduleName(job.schedule));
   std::printf("  per micro-batch: activations %s and gradients %s on each link; stage 0 computes %s\n",
               Bytes(job.activation_bytes).c_str(), Bytes(job.gradient_bytes).c_str(),
               Sec(job.stage_flops[0] / topo->cluster.flops_per_s[0]).c_str());

@@ -51,6 +51,9 @@ absl::StatusOr<placement::JobShape> JobShapeOf(const v1::JobSpec& spec) {
   job.stages = spec.stages();
   job.replicas = 1;
   job.micro_batches = std::max(spec.micro_batches(), 1);
+  // (job_spec.cc validates the name; its default, like the stage runtime's, is 1F1B.)
+  job.schedule = spec.schedule() == "gpipe" ? placement::Schedule::kGPipe : placement::Schedule::k1F1B;
+  job.forward_share = 1.0 / 3;  // training is 3x forward: the backward pass is the other 2/3
   for (int s = 0; s < job.stages; ++s) {
     const double blocks = (*parts)[s].end - (*parts)[s].begin;
     double fwd = blocks * block_fwd;

@@ -8,7 +8,7 @@
 // FLOPs per micro-batch of n = micro_batch_size x context tokens, hidden h, vocabulary V:
 // each transformer block 24 n h^2 (QKV, projection, MLP) + 4 n context h (attention scores and
 // values) forward, the last stage's LM head 2 n h V; training is 3x forward (backward twice the
-// forward). A stage on a worker takes its FLOPs / (the worker's benchmark GFLOP/s x
+// forward: JobShape.forward_share = 1/3). The schedule (gpipe | 1f1b) is the spec's. A stage on a worker takes its FLOPs / (the worker's benchmark GFLOP/s x
 // kComputeEfficiency). Wire bytes: the codec's payload for an [n, h] fp32 tensor plus the frame
 // header (codec/spec.h's parameters; docs/placement.md).
 #ifndef LONGHAUL_COORDINATOR_JOB_COST_H_

@@ -62,6 +62,12 @@ v1::JobSpec DefaultJobSpec() {
   s.set_precision("fp32");
   s.set_data_format("text");
   s.mutable_links()->set_codec_device("auto");
+  s.set_replicas(1);
+  s.mutable_data_parallel()->set_codec("fp32");
+  // A synchronisation moves a stage's whole gradient; over a slow WAN link that is minutes for a
+  // large stage, while a dead replica is found by the pings after the deadline (collective/group.h).
+  s.mutable_data_parallel()->set_timeout_seconds(120);
+  s.mutable_data_parallel()->set_weight_bits(4);
   return s;
 }
 
@@ -243,6 +249,23 @@ absl::StatusOr<v1::JobSpec> ParseJobSpec(const std::string& yaml, int64_t steps_
             .Field<std::string>("codec_device", [&](std::string v) { l->set_codec_device(v); });
       })
       .Field<int>("codec_threads", [&](int v) { s.set_codec_threads(v); })
+      .Field<int>("replicas", [&](int v) { s.set_replicas(v); })
+      .Map("data_parallel", [&](MapReader& m) {
+        v1::DataParallelSpec* d = s.mutable_data_parallel();
+        m.Field<std::string>("codec", [&](std::string v) { d->set_codec(v); })
+            .Field<std::string>("timeout", [&problems, d](std::string v) {
+              double seconds = 0;
+              absl::Duration t;
+              if (absl::SimpleAtod(v, &seconds)) {
+                d->set_timeout_seconds(seconds);
+              } else if (absl::ParseDuration(v, &t)) {
+                d->set_timeout_seconds(absl::ToDoubleSeconds(t));
+              } else {
+                problems.push_back(absl::StrCat("data_parallel.timeout: \"", v, "\" is not a duration (90s, 10m)"));
+              }
+            })
+            .Field<int>("weight_bits", [&](int v) { d->set_weight_bits(v); });
+      })
       .Field<std::string>("precision", [&](std::string v) { s.set_precision(v); });
   top.CheckUnknown();
   if (optimizer_name != "adamw") problems.push_back(absl::StrCat("optimizer.name: \"", optimizer_name, "\" is not supported (adamw)"));
@@ -352,6 +375,21 @@ absl::Status ValidateJobSpec(const v1::JobSpec& s) {
     }
   }
   range("codec_threads", s.codec_threads(), 1, 64);
+  // Replicated stages: 0 is the default of specs built in code (one replica).
+  if (s.replicas() != 0) range("replicas", s.replicas(), 1, 64);
+  if (s.replicas() > 1 && s.micro_batches() >= 1 && s.micro_batches() % s.replicas() != 0) {
+    p.push_back(absl::StrCat("micro_batches: ", s.micro_batches(), " is not a multiple of replicas (", s.replicas(),
+                             "): each replica takes micro_batches / replicas of every step"));
+  }
+  const v1::DataParallelSpec& dp = s.data_parallel();
+  if (const std::string& c = dp.codec();
+      !c.empty() && c != "fp32" && c != "sdp4bit" && c != "zeropp" && c != "bitdp1" && c != "bitdp2") {
+    p.push_back(absl::StrCat("data_parallel.codec: \"", c, "\" is not fp32, sdp4bit, bitdp1, bitdp2 or zeropp"));
+  }
+  if (dp.timeout_seconds() != 0) range("data_parallel.timeout", dp.timeout_seconds(), 1, 86400);
+  if (dp.weight_bits() != 0 && dp.weight_bits() != 4 && dp.weight_bits() != 8) {
+    p.push_back(absl::StrCat("data_parallel.weight_bits: ", dp.weight_bits(), " is not 4 or 8"));
+  }
   if (s.name().empty() || s.name().size() > 128) p.push_back("name: must be 1..128 characters");
   if (!p.empty()) return absl::InvalidArgumentError(absl::StrJoin(p, "\n"));
   return absl::OkStatus();

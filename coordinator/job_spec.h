@@ -48,6 +48,14 @@
 //           (codec/cuda/), else on the CPU after a copy; cpu always on the CPU; gpu on the GPU or
 //           the stage fails saying why. Stages on the CPU use the CPU whatever it says
 //   codec_threads [1]
+//   replicas [1]          every stage runs on this many workers (1..64; micro_batches must be a
+//                         multiple): replica r takes the step's micro-batches r*M/N .. (r+1)*M/N-1,
+//                         so the global batch does not change (docs/replicated-stages.md)
+//   data_parallel: {codec [fp32], timeout [120s], weight_bits [4]}
+//                         how a stage's replicas synchronise after the backward pass: fp32 |
+//                         sdp4bit | bitdp1 | bitdp2 | zeropp (collective/data_parallel.h); timeout:
+//                         deadline of one synchronisation; weight_bits: sdp4bit's qWD / zeropp's
+//                         qwZ bits, 4 or 8
 #ifndef LONGHAUL_COORDINATOR_JOB_SPEC_H_
 #define LONGHAUL_COORDINATOR_JOB_SPEC_H_
 
@@ -64,6 +72,10 @@ v1::JobSpec DefaultJobSpec();
 
 // Parses and validates. steps_override > 0 replaces `steps` before validation.
 absl::StatusOr<v1::JobSpec> ParseJobSpec(const std::string& yaml, int64_t steps_override = 0);
+
+// Replicas per stage (the spec's 0 means 1) and the workers a job needs (stages x replicas).
+inline int Replicas(const v1::JobSpec& spec) { return spec.replicas() > 1 ? spec.replicas() : 1; }
+inline int WorkersNeeded(const v1::JobSpec& spec) { return spec.stages() * Replicas(spec); }
 
 // Checks a spec's values (used by ParseJobSpec; exposed for specs built in code). Returns every
 // problem, one per line.

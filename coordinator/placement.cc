@@ -22,49 +22,162 @@ double Transfer(const Link& l, double bytes) {
   return l.bytes_per_s > 0 ? bytes / l.bytes_per_s : kInf;
 }
 
+// (M - 1) x, where M = 1 makes an infinite x count nothing (0 x infinity is NaN).
+double Times(double m1, double x) { return m1 > 0 ? m1 * x : 0.0; }
+
+// One pipeline's stages and links (placed stages 0..n-1 of S), per micro-batch.
+struct Pipe {
+  int n = 0;
+  std::vector<double> cf, cb;          // forward and backward compute, per stage
+  std::vector<double> af, tf, ab, tb;  // link s -> s+1: latency and transfer, forward and backward
+};
+
+// The 1F1B step of `p` (stages 0..n-1 of an S-stage pipeline), by its recurrence: stage s runs
+// its operations in the schedule's order (stage_runtime/schedule.cc: min(S - s - 1, M) warm-up
+// forwards, then forward and backward alternately, then the remaining backwards), each starting
+// when the stage is free and its input has arrived; a link direction transfers one message at a
+// time, in the order they were sent. The last placed stage of a prefix (n < S) takes its
+// gradients as given: the result is the longest path of a subgraph of the full step's, so a
+// lower bound of every completion's. O(n (M + n)).
+double OneFOneB(const Pipe& p, int S, int M, std::vector<double>& scratch, std::vector<int>& next) {
+  const int n = p.n;
+  scratch.assign(static_cast<size_t>(2 * n * M + 4 * n), -1.0);
+  next.assign(n, 0);  // per stage: index of its next operation
+  double* act = scratch.data();        // [s * M + j]: activation j at stage s (from s - 1)
+  double* grad = act + n * M;          // [s * M + j]: gradient j at stage s (from s + 1)
+  double* free_at = grad + n * M;      // per stage: when its last operation ends
+  double* fwd_free = free_at + n;      // per link s -> s+1: when its forward direction is free
+  double* bwd_free = fwd_free + n;     // and its backward one
+  for (int s = 0; s < n; ++s) free_at[s] = fwd_free[s] = bwd_free[s] = 0;
+  int left = 2 * n * M;
+  // Sweeps alternately up and down the pipeline: an upward one carries activations all the way,
+  // a downward one gradients; a stage stops at an operation whose input has not been computed.
+  for (int sweep = 0, stalled = 0; left > 0 && stalled < 2; ++sweep) {
+    const bool up = sweep % 2 == 0;
+    bool moved = false;
+    for (int i = 0; i < n; ++i) {
+      const int s = up ? i : n - 1 - i;
+      const int w = std::min(S - s - 1, M);
+      for (;;) {
+        const int k = next[s];
+        if (k >= 2 * M) break;
+        bool forward;
+        int j;
+        if (k < w) {
+          forward = true, j = k;
+        } else if (k < 2 * M - w) {
+          forward = (k - w) % 2 == 0, j = forward ? w + (k - w) / 2 : (k - w) / 2;
+        } else {
+          forward = false, j = k - M;
+        }
+        const double ready = forward ? (s == 0 ? 0.0 : act[s * M + j]) : (s == n - 1 ? 0.0 : grad[s * M + j]);
+        if (ready < 0) break;  // not computed yet
+        const double end = std::max(free_at[s], ready) + (forward ? p.cf[s] : p.cb[s]);
+        free_at[s] = end;
+        if (forward && s + 1 < n) {
+          fwd_free[s] = std::max(end, fwd_free[s]) + p.tf[s];
+          act[(s + 1) * M + j] = fwd_free[s] + p.af[s];
+        } else if (!forward && s > 0) {
+          bwd_free[s - 1] = std::max(end, bwd_free[s - 1]) + p.tb[s - 1];
+          grad[(s - 1) * M + j] = bwd_free[s - 1] + p.ab[s - 1];
+        }
+        next[s] = k + 1;
+        --left;
+        moved = true;
+      }
+    }
+    stalled = moved ? 0 : stalled + 1;
+  }
+  if (left > 0) return kInf;  // cannot happen: the schedule has no cycle
+  return *std::max_element(free_at, free_at + n);
+}
+
 // The cost of the placed prefix p[0..n): for n == job.workers() the placement's cost, for a
 // shorter prefix a lower bound of every completion's, since every term (a maximum or a sum of
-// non-negative times) only grows as stages are added. The exact search prunes on it.
+// non-negative times, or a longest path in a graph that only grows) only grows as stages are
+// added. The exact search prunes on it.
 Cost EvaluatePrefix(const JobShape& job, const Cluster& c, const int* p, int n) {
   const int S = job.stages;
   const int D = job.replicas;
-  const double M1 = std::max(job.micro_batches, 1) - 1;
+  const int M = std::max(job.micro_batches, 1);
+  const double M1 = M - 1;
+  const double fwd_share = std::clamp(job.forward_share, 0.0, 1.0);
+  thread_local Pipe pipe;
+  thread_local std::vector<double> scratch;
+  thread_local std::vector<int> next;
   Cost out;
   double worst = -1;
   for (int r = 0; r < D && r * S < n; ++r) {
     const int base = r * S;
     const int placed = std::min(S, n - base);
-    double period = 0, fill = 0, norm = 0, work = 0;
-    Cost::Limit limit = Cost::Limit::kCompute;
-    int limit_stage = 0;
+    pipe.n = placed;
+    for (auto* v : {&pipe.cf, &pipe.cb, &pipe.af, &pipe.tf, &pipe.ab, &pipe.tb}) v->assign(placed, 0.0);
+    double work = 0, norm = 0;
     for (int s = 0; s < placed; ++s) {
       const int w = p[base + s];
       const double flops = c.flops_per_s[w];
       const double cs = flops > 0 ? job.stage_flops[s] / flops : kInf;
-      fill += cs;
+      pipe.cf[s] = fwd_share * cs;
+      pipe.cb[s] = cs - pipe.cf[s];
+      if (std::isinf(cs)) pipe.cf[s] = pipe.cb[s] = kInf;
       work += cs;
-      if (cs > period) std::tie(period, limit, limit_stage) = std::tuple(cs, Cost::Limit::kCompute, s);
       if (s + 1 >= placed) continue;
       const int v = p[base + s + 1];
       const Link& fw = c.links[w][v];
       const Link& bw = c.links[v][w];
-      const double tf = Transfer(fw, job.activation_bytes);
-      const double tb = Transfer(bw, job.gradient_bytes);
-      fill += fw.latency_s + tf + bw.latency_s + tb;
+      pipe.af[s] = fw.latency_s, pipe.tf[s] = Transfer(fw, job.activation_bytes);
+      pipe.ab[s] = bw.latency_s, pipe.tb[s] = Transfer(bw, job.gradient_bytes);
       norm += fw.latency_s + bw.latency_s;
-      work += tf + tb;
-      if (tf > period) std::tie(period, limit, limit_stage) = std::tuple(tf, Cost::Limit::kLinkForward, s);
-      if (tb > period) std::tie(period, limit, limit_stage) = std::tuple(tb, Cost::Limit::kLinkBackward, s);
+      work += pipe.tf[s] + pipe.tb[s];
     }
-    const double t = M1 * period + fill + norm;
+    // The bottleneck of a direction of travel: a stage's compute in it or a link's transfer.
+    using Limit = Cost::Limit;
+    struct Neck {
+      double t = 0;
+      Limit limit = Limit::kCompute;
+      int stage = 0;
+    };
+    auto neck = [&](const std::vector<double>& compute, const std::vector<double>& link, Limit link_limit) {
+      Neck b;
+      for (int s = 0; s < placed; ++s) {
+        if (compute[s] > b.t) b = {compute[s], Limit::kCompute, s};
+        if (s + 1 < placed && link[s] > b.t) b = {link[s], link_limit, s};
+      }
+      return b;
+    };
+    double t, period, fill;
+    Neck limit;
+    if (job.schedule == Schedule::kGPipe) {
+      // A forward flow line, then a backward one: M identical micro-batches through a line of
+      // one-at-a-time resources take the sum of their times plus (M - 1) times the slowest's.
+      const Neck pf = neck(pipe.cf, pipe.tf, Limit::kLinkForward);
+      const Neck pb = neck(pipe.cb, pipe.tb, Limit::kLinkBackward);
+      limit = pf.t >= pb.t ? pf : pb;
+      period = pf.t + pb.t;
+      fill = norm;
+      for (int s = 0; s < placed; ++s) fill += pipe.cf[s] + pipe.cb[s] + pipe.af[s] + pipe.tf[s] + pipe.ab[s] + pipe.tb[s];
+      t = Times(M1, period) + fill;
+    } else {
+      // The busiest resource: a stage runs both passes of every micro-batch, each link direction
+      // carries one message per micro-batch.
+      for (int s = 0; s < placed; ++s) {
+        if (pipe.cf[s] + pipe.cb[s] > limit.t) limit = {pipe.cf[s] + pipe.cb[s], Limit::kCompute, s};
+        if (s + 1 >= placed) continue;
+        if (pipe.tf[s] > limit.t) limit = {pipe.tf[s], Limit::kLinkForward, s};
+        if (pipe.tb[s] > limit.t) limit = {pipe.tb[s], Limit::kLinkBackward, s};
+      }
+      period = limit.t;
+      t = OneFOneB(pipe, S, M, scratch, next) + norm;
+      fill = std::isinf(t) ? kInf : t - Times(M1, period);  // >= period: t >= M x any resource's time
+    }
     out.tiebreak += work;
     if (t > worst) {
       worst = t;
       out.period_s = period;
-      out.fill_drain_s = fill + norm;
-      out.limit = limit;
+      out.fill_drain_s = fill;
+      out.limit = limit.limit;
       out.limit_replica = r;
-      out.limit_stage = limit_stage;
+      out.limit_stage = limit.stage;
     }
   }
   double dp = 0, group = 0;
@@ -253,10 +366,12 @@ class Search {
       }
       groups.push_back(std::move(g));
     }
-    // One pipeline link's time per micro-batch (both directions carry at once: the slower counts).
+    // One pipeline link's time per micro-batch: 1F1B's steady state uses both directions at once
+    // (the slower counts), GPipe's phases one after the other (both count).
     auto link = [&](int a, int b) {
-      return std::max(c_.links[a][b].latency_s + Transfer(c_.links[a][b], job_.activation_bytes),
-                      c_.links[b][a].latency_s + Transfer(c_.links[b][a], job_.gradient_bytes));
+      const double f = c_.links[a][b].latency_s + Transfer(c_.links[a][b], job_.activation_bytes);
+      const double g = c_.links[b][a].latency_s + Transfer(c_.links[b][a], job_.gradient_bytes);
+      return job_.schedule == Schedule::kGPipe ? f + g : std::max(f, g);
     };
     // Members of `next` matched to the pipelines ending in `last`: cheapest pairs first.
     auto match = [&](const std::vector<int>& last, const std::vector<int>& next, std::vector<int>* out) {
@@ -335,6 +450,8 @@ class Search {
 };
 
 }  // namespace
+
+const char* ScheduleName(Schedule s) { return s == Schedule::kGPipe ? "gpipe" : "1f1b"; }
 
 bool Better(const Cost& a, const Cost& b) {
   if (!Within(a.step_s, b.step_s)) return a.step_s < b.step_s;
@@ -469,89 +586,6 @@ Solution SolveHeuristic(const JobShape& job, const Cluster& c, const SolveOption
   out.method = absl::StrCat("local search (greedy seeds, ", rounds, " perturbation rounds, ", out.evaluated,
                             " placements costed) over ", N, " workers");
   return out;
-}
-
-namespace {
-
-// The k-th smallest (1-based) of `v`, which it reorders; infinity when v holds fewer than k.
-double KthSmallest(std::vector<double>& v, int k) {
-  if (k < 1 || k > static_cast<int>(v.size())) return kInf;
-  std::nth_element(v.begin(), v.begin() + (k - 1), v.end());
-  return v[k - 1];
-}
-
-}  // namespace
-
-Bound LowerBound(const JobShape& job, const Cluster& c) {
-  const int S = job.stages, D = job.replicas, N = c.size();
-  Bound b;
-  if (N < job.workers() || S < 1 || D < 1) {
-    b.step_s = b.period_s = kInf;
-    return b;
-  }
-  const int K = job.workers();
-  std::vector<double> v(N), any_stage(N, kInf);
-  // Stages: each needs D distinct workers, so the slowest of them is at best the D-th fastest; and
-  // all K placed workers are distinct, so the slowest of all is at best the K-th fastest at
-  // whichever stage suits it best.
-  for (int s = 0; s < S; ++s) {
-    double fastest = kInf;
-    for (int w = 0; w < N; ++w) {
-      v[w] = c.flops_per_s[w] > 0 ? job.stage_flops[s] / c.flops_per_s[w] : kInf;
-      fastest = std::min(fastest, v[w]);
-      any_stage[w] = std::min(any_stage[w], v[w]);
-    }
-    b.period_s = std::max(b.period_s, KthSmallest(v, D));
-    b.fill_drain_s += fastest;
-  }
-  b.period_s = std::max(b.period_s, KthSmallest(any_stage, K));
-  if (S > 1) {
-    // Links: D (S - 1) of them, each sent by a different worker (a worker holds one position).
-    double cheapest_fill = kInf;
-    for (int i = 0; i < N; ++i) {
-      v[i] = kInf;
-      for (int j = 0; j < N; ++j) {
-        if (j == i) continue;
-        const Link& fw = c.links[i][j];
-        const Link& bw = c.links[j][i];
-        const double tf = Transfer(fw, job.activation_bytes), tb = Transfer(bw, job.gradient_bytes);
-        v[i] = std::min(v[i], std::max(tf, tb));
-        cheapest_fill = std::min(cheapest_fill, 2 * (fw.latency_s + bw.latency_s) + tf + tb);
-      }
-    }
-    b.period_s = std::max(b.period_s, KthSmallest(v, D * (S - 1)));
-    b.fill_drain_s += (S - 1) * cheapest_fill;
-  }
-  if (D > 1) {
-    // Replica groups: a member i pays at least the sum of its D - 1 cheapest pair costs (for the
-    // stage's gradients) into `v`.
-    std::vector<double> pair;
-    auto member_costs = [&](double grad) {
-      for (int i = 0; i < N; ++i) {
-        pair.clear();
-        for (int j = 0; j < N; ++j) {
-          if (j != i) pair.push_back(2 * (c.links[i][j].latency_s + Transfer(c.links[i][j], grad / D)));
-        }
-        std::partial_sort(pair.begin(), pair.begin() + (D - 1), pair.end());
-        v[i] = std::accumulate(pair.begin(), pair.begin() + (D - 1), 0.0);
-      }
-    };
-    // A group's most loaded member: at least the D-th smallest over all workers. The K members of
-    // all groups are distinct: the most loaded of them at least the K-th smallest for the
-    // smallest stage's gradients.
-    double least = kInf;
-    for (int s = 0; s < S; ++s) {
-      const double grad = s < static_cast<int>(job.stage_grad_bytes.size()) ? job.stage_grad_bytes[s] : 0.0;
-      least = std::min(least, grad);
-      member_costs(grad);
-      b.dp_s = std::max(b.dp_s, KthSmallest(v, D));
-    }
-    member_costs(least);
-    b.dp_s = std::max(b.dp_s, KthSmallest(v, K));
-  }
-  const double M1 = std::max(job.micro_batches, 1) - 1;
-  b.step_s = (M1 > 0 ? M1 * b.period_s : 0.0) + b.fill_drain_s + b.dp_s;  // (0 x infinity is NaN)
-  return b;
 }
 
 Solution Solve(const JobShape& job, const Cluster& c, const SolveOptions& o) {

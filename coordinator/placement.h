@@ -7,16 +7,21 @@
 //   Solution s = Solve(job, c, {});                 // exact when small, else local search
 //   Cost naive = Evaluate(job, c, NaivePlacement(job));
 //
-// The cost model (docs/placement.md), for replica r of D and micro-batches M:
-//   compute    c_s = stage_flops_s / flops_per_s(worker of stage s)
-//   link s->s+1, per micro-batch: forward f_s = alpha + activation_bytes / bw (s to s+1),
-//                                 backward b_s = alpha + gradient_bytes / bw (s+1 to s)
-//   steady state: a pipeline advances one micro-batch per period P = max(max_s c_s,
-//     max_s max(act/bw_fwd, grad/bw_bwd)) -- its slowest stage or link, a bottleneck, not a sum
-//     (the two directions of a link carry different messages at the same time);
-//   fill and drain: one micro-batch through every stage and link and back, F = sum_s c_s + sum_s (f_s + b_s);
+// The cost model (docs/placement.md, "The cost model"), for replica r of D and micro-batches M:
+//   compute    per micro-batch c_s = stage_flops_s / flops_per_s(worker of stage s), split into
+//              forward cf_s = forward_share c_s and backward cb_s = c_s - cf_s
+//   link s->s+1, per micro-batch: forward  f_s = alpha + tf_s, tf_s = activation_bytes / bw (s to s+1)
+//                                 backward b_s = alpha + tb_s, tb_s = gradient_bytes / bw (s+1 to s)
+//   GPipe: all forwards, then all backwards: two flow lines, each paced by its slowest stage or
+//     link direction (a bottleneck, not a sum), each with its own fill and drain:
+//     T_r = (M - 1)(P_F + P_B) + sum_s c_s + sum_s (f_s + b_s) + N,
+//     P_F = max(max_s cf_s, max_s tf_s), P_B = max(max_s cb_s, max_s tb_s);
+//   1F1B: warm-up (stage s runs min(S - s - 1, M) forwards first), a steady state in which a link
+//     carries activations one way and gradients the other at once, cool-down: no closed form for
+//     mixed stages and links, so T_r = N + the step's own recurrence (every operation starts when
+//     its stage is free and its input has arrived; a link direction sends one message at a time,
+//     in order); the reported period is max_s max(c_s, tf_s, tb_s), the fill and drain the rest;
 //   clipping's gradient-norm scalars down and up the chain: N = sum_s (alpha_fwd + alpha_bwd);
-//   T_r = (M - 1) P + F + N (GPipe and 1F1B alike: (M + S - 1) c for a balanced compute-bound pipeline);
 //   data-parallel sync (DT-FM): C_DP = max over stages s and members i of stage s's replica group of
 //     sum_{j != i} 2 (alpha_ij + grad_bytes_s / (D beta_ij));
 //   step = max_r T_r + C_DP.
@@ -54,9 +59,17 @@ struct Cluster {
   int size() const { return static_cast<int>(flops_per_s.size()); }
 };
 
+// The order of a stage's forward and backward micro-batch operations within a step
+// (stage_runtime/schedule.h): GPipe runs every forward first; 1F1B runs min(S - s - 1, M)
+// forwards on stage s, then alternates forward and backward, then the remaining backwards.
+enum class Schedule { k1F1B, kGPipe };
+const char* ScheduleName(Schedule s);  // "1f1b" | "gpipe"
+
 // A job as the model sees it, independent of where it runs.
 struct JobShape {
   int stages = 1;
+  Schedule schedule = Schedule::k1F1B;
+  double forward_share = 1.0 / 3;  // of a stage's compute: the backward pass costs twice the forward
   int replicas = 1;       // data-parallel pipelines (DT-FM's D); 1 until replicated stages exist
   int micro_batches = 1;  // per step
   std::vector<double> stage_flops;       // forward + backward of one micro-batch, per stage
@@ -71,14 +84,19 @@ using Placement = std::vector<int>;
 
 struct Cost {
   double step_s = 0;        // the prediction
-  double period_s = 0;      // the slowest pipeline's steady-state time per micro-batch
-  double fill_drain_s = 0;  // that pipeline's fill and drain (and gradient-norm exchange)
+  // The slowest pipeline is (M - 1) period_s + fill_drain_s. period_s: what each further
+  // micro-batch adds at the bottleneck (GPipe: P_F + P_B; 1F1B: the busiest stage's c_s or link
+  // direction's transfer); fill_drain_s: the rest -- fill, drain, 1F1B's waits in warm-up and
+  // cool-down, the gradient-norm exchange.
+  double period_s = 0;
+  double fill_drain_s = 0;
   double dp_s = 0;          // data-parallel sync; 0 with one replica
   // Sum of every stage's and link's time per micro-batch and of every replica group's sync time:
   // among placements with the same step time, the one with less work off the critical path is
   // preferred (local search needs a slope where the maximum is flat).
   double tiebreak = 0;
-  // What sets the period: compute of a stage, or the link from that stage to the next.
+  // What sets the period: compute of a stage, or the link from that stage to the next (GPipe: in
+  // the phase with the longer period).
   enum class Limit { kCompute, kLinkForward, kLinkBackward };
   Limit limit = Limit::kCompute;
   int limit_replica = 0;
@@ -129,21 +147,29 @@ bool Better(const Cost& a, const Cost& b);
 // bound"): each group -- a stage's D workers, the D (S - 1) links of the pipelines, a stage's
 // replica group -- gets its own best workers, chosen independently of the others, and from each
 // group's best the bound keeps only what holds whatever the others took:
-//   period    >= max over stages s of the D-th smallest compute time of s over all workers,
-//             >= the K-th smallest (K = S D placed workers, all distinct) of min_s c_s(w), and
-//             >= the D (S - 1)-th smallest over workers i of min_j max(act / bw_ij, grad / bw_ji)
-//                (the links' senders are distinct workers);
-//   fill      >= sum_s min_w c_s(w) + (S - 1) min_{i != j} (the link's fill and norm terms);
+//   compute   c_lo(s) = the D-th smallest compute time of stage s over all workers (D distinct
+//                       workers hold a stage); c_any = the K-th smallest (K = S D placed workers,
+//                       all distinct) of min_s c_s(w);
+//   links     l_lo = the D (S - 1)-th smallest over workers i of min_j x(i, j) (the links' senders
+//                    are distinct workers), x = max(act / bw_ij, grad / bw_ji) for 1F1B and the
+//                    sum for GPipe (whose phases use one direction each);
+//   fill      F_lo = sum_s min_w c_s(w) + (S - 1) min_{i != j} (the link's fill and norm terms);
+//   GPipe     pipeline >= (M - 1) max(c_lo, c_any, l_lo) + F_lo (P_F + P_B >= c_s, >= tf + tb);
+//   1F1B      pipeline >= (M - 1) l_lo + F_lo (a link's M transfers with one micro-batch's trip
+//             before and after), >= M c_any, >= M c_lo(k) + sum_{s<k} (min_w c_s(w) + cheapest
+//             link) for each k (stage k's M forwards and backwards, the fill before it and the
+//             drain after it);
 //   sync      >= max over s of the D-th smallest over workers i of L_i(s), the sum of i's D - 1
 //                cheapest DT-FM pair costs 2 (alpha_ij + grad_s / (D beta_ij)), and
 //             >= the K-th smallest of L_i for the smallest stage's gradients;
-//   step      >= (M - 1) period + fill + sync.
+//   step      >= pipeline + sync.
 // Each group's term is at most what an exhaustive search over that group alone would give, so the
-// bound is below both that per-group optimum and the true optimum. O(S N + N^2 log N).
+// bound is below both that per-group optimum and the true optimum. O(S N + N^2 log N). (Defined
+// in placement_sim.cc, beside the simulated plans that report it.)
 struct Bound {
   double step_s = 0;
-  double period_s = 0;
-  double fill_drain_s = 0;
+  double period_s = 0;      // max(c_lo, c_any, l_lo)
+  double fill_drain_s = 0;  // pipeline's bound - (M - 1) period_s
   double dp_s = 0;
 };
 Bound LowerBound(const JobShape& job, const Cluster& c);

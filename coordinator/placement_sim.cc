@@ -1,6 +1,8 @@
 #include "coordinator/placement_sim.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <random>
@@ -137,6 +139,121 @@ SimResult SimulatePlan(const JobShape& job, const Cluster& c, const SimOptions& 
   if (r.random_count > 0) r.random_mean_s = sum / r.random_count;
   r.bound = LowerBound(job, c);
   return r;
+}
+
+// The per-group lower bound (placement.h), here beside the simulated plans that report it.
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// As placement.cc's: seconds to push `bytes` through a link, latency excluded; an unusable link
+// takes forever.
+double Transfer(const Link& l, double bytes) {
+  if (bytes <= 0) return 0;
+  return l.bytes_per_s > 0 ? bytes / l.bytes_per_s : kInf;
+}
+
+// (M - 1) x, where M = 1 makes an infinite x count nothing (0 x infinity is NaN).
+double Times(double m1, double x) { return m1 > 0 ? m1 * x : 0.0; }
+
+// The k-th smallest (1-based) of `v`, which it reorders; infinity when v holds fewer than k.
+double KthSmallest(std::vector<double>& v, int k) {
+  if (k < 1 || k > static_cast<int>(v.size())) return kInf;
+  std::nth_element(v.begin(), v.begin() + (k - 1), v.end());
+  return v[k - 1];
+}
+
+}  // namespace
+
+Bound LowerBound(const JobShape& job, const Cluster& c) {
+  const int S = job.stages, D = job.replicas, N = c.size();
+  Bound b;
+  if (N < job.workers() || S < 1 || D < 1) {
+    b.step_s = b.period_s = kInf;
+    return b;
+  }
+  const int K = job.workers();
+  const int M = std::max(job.micro_batches, 1);
+  const bool gpipe = job.schedule == Schedule::kGPipe;
+  std::vector<double> v(N), any_stage(N, kInf), fastest(S, kInf), slowest_of_best(S, 0);
+  // Stages: each needs D distinct workers, so the slowest of them is at best the D-th fastest; and
+  // all K placed workers are distinct, so the slowest of all is at best the K-th fastest at
+  // whichever stage suits it best.
+  for (int s = 0; s < S; ++s) {
+    for (int w = 0; w < N; ++w) {
+      v[w] = c.flops_per_s[w] > 0 ? job.stage_flops[s] / c.flops_per_s[w] : kInf;
+      fastest[s] = std::min(fastest[s], v[w]);
+      any_stage[w] = std::min(any_stage[w], v[w]);
+    }
+    slowest_of_best[s] = KthSmallest(v, D);
+    b.period_s = std::max(b.period_s, slowest_of_best[s]);
+    b.fill_drain_s += fastest[s];
+  }
+  const double c_any = KthSmallest(any_stage, K);
+  b.period_s = std::max(b.period_s, c_any);
+  double cheapest_fill = 0, link_period = 0;
+  if (S > 1) {
+    // Links: D (S - 1) of them, each sent by a different worker (a worker holds one position).
+    cheapest_fill = kInf;
+    for (int i = 0; i < N; ++i) {
+      v[i] = kInf;
+      for (int j = 0; j < N; ++j) {
+        if (j == i) continue;
+        const Link& fw = c.links[i][j];
+        const Link& bw = c.links[j][i];
+        const double tf = Transfer(fw, job.activation_bytes), tb = Transfer(bw, job.gradient_bytes);
+        v[i] = std::min(v[i], gpipe ? tf + tb : std::max(tf, tb));
+        cheapest_fill = std::min(cheapest_fill, 2 * (fw.latency_s + bw.latency_s) + tf + tb);
+      }
+    }
+    link_period = KthSmallest(v, D * (S - 1));
+    b.period_s = std::max(b.period_s, link_period);
+    b.fill_drain_s += (S - 1) * cheapest_fill;
+  }
+  const double M1 = M - 1;
+  double pipeline;
+  if (gpipe) {
+    pipeline = Times(M1, b.period_s) + b.fill_drain_s;  // P_F + P_B >= every c_s and tf + tb
+  } else {
+    // 1F1B overlaps warm-up with the stages' own work: a link's M transfers have one micro-batch's
+    // trip before and after them; a stage's M forwards and backwards only the stages before it.
+    pipeline = std::max(Times(M1, link_period) + b.fill_drain_s, M * c_any);
+    double before = 0;  // the cheapest fill and drain of the stages before k
+    for (int k = 0; k < S; ++k) {
+      pipeline = std::max(pipeline, M * slowest_of_best[k] + before);
+      before += fastest[k] + cheapest_fill;
+    }
+  }
+  b.fill_drain_s = std::isinf(pipeline) ? kInf : pipeline - Times(M1, b.period_s);
+  if (D > 1) {
+    // Replica groups: a member i pays at least the sum of its D - 1 cheapest pair costs (for the
+    // stage's gradients) into `v`.
+    std::vector<double> pair;
+    auto member_costs = [&](double grad) {
+      for (int i = 0; i < N; ++i) {
+        pair.clear();
+        for (int j = 0; j < N; ++j) {
+          if (j != i) pair.push_back(2 * (c.links[i][j].latency_s + Transfer(c.links[i][j], grad / D)));
+        }
+        std::partial_sort(pair.begin(), pair.begin() + (D - 1), pair.end());
+        v[i] = std::accumulate(pair.begin(), pair.begin() + (D - 1), 0.0);
+      }
+    };
+    // A group's most loaded member: at least the D-th smallest over all workers. The K members of
+    // all groups are distinct: the most loaded of them at least the K-th smallest for the
+    // smallest stage's gradients.
+    double least = kInf;
+    for (int s = 0; s < S; ++s) {
+      const double grad = s < static_cast<int>(job.stage_grad_bytes.size()) ? job.stage_grad_bytes[s] : 0.0;
+      least = std::min(least, grad);
+      member_costs(grad);
+      b.dp_s = std::max(b.dp_s, KthSmallest(v, D));
+    }
+    member_costs(least);
+    b.dp_s = std::max(b.dp_s, KthSmallest(v, K));
+  }
+  b.step_s = pipeline + b.dp_s;
+  return b;
 }
 
 }  // namespace longhaul::coordinator::placement

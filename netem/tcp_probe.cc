@@ -7,8 +7,10 @@
 #include <array>
 #include <atomic>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include <boost/asio/connect.hpp>
@@ -62,8 +64,15 @@ void SetStallTimeout(tcp::socket& s, int seconds) {
   setsockopt(s.native_handle(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
 }
 
+std::string RemoteIpv4(const tcp::socket& s) {
+  boost::system::error_code ec;
+  const tcp::endpoint ep = s.remote_endpoint(ec);
+  return ec ? std::string() : ep.address().to_string();
+}
+
 // One probe connection on the sink side; returns when it is done or broken.
-void ServeOne(tcp::socket& s, int64_t max_bytes, std::vector<char>& buf) {
+void ServeOne(tcp::socket& s, int64_t max_bytes, const std::function<bool(const std::string&)>& busy,
+              std::vector<char>& buf) {
   boost::system::error_code ec;
   SetStallTimeout(s, kStallSeconds);
   std::array<char, kHeaderBytes> raw{};
@@ -72,7 +81,7 @@ void ServeOne(tcp::socket& s, int64_t max_bytes, std::vector<char>& buf) {
   std::memcpy(&h.pings, raw.data() + 4, 4);
   std::memcpy(&h.bytes, raw.data() + 8, 8);
   const bool refuse = std::memcmp(raw.data(), kMagic.data(), 4) != 0 || h.pings > kMaxPings ||
-                      h.bytes > static_cast<uint64_t>(max_bytes);
+                      h.bytes > static_cast<uint64_t>(max_bytes) || (busy && busy(RemoteIpv4(s)));
   const uint64_t answer = refuse ? kRefused : 0;
   if (asio::write(s, asio::buffer(&answer, sizeof(answer)), ec) != sizeof(answer) || ec || refuse) return;
   for (uint32_t i = 0; i < h.pings; ++i) {
@@ -178,7 +187,10 @@ struct TcpSink::Impl {
   std::mutex mu;
   int listen_fd = -1;
   int serving_fd = -1;
+  std::function<bool(const std::string&)> busy;  // set before Serve; read on Serve's thread only
 };
+
+void TcpSink::SetBusy(std::function<bool(const std::string& from_ipv4)> busy) { impl_->busy = std::move(busy); }
 
 TcpSink::TcpSink(TcpSink&&) noexcept = default;
 TcpSink& TcpSink::operator=(TcpSink&&) noexcept = default;
@@ -216,7 +228,7 @@ void TcpSink::Serve(int connections) {
       std::lock_guard<std::mutex> l(impl_->mu);
       impl_->serving_fd = s.native_handle();
     }
-    if (!impl_->stopping) ServeOne(s, max_probe_bytes_, buf);
+    if (!impl_->stopping) ServeOne(s, max_probe_bytes_, impl_->busy, buf);
     {
       std::lock_guard<std::mutex> l(impl_->mu);
       impl_->serving_fd = -1;

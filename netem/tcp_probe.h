@@ -19,6 +19,7 @@
 #define LONGHAUL_NETEM_TCP_PROBE_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -47,6 +48,10 @@ class TcpSink {
   // Makes Serve return soon, from any thread (the listening socket and a connection being served
   // are shut down); later calls of Serve return at once.
   void Stop();
+  // Consulted for each probe after its header: a probe from a host for which `busy(ipv4)` is true
+  // is refused like one above the cap (a worker refuses the host its own prober is probing, so
+  // that two probes do not share one link). Set it before Serve starts; it runs on Serve's thread.
+  void SetBusy(std::function<bool(const std::string& from_ipv4)> busy);
 
  private:
   struct Impl;

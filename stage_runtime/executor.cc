@@ -1,10 +1,19 @@
 #include "stage_runtime/executor.h"
 
 #include <cmath>
+#include <deque>
+#include <optional>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/torch_status.h"
 #include "stage_runtime/checkpoint.h"
+
+#ifdef LONGHAUL_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
+#endif
 
 namespace longhaul::stage_runtime {
 namespace {
@@ -13,7 +22,89 @@ constexpr char kStepKey[] = "step";
 constexpr char kFormatKey[] = "format";
 constexpr char kFormat[] = "longhaul-stage-v1";
 
+enum class Phase { kForward, kBackward, kOptimizer };
+
+absl::Duration& Slot(ComputeTimes& t, Phase p) {
+  return p == Phase::kForward ? t.forward : p == Phase::kBackward ? t.backward : t.optimizer;
+}
+
 }  // namespace
+
+// Times Forward, Backward and Step (see Timing in executor.h): Begin before a call's work, End
+// after it.
+class StageExecutor::Timer {
+ public:
+  explicit Timer(const torch::Device& device) : device_(device) {}
+
+  void Begin() {
+#ifdef LONGHAUL_WITH_CUDA
+    if (device_.is_cuda()) {
+      open_.emplace(cudaEventDefault);  // timing events (LibTorch's default disables timing)
+      open_->record(at::cuda::getCurrentCUDAStream(device_.index()));
+      return;
+    }
+#endif
+    start_ = absl::Now();
+  }
+
+  void End(Phase p) {
+#ifdef LONGHAUL_WITH_CUDA
+    if (device_.is_cuda()) {
+      if (!open_.has_value()) return;
+      Pending q{p, std::move(*open_), at::cuda::CUDAEvent(cudaEventDefault)};
+      open_.reset();
+      q.end.record(at::cuda::getCurrentCUDAStream(device_.index()));
+      pending_.push_back(std::move(q));
+      // An owner that never asks (a benchmark) must not pile events up: the oldest go untimed.
+      if (pending_.size() > kMaxPending) {
+        Drain();
+        while (pending_.size() > kMaxPending) pending_.pop_front();
+      }
+      return;
+    }
+#endif
+    Slot(done_, p) += absl::Now() - start_;
+  }
+
+  ComputeTimes Take() {
+#ifdef LONGHAUL_WITH_CUDA
+    Drain();
+#endif
+    return std::exchange(done_, ComputeTimes{});
+  }
+
+ private:
+  const torch::Device device_;
+  absl::Time start_;
+  ComputeTimes done_;
+#ifdef LONGHAUL_WITH_CUDA
+  struct Pending {
+    Phase phase;
+    at::cuda::CUDAEvent start, end;
+  };
+  static constexpr size_t kMaxPending = 4096;
+
+  // Adds the calls whose end event has completed, in order (one stream: they finish in order).
+  void Drain() {
+    try {
+      while (!pending_.empty() && pending_.front().end.query()) {
+        const Pending& q = pending_.front();
+        Slot(done_, q.phase) += absl::Milliseconds(static_cast<double>(q.start.elapsed_time(q.end)));
+        pending_.pop_front();
+      }
+    } catch (const c10::Error&) {
+      pending_.clear();  // timing is best effort; the error itself surfaces in the compute
+    }
+  }
+
+  std::optional<at::cuda::CUDAEvent> open_;
+  std::deque<Pending> pending_;
+#endif
+};
+
+StageExecutor::~StageExecutor() = default;
+
+ComputeTimes StageExecutor::TakeComputeTimes() { return timer_->Take(); }
 
 double OptimizerConfig::LearningRate(int64_t step) const {
   if (step < warmup_steps) return lr * static_cast<double>(step + 1) / warmup_steps;
@@ -59,7 +150,8 @@ absl::StatusOr<torch::Device> ParseDevice(const std::string& name) {
 StageExecutor::StageExecutor(const StageSpec& spec)
     : spec_(spec),
       model_(spec.model, spec.layers, spec.first, spec.last, spec.seed,
-             spec.precision == Precision::kBf16 ? torch::kBFloat16 : torch::kFloat32) {
+             spec.precision == Precision::kBf16 ? torch::kBFloat16 : torch::kFloat32),
+      timer_(std::make_unique<Timer>(spec.device)) {
   model_->to(spec.device);
   for (auto& kv : model_->named_parameters()) {
     params_.emplace_back(kv.key(), kv.value());
@@ -84,6 +176,7 @@ absl::StatusOr<torch::Tensor> StageExecutor::Forward(int mb, const torch::Tensor
   if (stored_.count(mb)) return absl::FailedPreconditionError(absl::StrCat("micro-batch ", mb, " already forwarded"));
   if (spec_.last && !labels.defined()) return absl::InvalidArgumentError("last stage needs labels");
   return CatchTorch("forward", [&]() -> absl::StatusOr<torch::Tensor> {
+    timer_->Begin();
     Stored s;
     const torch::Tensor x = input.to(spec_.device);
     s.input = spec_.first ? x : x.detach().requires_grad_(true);
@@ -100,6 +193,7 @@ absl::StatusOr<torch::Tensor> StageExecutor::Forward(int mb, const torch::Tensor
     }
     stored_[mb] = std::move(s);
     peak_stored_ = std::max<int64_t>(peak_stored_, static_cast<int64_t>(stored_.size()));
+    timer_->End(Phase::kForward);
     return result;
   });
 }
@@ -109,6 +203,7 @@ absl::StatusOr<torch::Tensor> StageExecutor::Backward(int mb, const torch::Tenso
   if (it == stored_.end()) return absl::FailedPreconditionError(absl::StrCat("backward of micro-batch ", mb, " before its forward"));
   if (!spec_.last && !grad_output.defined()) return absl::InvalidArgumentError("backward needs the output gradient");
   return CatchTorch("backward", [&]() -> absl::StatusOr<torch::Tensor> {
+    timer_->Begin();
     Stored s = std::move(it->second);
     stored_.erase(it);
     if (spec_.last) {
@@ -119,7 +214,9 @@ absl::StatusOr<torch::Tensor> StageExecutor::Backward(int mb, const torch::Tenso
       }
       s.output.backward(grad_output.to(s.output.device(), s.output.scalar_type()));
     }
-    return spec_.first ? torch::Tensor() : s.input.grad().detach();
+    torch::Tensor g = spec_.first ? torch::Tensor() : s.input.grad().detach();
+    timer_->End(Phase::kBackward);
+    return g;
   });
 }
 
@@ -145,6 +242,7 @@ double StageExecutor::SquaredGradNorm() const {
 absl::Status StageExecutor::Step(double clip_factor) {
   if (!stored_.empty()) return absl::FailedPreconditionError("optimizer step with micro-batches still in flight");
   return CatchTorch("optimizer step", [&]() -> absl::Status {
+    timer_->Begin();
     torch::NoGradGuard no_grad;
     const OptimizerConfig& o = spec_.optimizer;
     const double lr = o.LearningRate(step_);
@@ -179,6 +277,19 @@ absl::Status StageExecutor::Step(double clip_factor) {
       torch::_foreach_add_(denom, o.eps);
       torch::_foreach_addcdiv_(ps, ms, denom, -lr / bc1);
       torch::_foreach_zero_(gs);
+    }
+    timer_->End(Phase::kOptimizer);
+    ++step_;
+    return absl::OkStatus();
+  });
+}
+
+absl::Status StageExecutor::AdvanceStep() {
+  if (!stored_.empty()) return absl::FailedPreconditionError("optimizer step with micro-batches still in flight");
+  return CatchTorch("advance step", [&]() -> absl::Status {
+    torch::NoGradGuard no_grad;
+    for (auto& [name, p] : params_) {
+      if (p.grad().defined()) p.grad().zero_();
     }
     ++step_;
     return absl::OkStatus();

@@ -10,16 +10,27 @@
 //
 // Not thread-safe: one thread (the stage's compute thread) owns an executor. LibTorch errors are
 // caught here and returned as Status.
+//
+// Timing (TakeComputeTimes, for metrics): on the CPU, the wall time of each Forward, Backward and
+// Step call, which compute synchronously. On a CUDA device those calls only queue kernels, so a
+// host timer would see the launches; instead each call is bracketed by two CUDA events on the
+// device's current stream, and its time is the GPU time between them (its kernels, and any gap
+// in which the GPU waited for the host to launch them). Reading an event never waits: a call's
+// time is reported once its kernels have finished (the step loop asks after the gradient norm,
+// which the host has read, so forward and backward are in; the optimizer's kernels usually land
+// in the next step's figures).
 #ifndef LONGHAUL_STAGE_RUNTIME_EXECUTOR_H_
 #define LONGHAUL_STAGE_RUNTIME_EXECUTOR_H_
 
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include <torch/torch.h>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "stage_runtime/model.h"
 
 namespace longhaul::stage_runtime {
@@ -49,6 +60,13 @@ const char* PrecisionName(Precision p);
 // a device index out of range).
 absl::StatusOr<torch::Device> ParseDevice(const std::string& name);
 
+// What a stage's compute took (see Timing above).
+struct ComputeTimes {
+  absl::Duration forward = absl::ZeroDuration();    // Forward calls
+  absl::Duration backward = absl::ZeroDuration();   // Backward calls
+  absl::Duration optimizer = absl::ZeroDuration();  // Step calls (clipping and AdamW)
+};
+
 struct StageSpec {
   GptConfig model;
   LayerRange layers;
@@ -77,6 +95,12 @@ class StageExecutor {
   double SquaredGradNorm() const;
   // Scales gradients by clip_factor, applies AdamW, zeroes gradients, advances the step.
   absl::Status Step(double clip_factor);
+  // For an optimizer outside the executor (replicated stages with a sharded optimizer,
+  // worker/replica_sync.h), which has set the parameters itself: zeroes the gradients and advances
+  // the step. The executor's own optimizer state stays as it was.
+  absl::Status AdvanceStep();
+  // The stage's parameters (names as in the checkpoints), in a fixed order.
+  const std::vector<std::pair<std::string, torch::Tensor>>& parameters() const { return params_; }
 
   int64_t step() const { return step_; }
   const torch::Device& device() const { return spec_.device; }
@@ -87,8 +111,15 @@ class StageExecutor {
   absl::Status SaveCheckpoint(const std::string& path) const;
   absl::Status LoadCheckpoint(const std::string& path);
 
+  // The compute time of the Forward, Backward and Step calls finished since the last call (see
+  // Timing above); never waits.
+  ComputeTimes TakeComputeTimes();
+
+  ~StageExecutor();
+
  private:
   explicit StageExecutor(const StageSpec& spec);
+  class Timer;  // see Timing above
   struct Stored {
     torch::Tensor input;   // leaf with requires_grad (stages > 0)
     torch::Tensor output;  // activation, or the scaled loss on the last stage
@@ -100,6 +131,7 @@ class StageExecutor {
   std::map<int, Stored> stored_;
   int64_t step_ = 0;
   int64_t peak_stored_ = 0;
+  std::unique_ptr<Timer> timer_;
 };
 
 }  // namespace longhaul::stage_runtime

@@ -67,6 +67,7 @@ struct LinkStats {
   int64_t error_samples = 0;  // frames whose round-trip error was measured
   double sum_rel_error = 0;   // sum over those of ||x - decode(encode(x))|| / ||x||
   double shaper_wait_seconds = 0;
+  double encode_seconds = 0;  // encoding the frames sent (LinkSender; 0 on in-process links)
   double mean_rel_error() const { return error_samples ? sum_rel_error / error_samples : 0; }
 };
 

@@ -32,6 +32,7 @@ void StageLoop::Cancel(absl::Status why) {
   for (Link* l : {prev_, next_}) {
     if (l != nullptr) l->Abort(why.ok() ? absl::CancelledError("cancelled") : why);
   }
+  if (sync_ != nullptr) sync_->Abort(why.ok() ? absl::CancelledError("cancelled") : why);
 }
 
 absl::Status StageLoop::Cancelled() {
@@ -56,8 +57,7 @@ absl::StatusOr<LinkMessage> StageLoop::Expect(Link& from, uint64_t step, int mic
 
 // Partial sums of squared norms travel down the backward chain, the total back up; every stage
 // ends with the same total.
-absl::StatusOr<double> StageLoop::ExchangeNorms(uint64_t step) {
-  double sq = exec_->SquaredGradNorm();
+absl::StatusOr<double> StageLoop::ExchangeNorms(uint64_t step, double sq) {
   if (!last_) {
     absl::StatusOr<LinkMessage> m = Expect(*next_, step, 0, MessageKind::kNormPartial);
     if (!m.ok()) return m.status();
@@ -122,16 +122,26 @@ absl::StatusOr<StepResult> StageLoop::Step(const std::vector<Batch>& batches) {
       if (absl::Status s = prev_->Send(m, measure); !s.ok()) return s;
     }
   }
-  absl::StatusOr<double> total = ExchangeNorms(step);
-  if (!total.ok()) return total.status();
-  const double norm = std::sqrt(*total);
-  if (absl::Status s = exec_->Step(opt_.optimizer.ClipFactor(norm)); !s.ok()) return s;
+  double norm = 0, loss = last_ ? loss_sum / M : 0.0;
+  if (sync_ != nullptr) {
+    absl::StatusOr<GradientSync::Outcome> o =
+        sync_->SyncAndStep(step, loss, [&](double sq) { return ExchangeNorms(step, sq); });
+    if (!o.ok()) return o.status();
+    norm = o->grad_norm;
+    loss = o->loss;
+  } else {
+    absl::StatusOr<double> total = ExchangeNorms(step, exec_->SquaredGradNorm());
+    if (!total.ok()) return total.status();
+    norm = std::sqrt(*total);
+    if (absl::Status s = exec_->Step(opt_.optimizer.ClipFactor(norm)); !s.ok()) return s;
+  }
 
   StepResult r;
   r.step = static_cast<int64_t>(step);
-  r.loss = last_ ? loss_sum / M : 0.0;
+  r.loss = loss;
   r.grad_norm = norm;
   r.receive_wait = receive_wait_;
+  r.compute = exec_->TakeComputeTimes();
   const int64_t done = exec_->step();
   if (!checkpoint_.path.empty() &&
       ((checkpoint_.interval > 0 && done % checkpoint_.interval == 0) || done == checkpoint_.total_steps)) {

@@ -16,6 +16,7 @@
 #ifndef LONGHAUL_STAGE_RUNTIME_STAGE_LOOP_H_
 #define LONGHAUL_STAGE_RUNTIME_STAGE_LOOP_H_
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -65,10 +66,32 @@ struct StepResult {
   double loss = 0;        // mean over micro-batches (computed on the last stage; 0 elsewhere)
   double grad_norm = 0;   // global, before clipping
   absl::Duration receive_wait = absl::ZeroDuration();  // blocked waiting for a neighbour
+  // The executor's forward, backward and optimizer time reported during this step
+  // (StageExecutor::TakeComputeTimes: on the CPU this step's; on a GPU the optimizer's kernels
+  // usually count in the next step).
+  ComputeTimes compute;
   bool checkpointed = false;
   // Of the step's wall time, what writing the checkpoint took (zero when none was due): throughput
   // figures leave it out (a gpt2-xl stage writes gigabytes, seconds that are not training).
   absl::Duration checkpoint_time = absl::ZeroDuration();
+};
+
+// Replicated stages (worker/replica_sync.h): after the backward pass, a stage's replicas
+// synchronise their gradients and step the optimizer in place of the loop's own norm exchange and
+// executor step. `exchange_norms(sq)` takes this stage's squared norm of the synchronised gradient
+// and returns the whole pipeline's (the loop's chain of norm messages, along this replica's
+// neighbours); `loss` is this replica's mean loss (last stage; 0 elsewhere).
+class GradientSync {
+ public:
+  struct Outcome {
+    double grad_norm = 0;  // global, before clipping
+    double loss = 0;       // the mean over the stage's replicas
+  };
+  using ExchangeNorms = std::function<absl::StatusOr<double>(double stage_squared_norm)>;
+  virtual ~GradientSync() = default;
+  virtual absl::StatusOr<Outcome> SyncAndStep(uint64_t step, double loss, const ExchangeNorms& exchange_norms) = 0;
+  // Makes a synchronisation in progress fail (StageLoop::Cancel). Any thread.
+  virtual void Abort(const absl::Status& why) = 0;
 };
 
 class StageLoop {
@@ -87,6 +110,9 @@ class StageLoop {
   // Makes Step stop at its next operation and aborts both links (waking a blocked Receive). Any
   // thread; the first reason sticks.
   void Cancel(absl::Status why);
+  // Replicated stages: `sync` (not owned, outlives the loop; before the first Step) replaces the
+  // norm exchange and optimizer step (GradientSync above).
+  void SetGradientSync(GradientSync* sync) { sync_ = sync; }
 
   int stage() const { return stage_; }
   Link* prev() const { return prev_; }
@@ -99,7 +125,7 @@ class StageLoop {
  private:
   absl::StatusOr<LinkMessage> Expect(Link& from, uint64_t step, int micro_batch, MessageKind kind);
   absl::Status Cancelled();
-  absl::StatusOr<double> ExchangeNorms(uint64_t step);
+  absl::StatusOr<double> ExchangeNorms(uint64_t step, double sq);
 
   const PipelineOptions opt_;
   const int stage_;
@@ -110,6 +136,7 @@ class StageLoop {
   const CheckpointPolicy checkpoint_;
   const std::vector<PipelineOp> ops_;
   absl::Duration receive_wait_ = absl::ZeroDuration();
+  GradientSync* sync_ = nullptr;
 
   absl::Mutex mu_;
   absl::Status cancelled_ ABSL_GUARDED_BY(mu_);

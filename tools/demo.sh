@@ -200,16 +200,23 @@ kill_worker_demo() {
   job=$(sed -n 's/^submitted job \([0-9]*\)$/\1/p' <<<"$out")
   "$BIN/longhaulctl" watch "$job" --summary-json="$summary" &
   local watch_pid=$!
+  # Kill only while the job is RUNNING at or past the step: once it has left RUNNING (SUCCEEDED,
+  # FAILED, RECOVERING on its own) there is nothing to demonstrate and no kill to time.
+  local ended=""
   while :; do
     st=$("$BIN/longhaulctl" status "$job" --json 2>/dev/null) || { sleep 0.2; continue; }
     step=$(json_top steps <<<"$st")
-    grep -q '"state": "RUNNING"' <<<"$st" || { grep -q '"state": "PENDING"' <<<"$st" && { sleep 0.2; continue; }; break; }
+    ended=$(sed -n 's/^  "state": "\([A-Z_]*\)".*/\1/p' <<<"$st" | head -1); ended=${ended:-UNKNOWN}
+    [[ "$ended" == PENDING ]] && { sleep 0.2; continue; }
+    [[ "$ended" == RUNNING ]] || break
+    ended=""
     [[ "${step:-0}" -ge "$kill_at" ]] && break
     sleep 0.1
   done
-  victim=$(json_stage_worker $((stages / 2)) <<<"$st")
-  if [[ -z "$victim" || -z "${worker_pid[$victim]:-}" ]]; then
-    echo "demo: the job ended before step $kill_at; nothing was killed" >&2
+  if [[ -n "$ended" ]]; then
+    echo "demo: the job left RUNNING ($ended) at step ${step:-0}, before step $kill_at; nothing was killed" >&2
+  elif victim=$(json_stage_worker $((stages / 2)) <<<"$st") && [[ -z "$victim" || -z "${worker_pid[$victim]:-}" ]]; then
+    echo "demo: no worker of stage $((stages / 2)) to kill at step $step; nothing was killed" >&2
   else
     t_kill=$(date +%s.%N)
     # (Reaped here, quietly: bash would report the kill in the middle of the progress output.)

@@ -10,7 +10,8 @@
 # Writes docs/img/dashboards/<dashboard>-<panel>.png (dashboard: the JSON's name without
 # "longhaul-"; panel: its title in lower-case-with-dashes). A query that errors or returns no
 # series over the rendered range fails the script, naming dashboard, panel and query, so a picture
-# never shows "No data". Chromium and Python's PIL (cropping) come from Debian: when missing they are
+# never shows "No data" (panels marked "[GPU workers only]" are skipped, saying so, when no worker in
+# the data computed on a GPU). Chromium and Python's PIL (cropping) come from Debian: when missing they are
 # installed through `tools/setup.sh --render-tools`.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -162,7 +163,11 @@ chromium = ["chromium", "--headless", "--disable-gpu", "--hide-scrollbars", "--n
 if os.geteuid() == 0:
     chromium.append("--no-sandbox")  # Chromium refuses to run as root with its sandbox
 
-gallery, failures, total = [], [], 0
+gallery, failures, skipped, total = [], [], [], 0
+# Panels marked so in their description have series only where a worker computes on a GPU (as
+# dashboards_test does: without one they are reported as skipped, not pictured as "No data").
+GPU_ONLY = "[GPU workers only]"
+gpu_workers = bool(api("query", query='count(count_over_time(up{job="longhaul-workers", device=~"cuda.*"}[30d]))')["result"])
 # The job overview first, as in the docs' table of dashboards.
 for path in sorted(glob.glob(os.path.join(root, "dashboards/grafana/*.json")), key=lambda p: ("overview" not in p, p)):
     dash = json.load(open(path))
@@ -180,6 +185,9 @@ for path in sorted(glob.glob(os.path.join(root, "dashboards/grafana/*.json")), k
                 res = api("query_range", query=expr, start=start, end=end, step=step)["result"]
             except Exception as e:  # noqa: BLE001 - report every failing query, then fail
                 failures.append(f"{dname} / {panel['title']} / {t.get('refId')}: {expr}: {e}")
+                continue
+            if not res and GPU_ONLY in panel.get("description", "") and not gpu_workers:
+                skipped.append(f"{dname} / {panel['title']} / {t.get('refId')}")
                 continue
             if not res:
                 failures.append(f"{dname} / {panel['title']} / {t.get('refId')}: no series: {expr}")
@@ -219,6 +227,8 @@ if failures:
     for f in failures:
         print("  " + f, file=sys.stderr)
     sys.exit(1)
+for s in skipped:
+    print(f"render-dashboards: skipped {s}: no series, no worker computed on a GPU in this data")
 print(f"render-dashboards: {sum(len(s['panels']) for s in gallery)} pictures, {total // 1024} KiB in {os.path.relpath(out, root)}")
 
 if markdown:  # per dashboard, a list: each panel's picture and the PromQL it shows

@@ -40,6 +40,8 @@ LinkProber::LinkProber(const ProbeSettings& s, Report report, std::function<bool
     : s_(s), report_(std::move(report)), busy_(std::move(busy)) {
   tokens_ = static_cast<double>(s_.budget_bytes_per_hour);
   refilled_ = absl::Now();
+  // Two workers' probers must not draw the same retry delays: seeded from the clock and this object.
+  rng_.seed(static_cast<uint64_t>(absl::ToUnixNanos(refilled_)) ^ reinterpret_cast<uintptr_t>(this));
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -56,6 +58,16 @@ void LinkProber::Stop() {
 int64_t LinkProber::bytes_sent() {
   absl::MutexLock l(&mu_);
   return sent_;
+}
+
+bool LinkProber::ProbingHost(const std::string& ipv4) {
+  absl::MutexLock l(&mu_);
+  return !probing_.empty() && probing_ == ipv4;
+}
+
+int64_t LinkProber::refusals() {
+  absl::MutexLock l(&mu_);
+  return refusals_;
 }
 
 void LinkProber::SetPeers(const std::vector<Peer>& peers) {
@@ -118,44 +130,71 @@ void LinkProber::Loop() {
     }
     v1::LinkReport r;
     r.set_to_worker_id(peer.id);
-    double seconds = 0;
-    const double mbit = ProbeOnce(peer, bytes, &r, &seconds);
+    double seconds = 0, mbit = 0;
+    bool refused = false;
+    absl::StatusOr<std::pair<std::string, int>> where = ResolveProbeAddress(peer.address);
+    if (!where.ok()) {
+      r.set_error(std::string(where.status().message()));
+    } else {
+      {
+        absl::MutexLock l(&mu_);
+        probing_ = where->first;  // from before the connection: the peer's sink may ask at once
+      }
+      mbit = ProbeOnce(where->first, where->second, bytes, &r, &seconds, &refused);
+      absl::MutexLock l(&mu_);
+      probing_.clear();
+    }
+    bool retry = false;
     {
       absl::MutexLock l(&mu_);
-      tokens_ -= static_cast<double>(bytes);
-      sent_ += bytes;
       auto it = peers_.find(peer.id);
       if (it != peers_.end() && it->second.peer.address == peer.address) {
         State& st = it->second;
         const absl::Time now = absl::Now();
-        if (mbit > 0) {
+        if (!refused) {
+          st.refused_since = absl::InfiniteFuture();
+        } else {
+          st.refused_since = std::min(st.refused_since, now);
+          // Most likely the peer is probing this worker: try again once it is done, after a delay
+          // of our own (so that two workers refused by each other do not retry in step).
+          retry = now - st.refused_since < s_.busy_patience;
+        }
+        if (retry) {
+          ++refusals_;
+          const double lo = absl::ToDoubleSeconds(s_.busy_retry_min);
+          const double hi = std::max(lo, absl::ToDoubleSeconds(s_.busy_retry_max));
+          st.due = now + absl::Seconds(std::uniform_real_distribution<double>(lo, hi)(rng_));
+        } else if (mbit > 0) {
           st.mbit = mbit;
           st.failures = 0;
           // A first probe over in a fraction of the target measured mostly the connection's start:
-          // a sized one follows at once.
+          // a sized one follows at once. Later ones come after the interval and up to a tenth more
+          // (two workers' schedules for the same pair drift apart).
           const bool again = calibrating && seconds < absl::ToDoubleSeconds(s_.target) / 4 && bytes < s_.max_probe_bytes;
-          st.due = again ? now : now + s_.interval;
+          st.due = again ? now : now + s_.interval * (1 + 0.1 * std::uniform_real_distribution<double>(0, 1)(rng_));
         } else {
           ++st.failures;
           st.due = now + std::min(s_.interval, absl::Seconds(5) * (1 << std::min(st.failures, 8)));
         }
       }
+      if (!refused && where.ok()) {  // a refused probe sent nothing beyond its header
+        tokens_ -= static_cast<double>(bytes);
+        sent_ += bytes;
+      }
     }
-    report_(peer, r);
+    if (!retry) report_(peer, r);
   }
 }
 
-double LinkProber::ProbeOnce(const Peer& peer, int64_t bytes, v1::LinkReport* r, double* seconds) {
-  absl::StatusOr<std::pair<std::string, int>> where = ResolveProbeAddress(peer.address);
-  if (!where.ok()) {
-    r->set_error(std::string(where.status().message()));
-    return 0;
-  }
+double LinkProber::ProbeOnce(const std::string& ipv4, int port, int64_t bytes, v1::LinkReport* r, double* seconds,
+                             bool* refused) {
   netem::ProbeOptions o;
   o.bytes = bytes;
   o.pings = s_.pings;
   o.connect_patience = s_.connect_patience;
-  absl::StatusOr<netem::LinkMeasurement> m = netem::ProbeLink(where->first, where->second, o);
+  absl::StatusOr<netem::LinkMeasurement> m = netem::ProbeLink(ipv4, port, o);
+  // netem's ProbeLink: ResourceExhausted is the sink's refusal (its answer to the header).
+  *refused = !m.ok() && m.status().code() == absl::StatusCode::kResourceExhausted;
   if (!m.ok() || m->mbit_per_s <= 0) {
     r->set_error(m.ok() ? "the probe took no time" : std::string(m.status().message()));
     return 0;

@@ -20,6 +20,17 @@
 // Throughput is bytes / (time to the sink's confirmation - RTT): the confirmation's trip back
 // and the first byte's trip out are not transfer time.
 //
+// Mutual probes. Two workers probing each other at once (they learn of each other at the same
+// moment) each measure a link that also carries the other's transfer: the pings' echoes and the
+// confirmation queue behind it (273 ms of RTT and 3.0 Mbit/s read on a 2 Mbit/s link). So a
+// worker's probe sink refuses a probe that comes from the host its own prober is probing right now
+// (ProbingHost, the sink's busy hook), and a prober whose probe was refused retries after a random
+// `busy_retry_min`..`busy_retry_max` (the random delay breaks the tie when both were refused),
+// neither reporting the refusal nor charging it to the budget, for up to `busy_patience`; then it
+// reports the refusal as a failure (a sink also refuses probes above its per-probe cap, and the
+// answer does not say which). Each peer's next probe is due after `interval` plus up to a tenth
+// more, at random, so that two workers' schedules for a pair drift apart.
+//
 // Threading: one thread of its own; SetPeers and Stop from any thread; `report` and `busy` are
 // called on the prober's thread without its lock held.
 #ifndef LONGHAUL_WORKER_LINK_PROBER_H_
@@ -28,6 +39,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -48,6 +60,9 @@ struct ProbeSettings {
   absl::Duration interval = absl::Minutes(10);
   int64_t budget_bytes_per_hour = int64_t{1} << 30;
   absl::Duration connect_patience = absl::Seconds(2);
+  absl::Duration busy_retry_min = absl::Milliseconds(100);
+  absl::Duration busy_retry_max = absl::Milliseconds(800);
+  absl::Duration busy_patience = absl::Seconds(30);
 };
 
 class LinkProber {
@@ -71,17 +86,26 @@ class LinkProber {
   // Probe bytes sent so far (budget accounting, for tests and logs).
   int64_t bytes_sent();
 
+  // The probe sink's busy hook: whether this prober is probing a peer at `ipv4` right now (from
+  // just before it connects until its probe ends). The sink refuses a probe from that host.
+  bool ProbingHost(const std::string& ipv4);
+  // Probes refused by a peer's sink and retried (for tests and logs).
+  int64_t refusals();
+
  private:
   struct State {
     Peer peer;
     absl::Time due = absl::InfinitePast();  // next probe
     double mbit = 0;                        // last measured rate (sizes the next probe)
     int failures = 0;
+    absl::Time refused_since = absl::InfiniteFuture();  // first of the refusals in a row
   };
   void Loop();
   // Probes `peer` with `bytes`; fills *r (error or measurement) and returns the rate (0 on error),
   // with the probe's time to confirmation in *seconds.
-  double ProbeOnce(const Peer& peer, int64_t bytes, v1::LinkReport* r, double* seconds);
+  // *refused: the sink refused the probe (busy, or above its cap).
+  double ProbeOnce(const std::string& ipv4, int port, int64_t bytes, v1::LinkReport* r, double* seconds,
+                   bool* refused);
 
   const ProbeSettings s_;
   const Report report_;
@@ -93,6 +117,9 @@ class LinkProber {
   double tokens_ ABSL_GUARDED_BY(mu_);            // the budget's bucket, in bytes
   absl::Time refilled_ ABSL_GUARDED_BY(mu_);
   int64_t sent_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t refusals_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string probing_ ABSL_GUARDED_BY(mu_);  // the IPv4 address being probed; "" when none
+  std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 

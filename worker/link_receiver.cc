@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "proto/channel_config.h"
 
 namespace longhaul::worker {
@@ -69,6 +70,15 @@ absl::StatusOr<bool> Reassembler::Add(const ParsedChunk& pc) {
   return true;
 }
 
+void DecodeTimes::Add(stage_runtime::MessageKind kind, absl::Duration d) {
+  (kind == stage_runtime::MessageKind::kActivation ? forward_ns_ : backward_ns_)
+      .fetch_add(absl::ToInt64Nanoseconds(d), std::memory_order_relaxed);
+}
+
+double DecodeTimes::seconds(bool forward) const {
+  return static_cast<double>((forward ? forward_ns_ : backward_ns_).load(std::memory_order_relaxed)) * 1e-9;
+}
+
 DecodeTarget DecodeTargetFor(const torch::Device& stage_device, codec::CodecDevice d) {
   DecodeTarget t;
   if (stage_device.is_cuda() && d != codec::CodecDevice::kCpu && codec::GpuCodecsAvailable()) {
@@ -93,8 +103,10 @@ absl::StatusOr<stage_runtime::LinkMessage> DecodeInFrame(const v1::TensorFrameCh
     o.frame_crc = frame_crc;
     o.device = target.device;
     o.codec_device = target.codec_device;
+    const absl::Time start = absl::Now();
     absl::StatusOr<torch::Tensor> t = codec::DecodeSharedFrame(std::move(frame), o);
     if (!t.ok()) return t.status();
+    if (target.times != nullptr) target.times->Add(m.kind, absl::Now() - start);
     m.tensor = *std::move(t);
     return m;
   }

@@ -10,6 +10,7 @@
 #ifndef LONGHAUL_WORKER_LINK_RECEIVER_H_
 #define LONGHAUL_WORKER_LINK_RECEIVER_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -20,6 +21,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "codec/codec.h"
 #include "common/bounded_queue.h"
 #include "stage_runtime/link.h"
@@ -71,6 +73,22 @@ class Reassembler {
   codec::FrameCrc crc_;
 };
 
+// Time a stage spent decoding its incoming tensor frames (DecodeInFrame adds to it; metrics read
+// it), per direction of the frames: forward, the activations from the previous stage; backward,
+// the gradients from the next one. A stage has one inbox per direction, so one DecodeTimes shared
+// by both keeps each link's figure apart. Host wall time of the decode call: complete for frames
+// decoded on the CPU; for frames decoded on a GPU (DecodeTarget::device) it is the upload and the
+// kernel launches, the kernels themselves run asynchronously on the stage's stream, ahead of its
+// compute, and are not in it. Thread-safe.
+class DecodeTimes {
+ public:
+  void Add(stage_runtime::MessageKind kind, absl::Duration d);
+  double seconds(bool forward) const;
+
+ private:
+  std::atomic<int64_t> forward_ns_{0}, backward_ns_{0};
+};
+
 // Where a link's tensors are decoded to, the receiving stage's choice: no device, the CPU (the
 // stage moves them to its device itself); a CUDA device, decoded there from the compressed bytes
 // (codec::DecodeOptions::device, on the assembler thread, on the legacy default stream, which is
@@ -78,6 +96,8 @@ class Reassembler {
 struct DecodeTarget {
   std::optional<torch::Device> device = std::nullopt;
   codec::CodecDevice codec_device = codec::CodecDevice::kAuto;
+  // Where the decodes are timed; copies of a target share it.
+  std::shared_ptr<DecodeTimes> times = std::make_shared<DecodeTimes>();
 };
 
 // The target for a stage computing on `stage_device` under links.codec_device `d`: its CUDA device

@@ -160,7 +160,21 @@ absl::StatusOr<LinkSender::Encoded> LinkSender::Encode(Item item) const {
     if (item.device_use.stream.has_value()) on_link.emplace(*item.device_use.stream);
     eo.cuda_stream = item.device_use.cuda_stream;
     e.elements = item.msg.tensor.numel();
+    // Encode time is counted from a ready input to the frame's bytes on the host (the codec ends
+    // with them there, so a host timer sees all of it). A host copy was waited for above; a
+    // tensor encoded on its device may still be being computed, which the link's stream waits
+    // for on the GPU: wait for that here, or the encode's own synchronisation would count the
+    // stage's compute as encoding.
+    if (item.device_use.stream.has_value()) {
+      try {
+        item.device_use.stream->synchronize();
+      } catch (const c10::Error& err) {
+        return absl::InternalError(absl::StrCat("encoding for ", opt_.peer, ": ", err.what_without_backtrace()));
+      }
+    }
+    const absl::Time encode_start = absl::Now();
     absl::StatusOr<codec::FrameParts> f = codec_->EncodeParts(item.msg.tensor, eo);
+    e.encode_seconds = absl::ToDoubleSeconds(absl::Now() - encode_start);
     if (!f.ok()) {
       return absl::Status(f.status().code(), absl::StrCat("encoding for ", opt_.peer, ": ", f.status().message()));
     }
@@ -232,6 +246,7 @@ void LinkSender::SenderLoop(size_t stripe) {
       stats_.frames++;
       stats_.raw_bytes += e->elements * 4;
       stats_.wire_bytes += static_cast<int64_t>(e->frame->size());
+      stats_.encode_seconds += e->encode_seconds;
       if (e->rel_error >= 0) {
         stats_.error_samples++;
         stats_.sum_rel_error += e->rel_error;

@@ -27,7 +27,9 @@
 //     compute queued so far, which produced the tensor (DeviceCopier::StartDeviceUse), and the
 //     encoder runs the codec's kernels on that stream, with it as LibTorch's current stream on
 //     the encoder thread: the encode overlaps the stage's next kernels, and its synchronisation
-//     waits for the encode only, not for the compute queued after Send.
+//     waits for the encode only, not for the compute queued after Send. (The encoder thread
+//     waits for the link's stream to reach the tensor before it starts the codec, so that
+//     LinkStats::encode_seconds counts the encode and not the compute that produced the tensor.)
 //   - otherwise Send starts the tensor's copy to pinned host memory on the link's own CUDA stream
 //     (a DeviceCopier, device_copy.h), behind the compute stream's work but without waiting for
 //     it, and queues the pending HostCopy instead of the tensor; the encoder thread waits for that
@@ -143,6 +145,7 @@ class LinkSender {
     int64_t elements = 0;  // of the tensor, for the link's raw byte count
     std::shared_ptr<const codec::FrameParts> frame;
     double rel_error = -1;  // measured round-trip error, or -1
+    double encode_seconds = 0;  // the codec's encode of the tensor (LinkStats::encode_seconds)
   };
   // Frames encoded ahead of each stream's sender.
   static constexpr size_t kEncodedAhead = 2;

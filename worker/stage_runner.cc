@@ -205,6 +205,14 @@ absl::Status StageRunner::Setup() {
   if (!o.ok()) return o.status();
   opt_ = *o;
   const v1::JobSpec& spec = a_.spec();
+  replicas_ = spec.replicas() > 1 ? spec.replicas() : 1;
+  if (replicas_ > 1) {
+    if (spec.micro_batches() % replicas_ != 0 || a_.replica_group_size() != replicas_) {
+      return absl::InvalidArgumentError(absl::StrCat("replicated stage: ", spec.micro_batches(), " micro-batches, ",
+                                                     replicas_, " replicas, a group of ", a_.replica_group_size()));
+    }
+    opt_.micro_batches /= replicas_;  // this replica's share of the step (job_spec.h)
+  }
   if (first_ || last_) {
     absl::StatusOr<std::unique_ptr<stage_runtime::Dataset>> ds = stage_runtime::OpenDataset(
         {spec.data_format(), spec.data_dir(), opt_.model.vocab, spec.val_fraction()}, opt_.model.context);
@@ -217,7 +225,9 @@ absl::Status StageRunner::Setup() {
   if (!e.ok()) return e.status();
   exec_ = std::move(*e);
 
-  const std::string ckdir = CheckpointDir(spec, data_dir_, a_.job_id());
+  std::string ckdir = CheckpointDir(spec, data_dir_, a_.job_id());
+  // Replicas may share a checkpoint directory (a spec's dir on one machine).
+  if (replicas_ > 1) ckdir = absl::StrCat(ckdir, "/replica-", a_.replica_index());
   std::error_code ec;
   std::filesystem::create_directories(ckdir, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create checkpoint dir ", ckdir, ": ", ec.message()));
@@ -266,9 +276,44 @@ absl::Status StageRunner::Setup() {
   loop_ = std::make_unique<stage_runtime::StageLoop>(
       opt_, a_.stage(), exec_.get(), watched_prev_.get(), watched_next_.get(),
       stage_runtime::CheckpointPolicy{checkpoint_path_, spec.checkpoint_interval(), spec.steps()});
+  if (replicas_ > 1) {
+    if (absl::Status s = SetupReplicaSync(); !s.ok()) return s;
+    loop_->SetGradientSync(sync_.get());
+  }
   absl::MutexLock l(&mu_);
   live_loop_ = loop_.get();
   if (!cancelled_.ok()) loop_->Cancel(cancelled_);
+  return absl::OkStatus();
+}
+
+absl::Status StageRunner::SetupReplicaSync() {
+  const v1::JobSpec& spec = a_.spec();
+  if (collective_ == nullptr) return absl::FailedPreconditionError("this worker has no Collective service");
+  absl::StatusOr<collective::DpCodec> codec =
+      collective::ParseDpCodec(spec.data_parallel().codec().empty() ? "fp32" : spec.data_parallel().codec());
+  if (!codec.ok()) return codec.status();
+  ReplicaSyncOptions ro;
+  // A new group per attempt: a failed group stays failed (collective/group.h).
+  ro.group = absl::StrCat("job-", a_.job_id(), "/stage-", a_.stage(), "/attempt-", a_.attempt());
+  ro.rank = a_.replica_index();
+  for (const v1::StagePeer& p : a_.replica_group()) {
+    ro.addresses.push_back(p.address());
+    ro.regions.push_back(p.region());
+  }
+  ro.codec = *codec;
+  ro.weight_bits = spec.data_parallel().weight_bits();
+  if (spec.data_parallel().timeout_seconds() > 0) ro.timeout = absl::Seconds(spec.data_parallel().timeout_seconds());
+  ro.seed = spec.seed() * 1000 + static_cast<uint64_t>(a_.stage());
+  // The same emulated links as the pipeline's (links: in the spec).
+  const v1::LinkSpec& l = spec.links();
+  if (l.rate_mbit() > 0 || l.delay_ms() > 0 || l.loss() > 0) {
+    absl::StatusOr<LinkSettings> ls = ResolveLinkSpec(l, spec.seed() * 1000 + 500 + a_.stage() * 64 + ro.rank);
+    if (!ls.ok()) return ls.status();
+    ro.links.assign(ro.addresses.size(), ls->profile);
+  }
+  absl::StatusOr<std::unique_ptr<ReplicaSync>> rs = ReplicaSync::Create(collective_, std::move(ro), exec_.get(), opt_.optimizer);
+  if (!rs.ok()) return rs.status();
+  sync_ = std::move(*rs);
   return absl::OkStatus();
 }
 
@@ -353,6 +398,7 @@ v1::StepProgress StageRunner::Progress(const stage_runtime::StepResult& r, absl:
     ls.send_blocked_seconds = blocked;
     ls.queue_depth = static_cast<int64_t>(l->queue_depth());
     ls.rate_limit_bytes_per_second = fwd ? fwd_rate_ : bwd_rate_;
+    SetReceived(ls, (fwd ? from_next_ : from_prev_)->decode_target(), fwd ? opt_.backward_codec : opt_.forward_codec);
     sample->links.push_back(std::move(ls));
     if (l == next_.get()) {  // quantisation error is reported for the forward (activation) link
       const int64_t n = st.error_samples - reported_error_samples_;
@@ -369,6 +415,7 @@ v1::StepProgress StageRunner::Progress(const stage_runtime::StepResult& r, absl:
   sample->stage = a_.stage();
   sample->step_seconds = p.step_seconds();
   sample->receive_wait_seconds = p.recv_wait_seconds();
+  sample->compute = r.compute;
   return p;
 }
 
@@ -390,8 +437,11 @@ absl::Status StageRunner::RunSteps() {
     const absl::Time t0 = absl::Now();
     // Stage 0 needs the tokens, the last stage the labels: both sample the same micro-batches.
     batches.clear();
+    // Replica r takes the step's micro-batches r*m .. r*m+m-1 (m = its share): the replicas together
+    // sample what one replica would.
+    const int mb0 = a_.replica_index() * opt_.micro_batches;
     for (int mb = 0; (first_ || last_) && mb < opt_.micro_batches; ++mb) {
-      batches.push_back(data_->Sample(stage_runtime::Split::kTrain, opt_.seed, step, mb, opt_.micro_batch_size,
+      batches.push_back(data_->Sample(stage_runtime::Split::kTrain, opt_.seed, step, mb0 + mb, opt_.micro_batch_size,
                                       opt_.model.context));
     }
     absl::StatusOr<stage_runtime::StepResult> r = loop_->Step(batches);
@@ -402,7 +452,14 @@ absl::Status StageRunner::RunSteps() {
       steps_done_ = exec_->step();
     }
     StageStepSample sample;
-    const v1::StepProgress p = Progress(*r, absl::Now() - t0, &sample);
+    v1::StepProgress p = Progress(*r, absl::Now() - t0, &sample);
+    if (sync_) {
+      p.set_replica(a_.replica_index());
+      p.set_tokens(p.tokens() * replicas_);  // the job's step: every replica's share
+      p.set_dp_bytes(sync_->last().bytes_sent);
+      p.set_dp_raw_bytes(sync_->last().bytes_sent_uncompressed);
+      p.set_dp_seconds(absl::ToDoubleSeconds(sync_->last().wall));
+    }
     if (metrics_ != nullptr) metrics_->RecordStep(sample);
     if (progress_) progress_(p);
   }
@@ -414,6 +471,7 @@ v1::JobFinished StageRunner::Run() {
   r.set_job_id(a_.job_id());
   r.set_stage(a_.stage());
   r.set_attempt(a_.attempt());
+  r.set_replica(a_.replica_index());
   absl::Status st = Setup();
   if (st.ok()) st = RunSteps();
   {
@@ -423,6 +481,7 @@ v1::JobFinished StageRunner::Run() {
     live_loop_ = nullptr;
   }
   loop_.reset();
+  sync_.reset();
   replicator_.reset();  // a copy in flight is moot once the stage stopped
   watched_prev_.reset();
   watched_next_.reset();

@@ -33,6 +33,7 @@
 #include "worker/checkpoint_store.h"
 #include "worker/grpc_link.h"
 #include "worker/inbox.h"
+#include "worker/replica_sync.h"
 #include "worker/worker_metrics.h"
 
 namespace longhaul::worker {
@@ -76,6 +77,9 @@ class StageRunner {
   void SetFetchLimit(int64_t bytes) { fetch_limit_ = bytes; }
   // The test hook (before Run).
   void SetTestHang(const TestHang& h) { test_hang_ = h; }
+  // The worker's Collective service (not owned), for replicated stages' synchronisation (before
+  // Run; replica_sync.h).
+  void SetCollective(collective::CollectiveService* s) { collective_ = s; }
   // Lets a stage stopped by the test hook go on (it then ends as cancelled). Any thread.
   void ReleaseTestHang() { hang_released_.store(true); }
 
@@ -95,9 +99,12 @@ class StageRunner {
   uint64_t job_id() const { return a_.job_id(); }
   int stage() const { return a_.stage(); }
   int attempt() const { return a_.attempt(); }
+  int replica() const { return a_.replica_index(); }
 
  private:
   absl::Status Setup();
+  // Replicated stages: the synchronisation among the stage's replicas (replica_sync.h).
+  absl::Status SetupReplicaSync();
   // Loads the checkpoint of a_.restore_step() into the executor (see the top of this file).
   absl::Status Restore(const std::string& dir);
   // After a step that wrote a checkpoint: keep it under its step's name, prune, copy it.
@@ -129,6 +136,11 @@ class StageRunner {
   std::unique_ptr<GrpcLink> prev_, next_;  // null at the ends
   std::unique_ptr<ActivityLink> watched_prev_, watched_next_;  // the loop's view of them
   std::unique_ptr<stage_runtime::StageLoop> loop_;
+  // Replicated stages (spec.replicas > 1): the stage's replicas each run micro_batches / replicas
+  // of every step (opt_.micro_batches is this replica's share) and synchronise through sync_.
+  int replicas_ = 1;
+  collective::CollectiveService* collective_ = nullptr;
+  std::unique_ptr<ReplicaSync> sync_;
   std::string checkpoint_dir_, checkpoint_path_;
   ReplicatedFn replicated_;
   std::atomic<int64_t> floor_{0};

@@ -33,6 +33,8 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& o) {
   // The CheckpointStore's methods are registered; every other method goes to the generic StageLink
   // service (which refuses all but its own).
   b.RegisterService(w->checkpoint_store_.get());
+  w->collective_service_ = std::make_unique<collective::CollectiveService>();
+  b.RegisterService(w->collective_service_.get());
   b.RegisterCallbackGenericService(w->link_service_.get());
   w->server_ = b.BuildAndStart();
   if (!w->server_ || port == 0) {
@@ -114,7 +116,6 @@ absl::Status Worker::StartProbing(const std::string& host) {
   if (!sink.ok()) return absl::Status(sink.status().code(), absl::StrCat("--probe-listen: ", sink.status().message()));
   probe_sink_ = std::make_unique<netem::TcpSink>(std::move(*sink));
   probe_address_ = absl::StrCat(host, ":", probe_sink_->port());
-  probe_sink_thread_ = std::thread([sink = probe_sink_.get()] { sink->Serve(); });
   const std::string who = absl::StrCat("worker ", opt_.name);
   prober_ = std::make_unique<LinkProber>(
       opt_.probe,
@@ -137,6 +138,9 @@ absl::Status Worker::StartProbing(const std::string& host) {
         absl::MutexLock l(&mu_);
         return job_ != nullptr && !job_done_;
       });
+  // Two workers do not probe each other at once: the sink refuses the host being probed.
+  probe_sink_->SetBusy([p = prober_.get()](const std::string& ip) { return p->ProbingHost(ip); });
+  probe_sink_thread_ = std::thread([sink = probe_sink_.get()] { sink->Serve(); });
   return absl::OkStatus();
 }
 
@@ -188,10 +192,12 @@ bool Worker::RunSession() {
       req.mutable_running()->set_job_id(job_->job_id());
       req.mutable_running()->set_stage(job_->stage());
       req.mutable_running()->set_attempt(job_->attempt());
+      req.mutable_running()->set_replica(job_->replica());
     } else if (last_finished_) {
       req.mutable_running()->set_job_id(last_finished_->finished().job_id());
       req.mutable_running()->set_stage(last_finished_->finished().stage());
       req.mutable_running()->set_attempt(last_finished_->finished().attempt());
+      req.mutable_running()->set_replica(last_finished_->finished().replica());
     }
   }
   v1::RegisterResponse resp;
@@ -310,6 +316,7 @@ void Worker::StartJob(const v1::StageAssignment& a) {
       v1::JobFinished* f = busy.mutable_finished();
       f->set_job_id(a.job_id());
       f->set_stage(a.stage());
+      f->set_replica(a.replica_index());
       f->set_attempt(a.attempt());
       f->set_retryable(true);  // the other job ends; a later attempt may find this worker free
       f->set_error(absl::StrCat("worker ", opt_.name, " is busy with job ", job_->job_id()));
@@ -334,15 +341,17 @@ void Worker::StartJob(const v1::StageAssignment& a) {
         if (unsent_progress_.size() >= kMaxUnsentProgress) unsent_progress_.pop_front();
         unsent_progress_.push_back(std::move(m));
       }, metrics_.get());
-      job_->OnReplicated([this, id, who](const v1::CheckpointReplicated& r) {
+      job_->OnReplicated([this, id, who, replica = a.replica_index()](const v1::CheckpointReplicated& r) {
         if (!r.error().empty()) common::Log(who, absl::StrCat("job ", r.job_id(), " step ", r.step(), ": ", r.error()));
         v1::WorkerMessage m;
         m.set_worker_id(id);
         *m.mutable_replicated() = r;
+        m.mutable_replicated()->set_replica(replica);
         Send(m);
       });
       job_->SetFetchLimit(opt_.replica_max_bytes);
       job_->SetTestHang(opt_.test_hang);
+      job_->SetCollective(collective_service_.get());
       checkpoint_dirs_[a.job_id()] = StageRunner::CheckpointDir(a.spec(), opt_.data_dir, a.job_id());
       {
         absl::MutexLock p(&progress_mu_);

@@ -127,6 +127,8 @@ class Worker : public InboxRouter {
   std::unique_ptr<common::MetricsServer> metrics_server_;
   std::unique_ptr<StageLinkService> link_service_;
   std::unique_ptr<CheckpointStoreService> checkpoint_store_;
+  // Replicated stages' synchronisation among replicas (worker/replica_sync.h).
+  std::unique_ptr<collective::CollectiveService> collective_service_;
   std::unique_ptr<grpc::Server> server_;
   std::shared_ptr<grpc::Channel> coord_channel_;
   std::unique_ptr<v1::Coordinator::Stub> coord_;

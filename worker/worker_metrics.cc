@@ -4,6 +4,11 @@
 
 #include "absl/strings/str_cat.h"
 
+#ifdef LONGHAUL_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
 namespace longhaul::worker {
 namespace {
 
@@ -32,6 +37,12 @@ const prometheus::Histogram::BucketBoundaries& ErrorBuckets() {
 
 }  // namespace
 
+void SetReceived(LinkStepSample& ls, const DecodeTarget& from, std::string codec) {
+  ls.received_codec = std::move(codec);
+  // Frames from the next stage are gradients (backward), from the previous one activations.
+  ls.decode_seconds = from.times == nullptr ? 0.0 : from.times->seconds(/*forward=*/ls.direction != "forward");
+}
+
 WorkerMetrics::WorkerMetrics(prometheus::Registry& r)
     : wire_bytes_(Build(prometheus::BuildCounter(), r, "longhaul_link_wire_bytes_total",
                         "Bytes of encoded frames sent on the link (what crosses the network, before chunk headers)")),
@@ -56,7 +67,25 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r)
       steps_(Build(prometheus::BuildCounter(), r, "longhaul_stage_steps_total", "Training steps the stage completed")),
       receive_wait_(Build(prometheus::BuildCounter(), r, "longhaul_stage_receive_wait_seconds_total",
                           "Time the stage was blocked waiting for a neighbour's message (the pipeline bubble "
-                          "and the links)")) {}
+                          "and the links)")),
+      compute_(Build(prometheus::BuildCounter(), r, "longhaul_stage_compute_seconds_total",
+                     "Compute time of the stage by phase: forward, backward (its micro-batches) and optimizer "
+                     "(clipping and AdamW); wall time on the CPU, GPU time between CUDA events on a GPU")),
+      encode_(Build(prometheus::BuildCounter(), r, "longhaul_link_encode_seconds_total",
+                    "Time the link's encoder spent encoding the frames sent (from a ready input to the frame's "
+                    "bytes on the host)")),
+      decode_(Build(prometheus::BuildCounter(), r, "longhaul_link_decode_seconds_total",
+                    "Time this stage spent decoding the frames it received from the peer (host time of the "
+                    "decode; the kernels of a GPU decode are not in it)")),
+      gpu_allocated_(Build(prometheus::BuildGauge(), r, "longhaul_gpu_memory_allocated_bytes",
+                           "GPU memory in tensors (CUDA caching allocator, this process), at the end of the "
+                           "last step")),
+      gpu_reserved_(Build(prometheus::BuildGauge(), r, "longhaul_gpu_memory_reserved_bytes",
+                          "GPU memory the CUDA caching allocator holds (allocated plus cached), at the end of "
+                          "the last step")),
+      gpu_max_allocated_(Build(prometheus::BuildGauge(), r, "longhaul_gpu_memory_max_allocated_bytes",
+                               "Peak GPU memory in tensors since the process started (CUDA caching "
+                               "allocator)")) {}
 
 template <typename T>
 T& WorkerMetrics::Series(prometheus::Family<T>& f, uint64_t job, const prometheus::Labels& labels) {
@@ -85,7 +114,30 @@ void WorkerMetrics::Track(uint64_t job) {
     }
     removers_.erase(old);
     for (auto it = last_.begin(); it != last_.end();) it = std::get<0>(it->first) == old ? last_.erase(it) : std::next(it);
+    for (auto it = last_decode_.begin(); it != last_decode_.end();) {
+      it = std::get<0>(it->first) == old ? last_decode_.erase(it) : std::next(it);
+    }
   }
+}
+
+void WorkerMetrics::RecordGpuMemory() {
+#ifdef LONGHAUL_WITH_CUDA
+  const int n = static_cast<int>(c10::cuda::device_count());
+  for (int d = 0; d < n; ++d) {
+    try {
+      // Index 0 is the aggregate over the allocator's pools (StatType::AGGREGATE; the enum moved
+      // namespaces between LibTorch versions, the index did not).
+      const auto st = c10::cuda::CUDACachingAllocator::getDeviceStats(d);
+      if (st.reserved_bytes[0].peak <= 0) continue;  // a device this process never allocated on
+      const prometheus::Labels labels{{"gpu", absl::StrCat(d)}};
+      gpu_allocated_.Add(labels).Set(static_cast<double>(st.allocated_bytes[0].current));
+      gpu_reserved_.Add(labels).Set(static_cast<double>(st.reserved_bytes[0].current));
+      gpu_max_allocated_.Add(labels).Set(static_cast<double>(st.allocated_bytes[0].peak));
+    } catch (const c10::Error&) {
+      // The allocator is not initialised for this device (or not LibTorch's): nothing to report.
+    }
+  }
+#endif
 }
 
 void WorkerMetrics::RecordStep(const StageStepSample& s) {
@@ -96,6 +148,13 @@ void WorkerMetrics::RecordStep(const StageStepSample& s) {
   HistogramSeries(step_time_, s.job_id, stage_labels, StepBuckets()).Observe(s.step_seconds);
   Series(steps_, s.job_id, stage_labels).Increment();
   Series(receive_wait_, s.job_id, stage_labels).Increment(std::max(0.0, s.receive_wait_seconds));
+  for (const auto& [phase, took] : {std::pair<const char*, absl::Duration>{"forward", s.compute.forward},
+                                    {"backward", s.compute.backward},
+                                    {"optimizer", s.compute.optimizer}}) {
+    prometheus::Labels labels = stage_labels;
+    labels["phase"] = phase;
+    Series(compute_, s.job_id, labels).Increment(std::max(0.0, absl::ToDoubleSeconds(took)));
+  }
   for (const LinkStepSample& ls : s.links) {
     const prometheus::Labels labels{{"job_id", job},
                                     {"stage", stage},
@@ -110,6 +169,18 @@ void WorkerMetrics::RecordStep(const StageStepSample& s) {
     Series(shaper_wait_, s.job_id, labels)
         .Increment(std::max(0.0, now.shaper_wait_seconds - last.shaper_wait_seconds));
     Series(send_blocked_, s.job_id, labels).Increment(std::max(0.0, ls.send_blocked_seconds));
+    Series(encode_, s.job_id, labels).Increment(std::max(0.0, now.encode_seconds - last.encode_seconds));
+    if (!ls.received_codec.empty()) {
+      // The frames of the opposite direction, from the same peer, decoded here.
+      double& last_decode = last_decode_[{s.job_id, s.stage, ls.direction}];
+      const prometheus::Labels received{{"job_id", job},
+                                        {"stage", stage},
+                                        {"peer", ls.peer},
+                                        {"direction", ls.direction == "forward" ? "backward" : "forward"},
+                                        {"codec", ls.received_codec}};
+      Series(decode_, s.job_id, received).Increment(std::max(0.0, ls.decode_seconds - last_decode));
+      last_decode = ls.decode_seconds;
+    }
     Series(queue_depth_, s.job_id, labels).Set(static_cast<double>(ls.queue_depth));
     if (ls.rate_limit_bytes_per_second > 0) {
       Series(rate_limit_, s.job_id, labels).Set(ls.rate_limit_bytes_per_second);
@@ -122,6 +193,7 @@ void WorkerMetrics::RecordStep(const StageStepSample& s) {
     }
     last = now;
   }
+  RecordGpuMemory();
 }
 
 }  // namespace longhaul::worker

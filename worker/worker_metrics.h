@@ -1,6 +1,7 @@
 // The worker's Prometheus metrics: per link and per stage, updated once per step from what the
-// stage runner already measures (LinkStats, the step's timings): no instrumentation inside the
-// data plane's loops. Names and labels are listed in docs/observability.md.
+// stage runner already measures (LinkStats, the inboxes' DecodeTimes, the step's timings): the
+// data plane only accumulates durations and counts. Names and labels are listed in
+// docs/observability.md.
 //
 //   WorkerMetrics m(*common::MetricsRegistry());
 //   m.RecordStep(sample);   // by the stage's compute thread, after each step
@@ -10,6 +11,10 @@
 // gradients to the previous one) and codec (the link's codec spec). Cardinality: a worker runs one
 // stage at a time; the series of the kJobsKept most recent jobs are kept (so a finished job's final
 // values stay scrapeable until the next job but one records its first step), older ones are removed.
+//
+// GPU memory (CUDA builds): after each step, the CUDA caching allocator's figures for every device
+// this process has allocated on; per process, not per job (label `gpu`, the device index; not
+// `device`, which service discovery attaches to the worker's targets).
 //
 // Threading: RecordStep may be called from any thread (a mutex guards the bookkeeping; the
 // metrics themselves are prometheus-cpp's, thread-safe, read by the metrics server's threads).
@@ -34,7 +39,9 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "stage_runtime/executor.h"
 #include "stage_runtime/link.h"
+#include "worker/link_receiver.h"
 
 namespace longhaul::worker {
 
@@ -47,13 +54,22 @@ struct LinkStepSample {
   double send_blocked_seconds = 0;  // this step: Send() blocked on a full queue
   int64_t queue_depth = 0;          // messages queued, not yet written, at the end of the step
   double rate_limit_bytes_per_second = 0;  // configured (in-process shaping); <= 0: unlimited
+  // The other direction of the same link: the frames from `peer`, decoded by this stage
+  // (SetReceived). No decode series while received_codec is empty.
+  std::string received_codec;
+  double decode_seconds = 0;  // cumulative since the job started
 };
+
+// Fills the receiving side of `ls` from the decode target of the inbox the peer's frames arrive
+// in, and the codec spec of their direction (the opposite of ls.direction).
+void SetReceived(LinkStepSample& ls, const DecodeTarget& from, std::string codec);
 
 struct StageStepSample {
   uint64_t job_id = 0;
   int stage = 0;
   double step_seconds = 0;
   double receive_wait_seconds = 0;  // this step: blocked waiting for a neighbour's message
+  stage_runtime::ComputeTimes compute;  // this step's (StepResult::compute)
   std::vector<LinkStepSample> links;
 };
 
@@ -76,6 +92,7 @@ class WorkerMetrics {
                                          const prometheus::Histogram::BucketBoundaries& buckets)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Track(uint64_t job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RecordGpuMemory() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   prometheus::Family<prometheus::Counter>& wire_bytes_;
   prometheus::Family<prometheus::Counter>& raw_bytes_;
@@ -89,9 +106,16 @@ class WorkerMetrics {
   prometheus::Family<prometheus::Histogram>& step_time_;
   prometheus::Family<prometheus::Counter>& steps_;
   prometheus::Family<prometheus::Counter>& receive_wait_;
+  prometheus::Family<prometheus::Counter>& compute_;
+  prometheus::Family<prometheus::Counter>& encode_;
+  prometheus::Family<prometheus::Counter>& decode_;
+  prometheus::Family<prometheus::Gauge>& gpu_allocated_;
+  prometheus::Family<prometheus::Gauge>& gpu_reserved_;
+  prometheus::Family<prometheus::Gauge>& gpu_max_allocated_;
 
   absl::Mutex mu_;
   std::map<LinkKey, stage_runtime::LinkStats> last_ ABSL_GUARDED_BY(mu_);  // what was already counted
+  std::map<LinkKey, double> last_decode_ ABSL_GUARDED_BY(mu_);             // likewise, decode seconds
   std::deque<uint64_t> jobs_ ABSL_GUARDED_BY(mu_);                        // with series, oldest first
   // Per job, its series and how to remove each.
   std::map<uint64_t, std::vector<std::pair<const void*, std::function<void()>>>> removers_ ABSL_GUARDED_BY(mu_);

@@ -410,5 +410,78 @@ TEST_F(SchedulingTest, AClosedSessionFailsTheJobSayingWhenTheWorkerWasLastHeardF
   EXPECT_NE(st.error().find("last heartbeat 1.5s before"), std::string::npos) << st.error();
 }
 
+// Replicated stages (docs/replicated-stages.md): 2 stages x 2 replicas on 4 workers, replica r of
+// stage s at slot r*2+s; a job needing more workers than are registered is refused with the numbers.
+TEST_F(SchedulingTest, ReplicatedStagesGetAWorkerPerReplicaAndTheirGroups) {
+  FakeWorker& a = AddWorker("a");
+  FakeWorker& b = AddWorker("b");
+  FakeWorker& c = AddWorker("c");
+  const std::string spec = "name: rep\nstages: 2\nreplicas: 2\nmicro_batches: 4\nmodel: {layers: 4}\nsteps: 5\n"
+                           "data_parallel: {codec: sdp4bit}\n";
+  v1::SubmitJobRequest req;
+  req.set_spec_yaml(spec);
+  v1::SubmitJobResponse resp;
+  grpc::Status refused = svc_->SubmitJob(nullptr, &req, &resp);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(refused.error_message(), "needs 4 workers (2 stages x 2 replicas), 3 are idle, 3 registered");
+
+  FakeWorker& d = AddWorker("d");
+  ASSERT_TRUE(svc_->SubmitJob(nullptr, &req, &resp).ok());
+  const uint64_t job = resp.job_id();
+  const v1::JobStatus st = Job(job);
+  ASSERT_EQ(st.state(), v1::JOB_STATE_RUNNING);
+  ASSERT_EQ(st.stages_size(), 4);
+  std::map<uint64_t, FakeWorker*> by_id = {{a.id(), &a}, {b.id(), &b}, {c.id(), &c}, {d.id(), &d}};
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(st.stages(i).stage(), i % 2);
+    EXPECT_EQ(st.stages(i).replica(), i / 2);
+    FakeWorker* w = by_id.at(st.stages(i).worker_id());
+    ASSERT_EQ(w->assigned(job), job);
+    v1::StageAssignment as;
+    for (const auto& m : w->Received()) {
+      if (m.has_assign()) as = m.assign();
+    }
+    EXPECT_EQ(as.stage(), i % 2);
+    EXPECT_EQ(as.replica_index(), i / 2);
+    ASSERT_EQ(as.replica_group_size(), 2);
+    EXPECT_EQ(as.replica_group(0).worker_id(), st.stages(i % 2).worker_id());
+    EXPECT_EQ(as.replica_group(1).worker_id(), st.stages(2 + i % 2).worker_id());
+    // Replica r's stage 0 streams to replica r's stage 1.
+    if (i % 2 == 0) {
+      EXPECT_EQ(as.next().worker_id(), st.stages(i + 1).worker_id());
+    } else {
+      EXPECT_EQ(as.prev().worker_id(), st.stages(i - 1).worker_id());
+    }
+  }
+  // The loss is replica 0's report of the last stage (the mean over replicas); every slot ends.
+  for (int i = 3; i >= 0; --i) {
+    FakeWorker* w = by_id.at(st.stages(i).worker_id());
+    v1::WorkerMessage m;
+    v1::StepProgress* p = m.mutable_progress();
+    p->set_job_id(job);
+    p->set_stage(i % 2);
+    p->set_replica(i / 2);
+    p->set_step(1);
+    p->set_loss(i == 1 ? 2.5 : 9.0);
+    p->set_dp_bytes(100);
+    p->set_dp_raw_bytes(400);
+    w->Send(m);
+  }
+  EXPECT_EQ(Job(job).step(), 1);
+  EXPECT_DOUBLE_EQ(Job(job).loss(), 2.5);
+  EXPECT_EQ(Job(job).dp_bytes_per_step(), 400);
+  EXPECT_EQ(Job(job).dp_raw_bytes_per_step(), 1600);
+  for (int i = 0; i < 4; ++i) {
+    FakeWorker* w = by_id.at(st.stages(i).worker_id());
+    v1::WorkerMessage m;
+    m.mutable_finished()->set_job_id(job);
+    m.mutable_finished()->set_stage(i % 2);
+    m.mutable_finished()->set_replica(i / 2);
+    m.mutable_finished()->set_ok(true);
+    w->Send(m);
+    EXPECT_EQ(Job(job).state(), i < 3 ? v1::JOB_STATE_RUNNING : v1::JOB_STATE_SUCCEEDED);
+  }
+}
+
 }  // namespace
 }  // namespace longhaul::coordinator

@@ -203,5 +203,42 @@ TEST(JobSpecTest, WatchdogSettings) {
   }
 }
 
+TEST(JobSpecTest, ReplicasAndDataParallel) {
+  absl::StatusOr<v1::JobSpec> d = ParseJobSpec("name: x\n");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->replicas(), 1);
+  EXPECT_EQ(d->data_parallel().codec(), "fp32");
+  EXPECT_EQ(d->data_parallel().timeout_seconds(), 120);
+  EXPECT_EQ(d->data_parallel().weight_bits(), 4);
+  EXPECT_EQ(WorkersNeeded(*d), 4);
+
+  absl::StatusOr<v1::JobSpec> s = ParseJobSpec(
+      "stages: 2\nmicro_batches: 4\nreplicas: 2\ndata_parallel: {codec: sdp4bit, timeout: 30s, weight_bits: 8}\n");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->replicas(), 2);
+  EXPECT_EQ(WorkersNeeded(*s), 4);
+  EXPECT_EQ(s->data_parallel().codec(), "sdp4bit");
+  EXPECT_EQ(s->data_parallel().timeout_seconds(), 30);
+  EXPECT_EQ(s->data_parallel().weight_bits(), 8);
+
+  v1::JobSpec in_code;  // specs built in code leave replicas at 0: one replica
+  EXPECT_EQ(Replicas(in_code), 1);
+
+  absl::StatusOr<v1::JobSpec> bad = ParseJobSpec(
+      "micro_batches: 4\nreplicas: 3\ndata_parallel: {codec: int3, timeout: soon, weight_bits: 2, extra: 1}\n");
+  ASSERT_FALSE(bad.ok());
+  const std::string msg(bad.status().message());
+  for (const char* want : {"micro_batches: 4 is not a multiple of replicas (3)",
+                           "data_parallel.codec: \"int3\" is not fp32, sdp4bit, bitdp1, bitdp2 or zeropp",
+                           "data_parallel.timeout: \"soon\" is not a duration", "data_parallel.weight_bits: 2 is not 4 or 8",
+                           "data_parallel.extra (line 3): unknown key"}) {
+    EXPECT_NE(msg.find(want), std::string::npos) << "missing \"" << want << "\" in:\n" << msg;
+  }
+  absl::StatusOr<v1::JobSpec> many = ParseJobSpec("replicas: 65\n");
+  ASSERT_FALSE(many.ok());
+  EXPECT_NE(std::string(many.status().message()).find("replicas: 65 is out of range [1, 64]"), std::string::npos)
+      << many.status();
+}
+
 }  // namespace
 }  // namespace longhaul::coordinator

@@ -49,6 +49,7 @@ Instance Random(std::mt19937_64& rng, int n, int stages, int replicas = 1) {
   Instance in;
   in.job = Shape(stages, 1 + static_cast<int>(rng() % 8), 0, 0, 0);
   in.job.replicas = replicas;
+  in.job.schedule = rng() % 2 == 0 ? Schedule::k1F1B : Schedule::kGPipe;
   for (double& f : in.job.stage_flops) f = (0.5 + u(rng)) * 2e9;
   in.job.activation_bytes = (0.2 + u(rng)) * 4e6;
   in.job.gradient_bytes = in.job.activation_bytes * (0.3 + u(rng));
@@ -99,30 +100,123 @@ bool Valid(const Placement& p, int k, int n) {
 }
 
 TEST(CostModelTest, ComputeBoundPipelineIsMPlusSMinusOneStages) {
-  // 4 stages of 1 GFLOP on 10 GFLOP/s workers (0.1 s), free links: (M + S - 1) x 0.1 s.
-  const JobShape job = Shape(4, 8, 1e9, 0, 0);
-  const Cluster c = Uniform(4, 1e10, {0, 1e12});
-  const Cost x = Evaluate(job, c, NaivePlacement(job));
-  EXPECT_NEAR(x.step_s, (8 + 4 - 1) * 0.1, 1e-9);
-  EXPECT_EQ(x.limit, Cost::Limit::kCompute);
+  // 4 stages of 1 GFLOP on 10 GFLOP/s workers (0.1 s), free links: (M + S - 1) x 0.1 s, the bubble
+  // of both schedules.
+  for (Schedule sched : {Schedule::k1F1B, Schedule::kGPipe}) {
+    JobShape job = Shape(4, 8, 1e9, 0, 0);
+    job.schedule = sched;
+    const Cluster c = Uniform(4, 1e10, {0, 1e12});
+    const Cost x = Evaluate(job, c, NaivePlacement(job));
+    EXPECT_NEAR(x.step_s, (8 + 4 - 1) * 0.1, 1e-9) << ScheduleName(sched);
+    EXPECT_NEAR(x.period_s, 0.1, 1e-9) << ScheduleName(sched);
+    EXPECT_EQ(x.limit, Cost::Limit::kCompute);
+  }
 }
 
-TEST(CostModelTest, TheSlowestLinkSetsThePeriodAndLatencyIsPaidOnceInTheFill) {
-  // 3 stages, compute 10 ms each; links 1 ms one way; 1 MB of activations, 0.5 MB of gradients;
-  // link 0->1 at 100 MB/s (10 ms forward), link 1->2 at 10 MB/s (100 ms forward, 50 ms back).
+TEST(CostModelTest, GPipeIsAForwardAndABackwardFlowLine) {
+  // 3 stages, compute 10 ms each (3.3 ms forward, 6.7 ms backward); links 1 ms one way; 1 MB of
+  // activations, 0.5 MB of gradients; link 0->1 at 100 MB/s (10 ms forward, 5 ms back), link
+  // 1->2 at 10 MB/s (100 ms forward, 50 ms back).
   JobShape job = Shape(3, 4, 1e8, 1e6, 5e5);
+  job.schedule = Schedule::kGPipe;
   Cluster c = Uniform(3, 1e10, {1e-3, 1e8});
   c.links[1][2] = {1e-3, 1e7};
   c.links[2][1] = {1e-3, 1e7};
   const Cost x = Evaluate(job, c, NaivePlacement(job));
-  EXPECT_NEAR(x.period_s, 0.1, 1e-12);  // the slow link's forward transfer, not a sum
+  // Forward phase paced by the slow link's 100 ms, backward by its 50 ms: a bottleneck per
+  // phase, not a sum over the links, and not one period for both directions at once.
+  EXPECT_NEAR(x.period_s, 0.1 + 0.05, 1e-12);
   EXPECT_EQ(x.limit, Cost::Limit::kLinkForward);
   EXPECT_EQ(x.limit_stage, 1);
-  // Fill: 3 x 10 ms compute + link 0-1 (1 + 10 + 1 + 5 ms) + link 1-2 (1 + 100 + 1 + 50 ms); norm
-  // exchange: 4 x 1 ms.
+  // Fill and drain: 3 x 10 ms compute + link 0-1 (1 + 10 + 1 + 5 ms) + link 1-2 (1 + 100 + 1 +
+  // 50 ms); norm exchange: 4 x 1 ms.
   const double fill = 0.030 + 0.017 + 0.152 + 0.004;
   EXPECT_NEAR(x.fill_drain_s, fill, 1e-12);
-  EXPECT_NEAR(x.step_s, 3 * 0.1 + fill, 1e-12);
+  EXPECT_NEAR(x.step_s, 3 * 0.15 + fill, 1e-12);
+}
+
+TEST(CostModelTest, OneFOneBOverlapsALinksDirectionsOnlyAfterItsWarmUp) {
+  // 4 stages, no compute, one slow link (X = 0.5 s each way) at position k, the others free:
+  // stage k + 1 sends its first gradient after its warm-up's min(S - k - 2, M) + 1 activations
+  // have arrived, so the slow link carries min(S - k - 1, M) activations alone before both
+  // directions overlap: (M + min(S - k - 1, M)) X. GPipe never overlaps them: 2 M X.
+  const double X = 0.5;
+  for (int M : {1, 2, 4, 8}) {
+    for (int k = 0; k < 3; ++k) {
+      JobShape job = Shape(4, M, 0, 1e6, 1e6);
+      Cluster c = Uniform(4, 1e10, {0, 1e15});
+      c.links[k][k + 1] = c.links[k + 1][k] = {0, 1e6 / X};
+      const Cost x = Evaluate(job, c, NaivePlacement(job));
+      EXPECT_NEAR(x.step_s, (M + std::min(4 - k - 1, M)) * X, 1e-7) << "M " << M << ", slow link " << k;
+      EXPECT_NEAR(x.period_s, X, 1e-12);
+      EXPECT_NEAR(x.step_s, (M - 1) * x.period_s + x.fill_drain_s, 1e-7);
+      job.schedule = Schedule::kGPipe;
+      EXPECT_NEAR(Evaluate(job, c, NaivePlacement(job)).step_s, 2 * M * X, 1e-7);
+    }
+  }
+}
+
+// The model's step recomputed from scratch: every operation's end as the longest path to it,
+// found by relaxing all of them until nothing changes (a different algorithm from placement.cc's
+// sweeps and closed form), with each stage's operations in stage_runtime/schedule.cc's order.
+double ReferenceStep(const JobShape& job, const Cluster& c, const Placement& p) {
+  const int S = job.stages, M = job.micro_batches;
+  std::vector<std::vector<std::pair<bool, int>>> ops(S);  // (forward, micro-batch)
+  for (int s = 0; s < S; ++s) {
+    const int w = job.schedule == Schedule::kGPipe ? M : std::min(S - s - 1, M);
+    for (int j = 0; j < w; ++j) ops[s].push_back({true, j});
+    for (int j = 0; j < M - w; ++j) {
+      ops[s].push_back({true, w + j});
+      ops[s].push_back({false, j});
+    }
+    for (int j = M - w; j < M; ++j) ops[s].push_back({false, j});
+  }
+  auto cs = [&](int s) { return job.stage_flops[s] / c.flops_per_s[p[s]]; };
+  const Link no_link;
+  auto fwd = [&](int s) -> const Link& { return s + 1 < S ? c.links[p[s]][p[s + 1]] : no_link; };
+  auto bwd = [&](int s) -> const Link& { return s + 1 < S ? c.links[p[s + 1]][p[s]] : no_link; };
+  std::vector<std::vector<double>> end(S, std::vector<double>(2 * M, 0)), fend(S, std::vector<double>(M, 0)),
+      bend(S, std::vector<double>(M, 0)), fsent(S, std::vector<double>(M, 0)), bsent(S, std::vector<double>(M, 0));
+  for (bool changed = true; changed;) {
+    changed = false;
+    auto raise = [&](double& x, double v) {
+      if (v > x + 1e-15) x = v, changed = true;
+    };
+    for (int s = 0; s < S; ++s) {
+      for (int k = 0; k < 2 * M; ++k) {
+        const auto [forward, j] = ops[s][k];
+        double ready = k > 0 ? end[s][k - 1] : 0;
+        if (forward && s > 0) ready = std::max(ready, fsent[s - 1][j] + fwd(s - 1).latency_s);
+        if (!forward && s + 1 < S) ready = std::max(ready, bsent[s][j] + bwd(s).latency_s);
+        const double e = ready + (forward ? job.forward_share : 1 - job.forward_share) * cs(s);
+        raise(end[s][k], e);
+        raise(forward ? fend[s][j] : bend[s][j], e);
+      }
+      for (int j = 0; s + 1 < S && j < M; ++j) {  // link s's messages, in micro-batch order
+        raise(fsent[s][j], std::max(fend[s][j], j > 0 ? fsent[s][j - 1] : 0.0) + job.activation_bytes / fwd(s).bytes_per_s);
+        raise(bsent[s][j], std::max(bend[s + 1][j], j > 0 ? bsent[s][j - 1] : 0.0) + job.gradient_bytes / bwd(s).bytes_per_s);
+      }
+    }
+  }
+  double t = 0;
+  for (int s = 0; s < S; ++s) t = std::max(t, end[s].back());
+  for (int s = 0; s + 1 < S; ++s) t += fwd(s).latency_s + bwd(s).latency_s;  // the norm exchange
+  return t;
+}
+
+TEST(CostModelTest, BothSchedulesMatchTheirStepsRecurrenceOnRandomPipelines) {
+  std::mt19937_64 rng(11);
+  for (int t = 0; t < 200; ++t) {
+    const int stages = 1 + static_cast<int>(rng() % 6);
+    Instance in = Random(rng, stages, stages);
+    const Placement p = NaivePlacement(in.job);
+    const Cost x = Evaluate(in.job, in.cluster, p);
+    EXPECT_NEAR(x.step_s, ReferenceStep(in.job, in.cluster, p), 1e-9 * x.step_s)
+        << "instance " << t << ": " << ScheduleName(in.job.schedule) << ", " << stages << " stages, "
+        << in.job.micro_batches << " micro-batches";
+    EXPECT_NEAR(x.step_s, (in.job.micro_batches - 1) * x.period_s + x.fill_drain_s, 1e-9 * x.step_s);
+    EXPECT_GE(x.fill_drain_s, 0);
+  }
 }
 
 TEST(CostModelTest, DataParallelSyncFollowsDtFm) {
@@ -295,6 +389,8 @@ codecs: {forward: fp32, backward: int8}
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->stages, 2);
   EXPECT_EQ(job->micro_batches, 3);
+  EXPECT_EQ(job->schedule, Schedule::k1F1B);  // the spec's default
+  EXPECT_DOUBLE_EQ(job->forward_share, 1.0 / 3);
   const double n = 2 * 32, h = 64;
   const double block = 24 * n * h * h + 4 * n * 32 * h;
   EXPECT_DOUBLE_EQ(job->stage_flops[0], 3 * 2 * block);
@@ -308,6 +404,9 @@ codecs: {forward: fp32, backward: int8}
   ASSERT_TRUE(tah.ok());
   EXPECT_LT(*tah, job->gradient_bytes);
   EXPECT_FALSE(WireBytes("nope", 1, 1).ok());
+  absl::StatusOr<v1::JobSpec> gpipe = ParseJobSpec("stages: 2\nschedule: gpipe\n");
+  ASSERT_TRUE(gpipe.ok()) << gpipe.status();
+  EXPECT_EQ(JobShapeOf(*gpipe)->schedule, Schedule::kGPipe);
 }
 
 TEST(JobCostTest, EmulatedRateAndDelayApplyOnTopOfTheMeasurement) {

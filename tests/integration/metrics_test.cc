@@ -152,6 +152,23 @@ TEST_F(MetricsTest, DaemonsExportMetricsAndDiscovery) {
       EXPECT_LE(s.value, 1) << s.labels;
     }
     EXPECT_EQ(Samples(*text, "longhaul_link_send_queue_depth").size(), link_wire.size()) << name;
+    // Compute by phase, and per link the encode of what it sent and the decode of what it got.
+    const std::vector<Sample> compute = Samples(*text, "longhaul_stage_compute_seconds_total");
+    EXPECT_EQ(compute.size(), 3u) << name;  // forward, backward, optimizer
+    for (const Sample& s : compute) EXPECT_GT(s.value, 0) << name << s.labels;
+    const std::vector<Sample> encode = Samples(*text, "longhaul_link_encode_seconds_total");
+    EXPECT_EQ(encode.size(), link_wire.size()) << name;
+    for (const Sample& s : encode) EXPECT_GT(s.value, 0) << name << s.labels;
+    const std::vector<Sample> decode = Samples(*text, "longhaul_link_decode_seconds_total");
+    EXPECT_EQ(decode.size(), link_wire.size()) << name;  // every link this stage sends on, it receives on
+    for (const Sample& s : decode) {
+      EXPECT_GT(s.value, 0) << name << s.labels;
+      // Labelled with the decoded frames' direction and codec.
+      EXPECT_TRUE(absl::StrContains(s.labels, "direction=\"forward\"") == absl::StrContains(s.labels, "codec=\"int4\""))
+          << s.labels;
+    }
+    // GPU memory exactly where the worker computes on a GPU (the local cluster's are CPU workers).
+    EXPECT_EQ(Samples(*text, "longhaul_gpu_memory_allocated_bytes").empty(), w.info().device() == "cpu") << name;
   }
   EXPECT_GT(wire, 0);
   EXPECT_GE(error_series, 1);

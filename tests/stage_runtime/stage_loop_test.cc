@@ -10,6 +10,8 @@
 #include <filesystem>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "stage_runtime/in_process_link.h"
 
 namespace longhaul::stage_runtime {
@@ -155,6 +157,49 @@ TEST(StageLoop, CheckpointsAtTheIntervalAndAtTheEnd) {
   }
   EXPECT_EQ(saved, (std::vector<bool>{false, true, true}));  // after steps 2 (interval) and 3 (end)
   EXPECT_TRUE(std::filesystem::exists(path));
+}
+
+// Compute timing (StepResult::compute, for the worker's metrics): every phase is timed, the phases
+// fit in the step, and time spent waiting for a neighbour is not counted as compute.
+TEST(StageLoop, TimesForwardBackwardAndOptimizerApartFromWaiting) {
+  const PipelineOptions o = TwoStages();
+  auto c = Codec("fp32");
+  auto [up, down] = InProcessLink::Pair(0, c.get(), c.get(), LinkCapacity(o), 1);
+  auto exec0 = Executor(o, 0), exec1 = Executor(o, 1);
+  StageLoop first(o, 0, exec0.get(), nullptr, up.get()), last(o, 1, exec1.get(), down.get(), nullptr);
+  std::vector<Batch> batches(2);
+  for (Batch& b : batches) {
+    b.tokens = torch::zeros({2, 8}, torch::kLong);
+    b.labels = torch::ones({2, 8}, torch::kLong);
+  }
+  constexpr absl::Duration kLate = absl::Milliseconds(200);  // stage 0 starts this late
+  absl::StatusOr<StepResult> r0, r1;
+  absl::Duration took0, took1;
+  std::thread t0([&] {
+    absl::SleepFor(kLate);
+    const absl::Time start = absl::Now();
+    r0 = first.Step(batches);
+    took0 = absl::Now() - start;
+  });
+  const absl::Time start = absl::Now();
+  r1 = last.Step(batches);
+  took1 = absl::Now() - start;
+  t0.join();
+  ASSERT_TRUE(r0.ok()) << r0.status();
+  ASSERT_TRUE(r1.ok()) << r1.status();
+  for (const auto& [r, took] : {std::pair{&*r0, took0}, std::pair{&*r1, took1}}) {
+    SCOPED_TRACE(absl::StrCat("stage with step time ", absl::FormatDuration(took)));
+    EXPECT_GT(r->compute.forward, absl::ZeroDuration());
+    EXPECT_GT(r->compute.backward, absl::ZeroDuration());
+    EXPECT_GT(r->compute.optimizer, absl::ZeroDuration());
+    // Disjoint parts of the step on the CPU: together no longer than it.
+    EXPECT_LE(r->compute.forward + r->compute.backward + r->compute.optimizer + r->receive_wait, took);
+  }
+  // Stage 1 waited for the late stage 0: that is receive wait, not compute.
+  EXPECT_GE(r1->receive_wait, kLate - absl::Milliseconds(20));
+  EXPECT_LT(r1->compute.forward + r1->compute.backward + r1->compute.optimizer, took1 - kLate + absl::Milliseconds(20));
+  // Taken once: the next step starts from zero.
+  EXPECT_EQ(exec1->TakeComputeTimes().forward, absl::ZeroDuration());
 }
 
 }  // namespace

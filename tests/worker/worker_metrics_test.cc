@@ -85,13 +85,52 @@ TEST_F(WorkerMetricsTest, CountersFollowTheLinkStats) {
   EXPECT_FALSE(Value("longhaul_link_rate_limit_bytes_per_second", {{"direction", "backward"}}).has_value());
 }
 
+// Compute by phase and the links' encode and decode times: cumulative inputs become counters; a
+// decode series is labelled with the direction and codec of the frames decoded (the opposite of
+// the sending link's), and exists only where the receiving side was filled in.
+TEST_F(WorkerMetricsTest, ComputeEncodeAndDecodeTimes) {
+  DecodeTarget from_next;  // the inbox of stage 0's backward frames (gradients from w1)
+  for (int step = 1; step <= 2; ++step) {
+    StageStepSample s = Sample(3, 4 * step, 0, 0);
+    s.compute.forward = absl::Milliseconds(10);
+    s.compute.backward = absl::Milliseconds(20);
+    s.compute.optimizer = absl::Milliseconds(5);
+    s.links[0].stats.encode_seconds = 0.5 * step;  // cumulative
+    from_next.times->Add(stage_runtime::MessageKind::kGradient, absl::Milliseconds(300));
+    SetReceived(s.links[0], from_next, "int8");
+    metrics_.RecordStep(s);
+  }
+  const auto phase = [](const char* p) {
+    return std::map<std::string, std::string>{{"job_id", "3"}, {"stage", "0"}, {"phase", p}};
+  };
+  EXPECT_DOUBLE_EQ(*Value("longhaul_stage_compute_seconds_total", phase("forward")), 0.02);
+  EXPECT_DOUBLE_EQ(*Value("longhaul_stage_compute_seconds_total", phase("backward")), 0.04);
+  EXPECT_DOUBLE_EQ(*Value("longhaul_stage_compute_seconds_total", phase("optimizer")), 0.01);
+  EXPECT_DOUBLE_EQ(*Value("longhaul_link_encode_seconds_total", {{"job_id", "3"}, {"direction", "forward"}}), 1.0);
+  EXPECT_DOUBLE_EQ(*Value("longhaul_link_decode_seconds_total", {{"job_id", "3"},
+                                                                 {"stage", "0"},
+                                                                 {"peer", "w1"},
+                                                                 {"direction", "backward"},
+                                                                 {"codec", "int8"}}),
+                   0.6);
+  // Only the link whose receiving side was filled in has a decode series.
+  EXPECT_FALSE(Value("longhaul_link_decode_seconds_total", {{"direction", "forward"}}).has_value());
+}
+
 TEST_F(WorkerMetricsTest, NamesFollowTheRule) {
-  metrics_.RecordStep(Sample(1, 1, 1, 0.1));
-  const auto families = registry_->Collect();
-  EXPECT_GE(families.size(), 12u);
+  StageStepSample s = Sample(1, 1, 1, 0.1);
+  SetReceived(s.links[0], DecodeTarget{}, "int8");
+  metrics_.RecordStep(s);
+  const auto families = registry_->Collect();  // the families with series
+  EXPECT_GE(families.size(), 15u);
   for (const prometheus::MetricFamily& f : families) {
     EXPECT_EQ(common::CheckMetricName(f.name, f.type), "");
     EXPECT_FALSE(f.help.empty()) << f.name;
+  }
+  // The GPU memory gauges have series only on GPU workers; their names by hand.
+  for (const char* name : {"longhaul_gpu_memory_allocated_bytes", "longhaul_gpu_memory_reserved_bytes",
+                           "longhaul_gpu_memory_max_allocated_bytes"}) {
+    EXPECT_EQ(common::CheckMetricName(name, prometheus::MetricType::Gauge), "");
   }
 }
 

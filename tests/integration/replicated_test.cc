@@ -1,0 +1,132 @@
+// Replicated stages end to end (docs/replicated-stages.md): real coordinator and worker processes
+// on loopback, the replicas of each stage synchronising over the workers' Collective gRPC service
+// (ctest label: integration).
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "tools/cluster/local_cluster.h"
+
+namespace longhaul::cluster {
+namespace {
+
+// A small model, 2 stages; pipeline links in fp32 so that only the data-parallel codec differs.
+std::string Spec(int replicas, const std::string& dp_codec, int steps) {
+  return absl::StrCat(R"(name: rep
+model: {layers: 4, hidden: 64, heads: 4, context: 32}
+stages: 2
+schedule: 1f1b
+micro_batches: 4
+micro_batch_size: 4
+codecs: {forward: fp32, backward: fp32}
+optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, warmup_steps: 5, clip_norm: 1.0}
+seed: 7
+steps: )", steps, "\nreplicas: ", replicas, "\ndata_parallel: {codec: ", dp_codec, ", timeout: 60s}\n");
+}
+
+// FNV-1a over a file's bytes (0 when it cannot be read).
+uint64_t Checksum(const std::string& path, std::string* bytes) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return 0;
+  std::stringstream ss;
+  ss << f.rdbuf();
+  *bytes = ss.str();
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : *bytes) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+class ReplicatedTest : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    if (HasFailure()) c_.DumpLogs();
+  }
+  absl::StatusOr<v1::JobStatus> Run(const std::string& yaml) {
+    absl::StatusOr<uint64_t> job = c_.Submit(yaml);
+    if (!job.ok()) return job.status();
+    return c_.WaitForEnd(*job, absl::Minutes(4));
+  }
+  Cluster c_;
+};
+
+// fp32: the same global batch split over 2 replicas gives the losses of 1 replica.
+TEST_F(ReplicatedTest, Fp32TwoReplicasMatchOneReplica) {
+  ASSERT_TRUE(c_.StartCoordinator().ok());
+  ASSERT_TRUE(c_.StartWorkers(4).ok());
+  constexpr int kSteps = 8;
+  absl::StatusOr<v1::JobStatus> one = Run(Spec(1, "fp32", kSteps));
+  ASSERT_TRUE(one.ok()) << one.status();
+  ASSERT_EQ(one->state(), v1::JOB_STATE_SUCCEEDED) << one->error();
+  ASSERT_TRUE(c_.WaitForIdleWorkers(4, absl::Seconds(30)).ok());
+  absl::StatusOr<v1::JobStatus> two = Run(Spec(2, "fp32", kSteps));
+  ASSERT_TRUE(two.ok()) << two.status();
+  ASSERT_EQ(two->state(), v1::JOB_STATE_SUCCEEDED) << two->error();
+  ASSERT_EQ(one->losses_size(), kSteps);
+  ASSERT_EQ(two->losses_size(), kSteps);
+  ASSERT_EQ(two->stages_size(), 4);
+  double worst = 0;
+  for (int i = 0; i < kSteps; ++i) {
+    const double rel = std::abs(two->losses(i) - one->losses(i)) / std::abs(one->losses(i));
+    worst = std::max(worst, rel);
+    EXPECT_LT(rel, 1e-5) << "step " << i << ": 2 replicas " << two->losses(i) << " vs 1 replica " << one->losses(i);
+    std::printf("step %d: 1 replica %.7f, 2 replicas %.7f (rel %.2e)\n", i + 1, one->losses(i), two->losses(i), rel);
+  }
+  std::printf("fp32: largest relative difference %.2e; dp bytes per step %lld (fp32 contents %lld)\n", worst,
+              static_cast<long long>(two->dp_bytes_per_step()), static_cast<long long>(two->dp_raw_bytes_per_step()));
+  EXPECT_GT(two->dp_bytes_per_step(), 0);
+}
+
+// sdp4bit and bitdp2: the replicas of each stage end bit-identical (their final checkpoints are the
+// same bytes) and the loss falls.
+TEST_F(ReplicatedTest, CompressedSyncKeepsReplicasIdenticalAndTrains) {
+  ASSERT_TRUE(c_.StartCoordinator().ok());
+  ASSERT_TRUE(c_.StartWorkers(4).ok());
+  constexpr int kSteps = 30;
+  for (const char* codec : {"sdp4bit", "bitdp2"}) {
+    SCOPED_TRACE(codec);
+    ASSERT_TRUE(c_.WaitForIdleWorkers(4, absl::Seconds(30)).ok());
+    absl::StatusOr<v1::JobStatus> st = Run(Spec(2, codec, kSteps));
+    ASSERT_TRUE(st.ok()) << st.status();
+    ASSERT_EQ(st->state(), v1::JOB_STATE_SUCCEEDED) << st->error();
+    ASSERT_EQ(st->losses_size(), kSteps);
+    double tail = 0;
+    for (int i = kSteps - 5; i < kSteps; ++i) tail += st->losses(i) / 5;
+    EXPECT_LT(tail, st->losses(0) - 1.0) << "initial " << st->losses(0) << ", mean of last 5 " << tail;
+    std::printf("%s: loss %.4f -> %.4f (mean of last 5 %.4f); dp bytes per step %lld (fp32 contents %lld)\n", codec,
+                st->losses(0), st->losses(kSteps - 1), tail, static_cast<long long>(st->dp_bytes_per_step()),
+                static_cast<long long>(st->dp_raw_bytes_per_step()));
+    EXPECT_LT(st->dp_bytes_per_step(), st->dp_raw_bytes_per_step());
+    ASSERT_EQ(st->stages_size(), 4);
+    for (int s = 0; s < 2; ++s) {
+      std::string a, b;
+      const std::string pa = st->stages(s).checkpoint_path(), pb = st->stages(2 + s).checkpoint_path();
+      const uint64_t ha = Checksum(pa, &a), hb = Checksum(pb, &b);
+      ASSERT_NE(ha, 0u) << pa;
+      ASSERT_NE(pa, pb);
+      EXPECT_EQ(ha, hb) << "stage " << s << ": " << pa << " vs " << pb;
+      EXPECT_TRUE(a == b) << "stage " << s << ": the replicas' checkpoints differ";
+      std::printf("%s stage %d: replica 0 %016llx, replica 1 %016llx (%zu bytes)\n", codec, s,
+                  static_cast<unsigned long long>(ha), static_cast<unsigned long long>(hb), a.size());
+    }
+  }
+}
+
+TEST_F(ReplicatedTest, MoreReplicasThanWorkersIsRejectedWithTheNumbers) {
+  ASSERT_TRUE(c_.StartCoordinator().ok());
+  ASSERT_TRUE(c_.StartWorkers(3).ok());
+  ASSERT_TRUE(c_.WaitForIdleWorkers(3, absl::Seconds(30)).ok());
+  absl::StatusOr<uint64_t> job = c_.Submit(Spec(2, "fp32", 3));
+  ASSERT_FALSE(job.ok());
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(job.status().message(), "needs 4 workers (2 stages x 2 replicas), 3 are idle, 3 registered");
+}
+
+}  // namespace
+}  // namespace longhaul::cluster

@@ -1,0 +1,218 @@
+#include "worker/replica_sync.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace longhaul::worker {
+
+using collective::DpCodec;
+
+absl::StatusOr<std::unique_ptr<ReplicaSync>> ReplicaSync::Create(collective::CollectiveService* service,
+                                                                 ReplicaSyncOptions o,
+                                                                 stage_runtime::StageExecutor* exec,
+                                                                 stage_runtime::OptimizerConfig optimizer) {
+  const int P = static_cast<int>(o.addresses.size());
+  if (P < 2 || o.rank < 0 || o.rank >= P || static_cast<int>(o.regions.size()) != P) {
+    return absl::InvalidArgumentError(absl::StrCat("replica group ", o.group, ": rank ", o.rank, " of ", P,
+                                                   " replicas with ", o.regions.size(), " regions"));
+  }
+  std::vector<std::string> regions = o.regions;
+  for (std::string& r : regions) {
+    if (r.empty()) r = "default";
+  }
+  absl::StatusOr<collective::Topology> topo = collective::Topology::Create(regions);
+  if (!topo.ok()) return topo.status();
+  std::unique_ptr<ReplicaSync> rs(new ReplicaSync(std::move(o), exec, optimizer));
+  const ReplicaSyncOptions& ro = rs->o_;
+  // Two groups on the worker's one Collective service: the data-parallel calls, and the scalars
+  // (norms, losses) that the sharded step needs in the middle of its own calls.
+  for (int k = 0; k < 2; ++k) {
+    collective::GrpcTransportOptions t;
+    t.group = k == 0 ? ro.group : absl::StrCat(ro.group, "/scalars");
+    t.rank = ro.rank;
+    t.addresses = ro.addresses;
+    if (k == 0) t.links = ro.links;  // the scalars are a few bytes: not shaped
+    absl::StatusOr<std::unique_ptr<collective::GrpcTransport>> tr = collective::GrpcTransport::Create(service, t);
+    if (!tr.ok()) return tr.status();
+    (k == 0 ? rs->dp_transport_ : rs->scalar_transport_) = std::move(*tr);
+  }
+  collective::GroupOptions go;
+  go.timeout = ro.timeout;
+  rs->dp_group_ = std::make_unique<collective::Group>(rs->dp_transport_.get(), *topo, go);
+  rs->scalar_group_ = std::make_unique<collective::Group>(rs->scalar_transport_.get(), *topo, go);
+
+  std::vector<collective::ParamShape> shapes;
+  for (const auto& [name, p] : exec->parameters()) {
+    shapes.push_back({name, p.sizes().vec()});
+    rs->n_ += p.numel();
+    rs->decayed_.insert(rs->decayed_.end(), static_cast<size_t>(p.numel()), p.dim() >= 2 ? 1 : 0);
+  }
+  collective::DpOptions dpo = collective::DefaultDpOptions(ro.codec);
+  if (ro.weight_bits > 0) dpo.weights.bits = ro.weight_bits;
+  dpo.seed = ro.seed;
+  if (ro.codec == DpCodec::kBitDp1 || ro.codec == DpCodec::kBitDp2) dpo.bitdp_layout = collective::BitDpLayoutFor(shapes);
+  if (ro.codec != DpCodec::kFp32) {
+    absl::StatusOr<std::unique_ptr<collective::DataParallelSync>> dp =
+        collective::DataParallelSync::Create(rs->dp_group_.get(), rs->n_, dpo);
+    if (!dp.ok()) return dp.status();
+    rs->dp_ = std::move(*dp);
+  }
+  // The model copy the sharded codecs start from: identical on every replica (the same seed, or
+  // the same checkpoint).
+  if (ro.codec == DpCodec::kSdp4Bit || ro.codec == DpCodec::kZeroPP) rs->Flatten(/*grads=*/false, &rs->weights_);
+  return rs;
+}
+
+ReplicaSync::~ReplicaSync() = default;
+
+void ReplicaSync::Abort(const absl::Status& why) {
+  if (dp_transport_) dp_transport_->Abort(why);
+  if (scalar_transport_) scalar_transport_->Abort(why);
+}
+
+void ReplicaSync::Flatten(bool grads, std::vector<float>* out) const {
+  out->resize(static_cast<size_t>(n_));
+  int64_t off = 0;
+  for (const auto& [name, p] : exec_->parameters()) {
+    const int64_t k = p.numel();
+    const torch::Tensor src = grads ? p.grad() : p;
+    if (src.defined()) {
+      const torch::Tensor c = src.detach().to(torch::kCPU, torch::kFloat32).contiguous();
+      std::memcpy(out->data() + off, c.data_ptr<float>(), static_cast<size_t>(k) * sizeof(float));
+    } else {
+      std::fill(out->begin() + off, out->begin() + off + k, 0.0f);
+    }
+    off += k;
+  }
+}
+
+void ReplicaSync::Unflatten(const std::vector<float>& in, bool grads) {
+  torch::NoGradGuard no_grad;
+  int64_t off = 0;
+  for (const auto& [name, p] : exec_->parameters()) {
+    torch::Tensor src = torch::from_blob(const_cast<float*>(in.data() + off), p.sizes(), torch::kFloat32);
+    torch::Tensor dst = p;
+    if (grads) {
+      // A parameter this stage's step did not touch gets the replicas' gradient all the same.
+      if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+      dst = p.grad();
+    }
+    dst.copy_(src);
+    off += p.numel();
+  }
+}
+
+absl::StatusOr<std::vector<double>> ReplicaSync::SumScalars(const std::vector<double>& values) {
+  std::string mine(values.size() * sizeof(double), '\0');
+  std::memcpy(mine.data(), values.data(), mine.size());
+  std::vector<std::string> all;
+  const int P = scalar_group_->size();
+  absl::StatusOr<collective::CallStats> s = scalar_group_->AllGatherBytes(
+      std::move(mine), std::vector<int64_t>(static_cast<size_t>(P), static_cast<int64_t>(values.size() * sizeof(double))),
+      &all);
+  if (!s.ok()) return s.status();
+  std::vector<double> sum(values.size(), 0.0);
+  for (int k = 0; k < P; ++k) {  // rank order: the same doubles on every replica
+    for (size_t i = 0; i < values.size(); ++i) {
+      double v = 0;
+      std::memcpy(&v, all[static_cast<size_t>(k)].data() + i * sizeof(double), sizeof(double));
+      sum[i] += v;
+    }
+  }
+  return sum;
+}
+
+void ReplicaSync::Adam(int64_t step, int64_t offset, absl::Span<const float> grad, absl::Span<float> main,
+                       double scale) {
+  // The executor's AdamW (stage_runtime/executor.cc), element by element on the owned range.
+  const double lr = opt_.LearningRate(step);
+  const double t = static_cast<double>(step + 1);
+  const float b1 = static_cast<float>(opt_.beta1), b2 = static_cast<float>(opt_.beta2);
+  const float bc2 = static_cast<float>(1 - std::pow(opt_.beta2, t));
+  const float step_size = static_cast<float>(lr / (1 - std::pow(opt_.beta1, t)));
+  const float decay = static_cast<float>(1 - lr * opt_.weight_decay), eps = static_cast<float>(opt_.eps);
+  const float s = static_cast<float>(scale);
+  if (m_.size() != main.size()) {
+    m_.assign(main.size(), 0.0f);
+    v_.assign(main.size(), 0.0f);
+  }
+  for (size_t i = 0; i < main.size(); ++i) {
+    const float g = grad[i] * s;
+    m_[i] = b1 * m_[i] + (1 - b1) * g;
+    v_[i] = b2 * v_[i] + (1 - b2) * g * g;
+    if (decayed_[static_cast<size_t>(offset) + i]) main[i] *= decay;
+    main[i] -= step_size * m_[i] / (std::sqrt(v_[i] / bc2) + eps);
+  }
+}
+
+absl::StatusOr<stage_runtime::GradientSync::Outcome> ReplicaSync::SyncAndStep(uint64_t step, double loss,
+                                                                              const ExchangeNorms& exchange_norms) {
+  const int P = dp_group_->size();
+  Outcome out;
+  last_ = collective::CallStats();
+  Flatten(/*grads=*/true, &grad_);
+  if (o_.codec == DpCodec::kSdp4Bit || o_.codec == DpCodec::kZeroPP) {
+    // Sharded optimizer: the clip factor is known only once the gradient is reduced, inside the
+    // step (collective/data_parallel.h calls `update` between the reduce-scatter and the weights'
+    // all-gather).
+    absl::Status inner;
+    auto update = [&](int64_t offset, absl::Span<const float> grad_sum, absl::Span<float> main) {
+      double sq = 0;
+      for (float g : grad_sum) {
+        const double x = static_cast<double>(g) / P;
+        sq += x * x;
+      }
+      absl::StatusOr<std::vector<double>> sums = SumScalars({sq, loss});
+      if (!sums.ok()) {
+        inner = sums.status();
+        return;
+      }
+      absl::StatusOr<double> total = exchange_norms((*sums)[0]);
+      if (!total.ok()) {
+        inner = total.status();
+        return;
+      }
+      out.grad_norm = std::sqrt(*total);
+      out.loss = (*sums)[1] / P;
+      Adam(static_cast<int64_t>(step), offset, grad_sum, main, opt_.ClipFactor(out.grad_norm) / P);
+    };
+    absl::StatusOr<collective::CallStats> s = dp_->Step(grad_, absl::MakeSpan(weights_), update);
+    if (!inner.ok()) {
+      Abort(inner);  // the other replicas are in the same step: let them fail now
+      return inner;
+    }
+    if (!s.ok()) return s.status();
+    last_ = *s;
+    Unflatten(weights_, /*grads=*/false);
+    if (absl::Status a = exec_->AdvanceStep(); !a.ok()) return a;
+    return out;
+  }
+  // Replicated optimizer (fp32, BitDP): the same summed gradient on every replica.
+  if (o_.codec == DpCodec::kFp32) {
+    absl::StatusOr<collective::CallStats> s = dp_group_->AllReduceFp32(absl::MakeSpan(grad_));
+    if (!s.ok()) return s.status();
+    last_ = *s;
+    for (float& g : grad_) g /= static_cast<float>(P);
+  } else {
+    Flatten(/*grads=*/false, &weights_);  // BitDP leaves the weights to the optimizer
+    absl::StatusOr<collective::CallStats> s =
+        dp_->Step(grad_, absl::MakeSpan(weights_), [&](int64_t, absl::Span<const float> sum, absl::Span<float>) {
+          for (size_t i = 0; i < sum.size(); ++i) grad_[i] = sum[i] / static_cast<float>(P);
+        });
+    if (!s.ok()) return s.status();
+    last_ = *s;
+  }
+  Unflatten(grad_, /*grads=*/true);
+  absl::StatusOr<std::vector<double>> sums = SumScalars({loss});
+  if (!sums.ok()) return sums.status();
+  out.loss = (*sums)[0] / P;
+  absl::StatusOr<double> total = exchange_norms(exec_->SquaredGradNorm());
+  if (!total.ok()) return total.status();
+  out.grad_norm = std::sqrt(*total);
+  if (absl::Status s = exec_->Step(opt_.ClipFactor(out.grad_norm)); !s.ok()) return s;
+  return out;
+}
+
+}  // namespace longhaul::worker
