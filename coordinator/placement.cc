@@ -16,15 +16,6 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-// Seconds to push `bytes` through a link, latency excluded; an unusable link takes forever.
-double Transfer(const Link& l, double bytes) {
-  if (bytes <= 0) return 0;
-  return l.bytes_per_s > 0 ? bytes / l.bytes_per_s : kInf;
-}
-
-// (M - 1) x, where M = 1 makes an infinite x count nothing (0 x infinity is NaN).
-double Times(double m1, double x) { return m1 > 0 ? m1 * x : 0.0; }
-
 // One pipeline's stages and links (placed stages 0..n-1 of S), per micro-batch.
 struct Pipe {
   int n = 0;

@@ -40,6 +40,7 @@
 #define LONGHAUL_COORDINATOR_PLACEMENT_H_
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,15 @@ struct Link {
   double latency_s = 0;    // one way (DT-FM's alpha)
   double bytes_per_s = 0;  // throughput (beta / 8); <= 0 means unusable
 };
+
+// Seconds to push `bytes` through `l`, latency excluded; an unusable link takes forever.
+inline double Transfer(const Link& l, double bytes) {
+  if (bytes <= 0) return 0;
+  return l.bytes_per_s > 0 ? bytes / l.bytes_per_s : std::numeric_limits<double>::infinity();
+}
+
+// (M - 1) x, where M = 1 makes an infinite x count nothing (0 x infinity is NaN).
+inline double Times(double m1, double x) { return m1 > 0 ? m1 * x : 0.0; }
 
 struct Cluster {
   std::vector<double> flops_per_s;        // per worker, what its stages achieve

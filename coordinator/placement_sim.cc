@@ -146,16 +146,6 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-// As placement.cc's: seconds to push `bytes` through a link, latency excluded; an unusable link
-// takes forever.
-double Transfer(const Link& l, double bytes) {
-  if (bytes <= 0) return 0;
-  return l.bytes_per_s > 0 ? bytes / l.bytes_per_s : kInf;
-}
-
-// (M - 1) x, where M = 1 makes an infinite x count nothing (0 x infinity is NaN).
-double Times(double m1, double x) { return m1 > 0 ? m1 * x : 0.0; }
-
 // The k-th smallest (1-based) of `v`, which it reorders; infinity when v holds fewer than k.
 double KthSmallest(std::vector<double>& v, int k) {
   if (k < 1 || k > static_cast<int>(v.size())) return kInf;
