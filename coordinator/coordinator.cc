@@ -196,35 +196,9 @@ void CoordinatorService::Start(Job& job, const std::vector<uint64_t>& worker_ids
     p->set_layer_begin(parts[s].begin);
     p->set_layer_end(parts[s].end);
   }
-  auto peer = [&](int i, v1::StagePeer* p) {
-    p->set_worker_id(ws[i]->status.worker_id());
-    p->set_name(ws[i]->status.info().name());
-    p->set_address(ws[i]->status.info().address());
-  };
   for (int i = 0; i < S * R; ++i) {
-    const int s = i % S, r = i / S;
     v1::CoordinatorMessage m;
-    v1::StageAssignment* a = m.mutable_assign();
-    a->set_job_id(id);
-    *a->mutable_spec() = spec;
-    a->set_stage(s);
-    a->set_layer_begin(parts[s].begin);
-    a->set_layer_end(parts[s].end);
-    // Replica r of stage s streams to replica r of stage s + 1.
-    if (s > 0) peer(i - 1, a->mutable_prev());
-    if (s + 1 < S) peer(i + 1, a->mutable_next());
-    a->set_attempt(job.status.attempt());
-    // Each stage's checkpoints are copied to the next stage's worker (the last stage's to stage 0's)
-    // of the same replica.
-    if (spec.checkpoint_replicate() == "peer" && S > 1) peer(r * S + (s + 1) % S, a->mutable_replica());
-    if (R > 1) {
-      a->set_replica_index(r);
-      for (int q = 0; q < R; ++q) {
-        v1::StagePeer* g = a->add_replica_group();
-        peer(q * S + s, g);
-        g->set_region(ws[q * S + s]->status.info().region());
-      }
-    }
+    FillAssignment(job, ws, i, m.mutable_assign());
     SetWorkerState(*ws[i], v1::WORKER_STATE_BUSY, id, "");
     out->emplace_back(ws[i]->session, std::move(m));
   }
@@ -239,6 +213,38 @@ void CoordinatorService::Start(Job& job, const std::vector<uint64_t>& worker_ids
                    Ms(opt_.clock->Now() - job.queued_at)));
   Persist(job);
   Changed();
+}
+
+void CoordinatorService::FillAssignment(const Job& job, const std::vector<Worker*>& ws, int slot,
+                                        v1::StageAssignment* a) {
+  const v1::JobSpec& spec = job.status.spec();
+  const int S = spec.stages(), R = Replicas(spec), s = slot % S, r = slot / S;
+  const v1::StagePlacement& p = job.status.stages(slot);
+  auto peer = [&](int i, v1::StagePeer* to) {
+    to->set_worker_id(ws[i]->status.worker_id());
+    to->set_name(ws[i]->status.info().name());
+    to->set_address(ws[i]->status.info().address());
+  };
+  a->set_job_id(job.status.job_id());
+  *a->mutable_spec() = spec;
+  a->set_stage(s);
+  a->set_layer_begin(p.layer_begin());
+  a->set_layer_end(p.layer_end());
+  // Replica r of stage s streams to replica r of stage s + 1.
+  if (s > 0) peer(slot - 1, a->mutable_prev());
+  if (s + 1 < S) peer(slot + 1, a->mutable_next());
+  a->set_attempt(job.status.attempt());
+  // Each stage's checkpoints are copied to the next stage's worker (the last stage's to stage 0's)
+  // of the same replica.
+  if (spec.checkpoint_replicate() == "peer" && S > 1) peer(r * S + (s + 1) % S, a->mutable_replica());
+  if (R > 1) {
+    a->set_replica_index(r);
+    for (int q = 0; q < R; ++q) {
+      v1::StagePeer* g = a->add_replica_group();
+      peer(q * S + s, g);
+      g->set_region(ws[q * S + s]->status.info().region());
+    }
+  }
 }
 
 void CoordinatorService::FailJob(Job& job, const std::string& error, v1::JobState state, Outbox* out) {

@@ -206,6 +206,10 @@ class CoordinatorService final : public v1::Coordinator::Service {
   // takes the spares they get out of `idle`.
   void AdvanceRecoveries(std::vector<uint64_t>* idle, Outbox* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Resume(Job& job, const std::vector<uint64_t>& spares, Outbox* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The assignment of `job`'s slot `slot` (replica slot / stages of stage slot % stages) placed on
+  // `ws` (by slot): layers, neighbours (replica r of stage s streams to replica r of s + 1), the
+  // checkpoint copy's holder, the replica group, the current attempt. Place and Resume add the rest.
+  static void FillAssignment(const Job& job, const std::vector<Worker*>& ws, int slot, v1::StageAssignment* a);
   // The slot of `job` that `worker_id` runs (its index in JobStatus.stages: replica r's stage s at
   // r * stages + s, so the stage itself with one replica), or -1.
   int StageOf(const Job& job, uint64_t worker_id) const ABSL_SHARED_LOCKS_REQUIRED(mu_);

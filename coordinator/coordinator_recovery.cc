@@ -44,6 +44,13 @@ void SetLocal(v1::StagePlacement* p, std::vector<int64_t> steps) {
   for (int64_t s : steps) p->add_local_checkpoints(s);
 }
 
+// "stage s", or "stage s replica r" in a job with replicated stages.
+std::string SlotName(const v1::JobStatus& job, int slot) {
+  const int S = job.spec().stages();
+  return job.spec().replicas() > 1 ? absl::StrCat("stage ", slot % S, " replica ", slot / S)
+                                   : absl::StrCat("stage ", slot);
+}
+
 }  // namespace
 
 int CoordinatorService::StageOf(const Job& job, uint64_t worker_id) const {
@@ -61,10 +68,13 @@ bool CoordinatorService::Alive(uint64_t worker_id) const {
 void CoordinatorService::BeginRecovery(Job& job, const std::string& cause, const Worker* dead, absl::Duration detection,
                                        Outbox* out) {
   const uint64_t id = job.status.job_id();
-  if (Replicas(job.status.spec()) > 1) {
-    // Not yet: a replica group would need a new collective group, and the sharded optimizer state
-    // of sdp4bit / zeropp is not in the checkpoints (docs/replicated-stages.md).
-    FailJob(job, absl::StrCat(cause, "; a job with replicated stages is not recovered (it fails)"),
+  const std::string& dp_codec = job.status.spec().data_parallel().codec();
+  if (Replicas(job.status.spec()) > 1 && (dp_codec == "sdp4bit" || dp_codec == "zeropp")) {
+    // Their optimizer state is sharded among the replicas and kept by the synchronisation, not in
+    // the stages' checkpoints (docs/replicated-stages.md): a restart would lose it.
+    FailJob(job,
+            absl::StrCat(cause, "; a job whose replicas shard the optimizer state (data_parallel.codec ", dp_codec,
+                         ") is not recovered: the shards are not in the checkpoints"),
             v1::JOB_STATE_FAILED, out);
     return;
   }
@@ -268,7 +278,7 @@ void CoordinatorService::Resume(Job& job, const std::vector<uint64_t>& spares, O
       }
     }
     if (replaced || restore == 0) {
-      r->add_replacements(absl::StrCat("stage ", s, ": ", old_name, replaced ? absl::StrCat(" -> ", p->worker_name()) : "",
+      r->add_replacements(absl::StrCat(SlotName(job.status, s), ": ", old_name, replaced ? absl::StrCat(" -> ", p->worker_name()) : "",
                                        restore > 0 ? absl::StrCat(", restored from ", absl::StrJoin(from, " or "))
                                                    : ", from the start (no checkpoint every stage has)"));
     }
@@ -289,24 +299,11 @@ void CoordinatorService::Resume(Job& job, const std::vector<uint64_t>& spares, O
     p->mutable_replicas()->Swap(&keep);
     p->set_step(restore);
   }
-  auto peer = [&](int s, v1::StagePeer* p) {
-    p->set_worker_id(ws[s]->status.worker_id());
-    p->set_name(ws[s]->status.info().name());
-    p->set_address(ws[s]->status.info().address());
-  };
   for (int s = 0; s < S; ++s) {
     const v1::StagePlacement& p = job.status.stages(s);
     v1::CoordinatorMessage m;
     v1::StageAssignment* a = m.mutable_assign();
-    a->set_job_id(id);
-    *a->mutable_spec() = spec;
-    a->set_stage(s);
-    a->set_layer_begin(p.layer_begin());
-    a->set_layer_end(p.layer_end());
-    if (s > 0) peer(s - 1, a->mutable_prev());
-    if (s + 1 < S) peer(s + 1, a->mutable_next());
-    a->set_attempt(attempt);
-    if (spec.checkpoint_replicate() == "peer" && S > 1) peer((s + 1) % S, a->mutable_replica());
+    FillAssignment(job, ws, s, a);
     a->set_restore_step(restore);
     for (uint64_t h : holders[s][restore]) {
       if (restore == 0 || h == 0 || h == p.worker_id()) continue;
