@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -35,6 +36,16 @@ inline constexpr int kWarp = 32;
 __device__ __forceinline__ float LoadF(const float* x, int64_t i) { return x[i]; }
 __device__ __forceinline__ float LoadF(const __half* x, int64_t i) { return __half2float(x[i]); }
 __device__ __forceinline__ float LoadF(const __nv_bfloat16* x, int64_t i) { return __bfloat162float(x[i]); }
+
+// A 16-bit element (little-endian in the loaded word) as a float, exactly as LoadF converts it.
+template <typename T>
+__device__ __forceinline__ float Widen(uint16_t bits) {
+  if constexpr (std::is_same_v<T, __half>) {
+    return __half2float(__ushort_as_half(bits));
+  } else {
+    return __bfloat162float(__ushort_as_bfloat16(bits));
+  }
+}
 
 // Calls f(static_cast<const T*>(x)) with T the element type of `dtype`.
 template <typename F>

@@ -1,19 +1,24 @@
 // Grouped asymmetric quantisation (int<k>, tahquant) on a CUDA device: the payload of
 // group_quant.h, byte for byte.
 //
-// Encoding, in kernels and library calls on one stream:
-//   1. TokenStats (one warp per token): sum and max of |x| (32 lanes, the CPU's order), the
-//      NaN/Inf/huge check, the token exponent and the entropy (adaptive TAH-Quant).
-//   2. bit allocation: a stable radix sort (CUB) of the tokens by entropy (descending) or by the
-//      fixed hash (ascending), ties by token index, exactly the set nth_element picks on the CPU;
-//   3. with the Hadamard option, GroupFlags (one thread per group): the outlier test, flag[k] and
-//      pivot[k] of group k = t * ng + gi; an exclusive scan (CUB) of the flags gives each flagged
-//      group its ordinal, hence its pivot's place in the token block and the token's count;
-//   4. block sizes and an inclusive scan (CUB) into block ends;
-//   5. EncodeGroups (one thread per group): header, params, pivot, codes.
-// The groups' work is group_quant_group.h's (shared with the host, which tests it against the CPU
-// reference); its kernels here are the barriers around those phases. One thread per group keeps
-// many groups' loads in flight, where a warp walking a token's groups had one group's at a time.
+// Encoding works on whole tokens: a block of 256 threads per token (group_quant_tokens.cuh), the
+// row staged in shared memory with 16-byte loads and every per-group step done by lane segments
+// in registers. Two shapes of the work:
+//  - int<k> (one bit width, no Hadamard): every token block has the same size, so one kernel does
+//    it all (FusedEncode): statistics (sum and max of |x| in the CPU's order, the NaN/Inf/huge
+//    check, the token exponent), then the groups from the row still in shared memory. The input
+//    is read once.
+//  - otherwise (tahquant): the block sizes depend on the bit allocation over all tokens and on
+//    the outlier flags, so
+//      1. TokenStatsKernel: statistics, the entropy (adaptive TAH-Quant) and the token's number
+//         of flagged groups (the outlier test of every group), the input read once;
+//      2. bit allocation: a stable radix sort (CUB) of the tokens by entropy (descending) or by
+//         the fixed hash (ascending), ties by token index, exactly the set nth_element picks on
+//         the CPU; AssignSizes gives each token its bits and block size;
+//      3. an inclusive scan (CUB) of the sizes into block ends;
+//      4. EncodeTokens: the tokens again, last first (the statistics pass's last rows are still in
+//         L2), the outlier test again (same bits), the flagged groups' ordinals by a block-wide
+//         count, header, params, pivots and codes.
 // The host synchronises once, to read the payload size and the error word.
 //
 // Decoding is one warp per token (DecodeTokens).
@@ -33,6 +38,7 @@
 #include "codec/cuda/cuda_util.cuh"
 #include "codec/cuda/gpu_codec.h"
 #include "codec/cuda/group_quant_group.h"
+#include "codec/cuda/group_quant_tokens.cuh"
 #include "codec/int_util.h"
 #include "codec/minifloat.h"
 
@@ -63,42 +69,246 @@ struct Geo {
   __device__ explicit Geo(int group) : g(group), u(group < 32 ? group : 32) {}
 };
 
-template <typename T>
-__global__ void TokenStats(const T* __restrict__ x, int64_t tokens, int64_t dim, bool entropy,
-                           TokenInfo* __restrict__ info, Results* __restrict__ res) {
-  const int lane = threadIdx.x % 32;
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
-  if (t >= tokens) return;  // whole warps only
-  const T* row = x + t * dim;
-  float acc = 0.0f, mx = 0.0f;
-  for (int64_t i = lane; i < dim; i += 32) {
-    const float a = fabsf(LoadF(row, i));
-    acc += a;
+using gqt::kChunk;
+using gqt::kThreads;
+
+__device__ __forceinline__ int NumChunks(int64_t dim) { return static_cast<int>((dim + kChunk - 1) / kChunk); }
+
+// Warp 0, lane j: the running sum of |x| over the chunk's elements j, j + 32, ... (the CPU's lane
+// accumulator j: chunks start at multiples of 32) and their maximum.
+__device__ __forceinline__ void SumMaxChunk(const float* row, int len, int lane, float& acc, float& mx) {
+#pragma unroll 8
+  for (int i = lane; i < len; i += kWarp) {
+    const float a = fabsf(row[i]);
+    acc = acc + a;
     mx = a > mx ? a : mx;
   }
+}
+
+// Warp 0 after the chunks: the token's check and exponent (as group_quant.cc's phase 1). False for a
+// NaN/Inf/huge token, recorded in res->first_bad.
+__device__ __forceinline__ bool TokenExponent(float acc, float mx_lane, int64_t t, int lane, float* sum_out,
+                                              int* exp_out, Results* res) {
   const float sum = WarpSumLanes32(acc);
-  mx = WarpMax(mx);
+  const float mx = WarpMax(mx_lane);
   if (!isfinite(sum) || mx > 0x1p100f) {
     if (lane == 0) {
       atomicMin(&res->first_bad, (static_cast<unsigned long long>(t) << 1) | (isfinite(sum) ? 1ull : 0ull));
-      info[t] = TokenInfo{0.0f, 0, 0, 0, 0, 0};
     }
-    return;
+    return false;
   }
   int e2 = 0;
   if (mx > 0.0f) frexpf(mx, &e2);
-  e2 = min(max(e2 + 4, kMinTokenExp), kMaxTokenExp);
+  *exp_out = min(max(e2 + 4, kMinTokenExp), kMaxTokenExp);
+  *sum_out = sum;
+  return true;
+}
+
+// Token blockIdx.x's TokenInfo{entropy, exp, bits 0 (AssignSizes), ok, flagged groups, 0}.
+template <int G, typename T>
+__global__ void __launch_bounds__(kThreads)
+    TokenStatsKernel(const T* __restrict__ x, int64_t dim, bool entropy, bool flags, float tau,
+                     TokenInfo* __restrict__ info, Results* __restrict__ res) {
+  __shared__ gqt::TokenSmem sm;
+  constexpr int L = G / 8;
+  const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
+  const int64_t t = blockIdx.x;
+  const T* row = x + t * dim;
+  const int nch = NumChunks(dim);
+  float acc = 0.0f, mx = 0.0f;
+  int wcount = 0;  // lane 0: flagged groups the warp saw
+  for (int c = 0; c < nch; ++c) {
+    const int64_t c0 = static_cast<int64_t>(c) * kChunk;
+    const int len = static_cast<int>(dim - c0 < kChunk ? dim - c0 : kChunk);
+    if (c > 0) __syncthreads();  // the previous chunk's readers are done
+    gqt::LoadChunk(sm.row, row + c0, len, tid);
+    __syncthreads();
+    if (flags) {
+      const int noct = (len + 7) / 8;
+      for (int ob = 0; ob < noct; ob += kThreads) {
+        const int o = ob + tid;
+        float v[8];
+        gqt::LoadOctet(sm.row, o, len, v);
+        const int gs = (8 * o) & ~(G - 1);
+        const int piv = gqt::OctetPivot<G>(v, lane, min(G, len - gs), tau);
+        wcount += __popc(__ballot_sync(kFullMask, piv >= 0 && (lane & (L - 1)) == 0));
+      }
+    }
+    if (warp == 0) SumMaxChunk(sm.row, len, lane, acc, mx);
+  }
+  if (lane == 0) sm.warp_count[0][warp] = wcount;
+  __syncthreads();
+  if (warp != 0) return;
+  float sum = 0.0f;
+  int e2 = 0;
+  if (!TokenExponent(acc, mx, t, lane, &sum, &e2, res)) {
+    if (lane == 0) info[t] = TokenInfo{0.0f, 0, 0, 0, 0, 0};
+    return;
+  }
   float h = 0.0f;
   if (entropy) {
     const float inv_l1 = 1.0f / (sum + kEntropyL1Eps);
     float e = 0.0f;
-    for (int64_t i = lane; i < dim; i += 32) {
-      const float p = fabsf(LoadF(row, i)) * inv_l1;
-      e += p * FastLog2(p + kEntropyLogEps);
+    if (nch == 1) {  // the row is still in shared memory
+#pragma unroll 8
+      for (int i = lane; i < dim; i += kWarp) {
+        const float p = fabsf(sm.row[i]) * inv_l1;
+        e = e + p * FastLog2(p + kEntropyLogEps);
+      }
+    } else {
+      for (int64_t i = lane; i < dim; i += kWarp) {
+        const float p = fabsf(LoadF(row, i)) * inv_l1;
+        e = e + p * FastLog2(p + kEntropyLogEps);
+      }
     }
     h = -WarpSumLanes32(e) + 0.0f;
   }
-  if (lane == 0) info[t] = TokenInfo{h, e2, 0, 1, 0, 0};  // bits: the allocation; flags: BlockSizes
+  if (lane == 0) {
+    int flagged = 0;
+    for (int w = 0; w < gqt::kWarps; ++w) flagged += sm.warp_count[0][w];
+    info[t] = TokenInfo{h, e2, 0, 1, flagged, 0};
+  }
+}
+
+struct EncArgs {
+  int64_t tokens, dim;
+  int ng;
+  float norm;  // HadamardNorm(G), computed on the host
+  float tau;
+  bool flags;  // the Hadamard option
+  // FusedEncode: every token at fused_bits, blocks of fused_block bytes; EncodeTokens: info, ends.
+  int fused_bits;
+  int64_t fused_block;
+  const TokenInfo* info;
+  const unsigned long long* ends;  // ends[t]: the end of token t's block (inclusive scan)
+  uint8_t* payload;
+  Results* res;
+};
+
+// Token t's groups, from chunk 0 (staged: chunk 0 is already in shared memory and is the row's only
+// one), its block at blk_off.
+template <int G, typename T>
+__device__ __forceinline__ void EncodeRow(gqt::TokenSmem& sm, const T* __restrict__ row, const EncArgs& a, int exp,
+                                          int bits, int flagged_total, int64_t blk_off, bool staged) {
+  constexpr int L = G / 8;
+  const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
+  uint8_t* blk = a.payload + blk_off;
+  if (tid == 0) {
+    blk[0] = static_cast<uint8_t>(bits);
+    blk[1] = static_cast<uint8_t>(static_cast<int8_t>(exp));
+  }
+  const int64_t pivots_at = blk_off + PivotsOffset(a.ng);
+  const int64_t codes_at = pivots_at + flagged_total;
+  const int maxq = (1 << bits) - 1;
+  const float fmaxq = static_cast<float>(maxq);
+  const int nch = NumChunks(a.dim);
+  int ordinal_base = 0, round = 0;
+  for (int c = 0; c < nch; ++c) {
+    const int64_t c0 = static_cast<int64_t>(c) * kChunk;
+    const int len = static_cast<int>(a.dim - c0 < kChunk ? a.dim - c0 : kChunk);
+    if (!staged) {
+      if (c > 0) __syncthreads();
+      gqt::LoadChunk(sm.row, row + c0, len, tid);
+      __syncthreads();
+    }
+    const int noct = (len + 7) / 8;
+    for (int ob = 0; ob < noct; ob += kThreads, ++round) {
+      const int o = ob + tid;
+      float v[8];
+      gqt::LoadOctet(sm.row, o, len, v);
+      const int e0 = 8 * o;
+      const int gs = e0 & ~(G - 1);
+      const int cnt = len - e0 < 0 ? 0 : (len - e0 < 8 ? len - e0 : 8);
+      const bool leader = (lane & (L - 1)) == 0;
+      int piv = -1;
+      if (a.flags) {
+        piv = gqt::OctetPivot<G>(v, lane, min(G, len - gs), a.tau);
+        // The flagged group's ordinal in the token: earlier rounds, earlier warps, earlier lanes.
+        const bool lead_flag = piv >= 0 && leader;
+        const unsigned m = __ballot_sync(kFullMask, lead_flag);
+        if (lane == 0) sm.warp_count[round & 1][warp] = __popc(m);
+        __syncthreads();
+        int before = ordinal_base, total = 0;
+#pragma unroll
+        for (int w = 0; w < gqt::kWarps; ++w) {
+          const int cw = sm.warp_count[round & 1][w];
+          before += w < warp ? cw : 0;
+          total += cw;
+        }
+        ordinal_base += total;
+        if (lead_flag) a.payload[pivots_at + before + __popc(m & ((1u << lane) - 1u))] = static_cast<uint8_t>(piv);
+        if (__any_sync(kFullMask, piv >= 0)) gqt::SwapAndFwht<G>(v, lane, piv, a.norm);
+      }
+      float lo, hi;
+      gqt::SegmentMinMax<G>(v, lane, cnt, &lo, &hi);
+      uint64_t w = 0;
+      int nb = 0;
+      if (cnt > 0) {
+        const GroupParams gp = MakeGroupParams(lo, hi, exp, maxq, piv >= 0);
+        if (leader) {
+          uint8_t* p3 = blk + ParamsOffset(static_cast<int>((c0 + gs) / G));
+          p3[0] = static_cast<uint8_t>(gp.word & 0xFF);
+          p3[1] = static_cast<uint8_t>((gp.word >> 8) & 0xFF);
+          p3[2] = static_cast<uint8_t>((gp.word >> 16) & 0xFF);
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          if (j < cnt) {
+            float q = RoundHalfEven((v[j] - gp.lo_q) * gp.inv_scale);
+            q = q >= 0.0f ? q : 0.0f;  // NaN (0 * inf when the scale underflows) -> 0, as on the CPU
+            q = q > fmaxq ? fmaxq : q;
+            w |= static_cast<uint64_t>(static_cast<int>(q)) << (j * bits);
+          }
+        }
+        nb = (cnt * bits + 7) / 8;
+      }
+      const int64_t at = codes_at + (c0 / 8 + (o - lane)) * bits;
+      gqt::WriteWarpCodes(sm.stage[warp], lane, w, nb, bits, at, a.payload);
+    }
+  }
+}
+
+// The payload of every good token (after TokenStatsKernel, AssignSizes and the scan), last token
+// first.
+template <int G, typename T>
+__global__ void __launch_bounds__(kThreads) EncodeTokens(const T* __restrict__ x, EncArgs a) {
+  __shared__ gqt::TokenSmem sm;
+  const int64_t t = a.tokens - 1 - static_cast<int64_t>(blockIdx.x);
+  const TokenInfo ti = a.info[t];
+  if (ti.ok == 0) return;  // the encode fails; the block is not written
+  const int64_t blk_off = t == 0 ? 0 : static_cast<int64_t>(a.ends[t - 1]);
+  EncodeRow<G>(sm, x + t * a.dim, a, ti.exp, ti.bits, ti.flagged, blk_off, false);
+}
+
+// int<k>: statistics and payload of token blockIdx.x in one pass.
+template <int G, typename T>
+__global__ void __launch_bounds__(kThreads) FusedEncode(const T* __restrict__ x, EncArgs a) {
+  __shared__ gqt::TokenSmem sm;
+  const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
+  const int64_t t = blockIdx.x;
+  const T* row = x + t * a.dim;
+  const int nch = NumChunks(a.dim);
+  float acc = 0.0f, mx = 0.0f;
+  for (int c = 0; c < nch; ++c) {
+    const int64_t c0 = static_cast<int64_t>(c) * kChunk;
+    const int len = static_cast<int>(a.dim - c0 < kChunk ? a.dim - c0 : kChunk);
+    if (c > 0) __syncthreads();
+    gqt::LoadChunk(sm.row, row + c0, len, tid);
+    __syncthreads();
+    if (warp == 0) SumMaxChunk(sm.row, len, lane, acc, mx);
+  }
+  if (warp == 0) {
+    float sum = 0.0f;
+    int e2 = 0;
+    const bool ok = TokenExponent(acc, mx, t, lane, &sum, &e2, a.res);
+    if (lane == 0) {
+      sm.ok = ok ? 1 : 0;
+      sm.exp = e2;
+    }
+  }
+  __syncthreads();  // also: warp 0 is done reading the staged row
+  if (sm.ok == 0) return;
+  EncodeRow<G>(sm, row, a, sm.exp, a.fused_bits, 0, t * a.fused_block, nch == 1);
 }
 
 __global__ void InitKeys(const TokenInfo* __restrict__ info, int64_t tokens, bool adaptive, float* fkeys,
@@ -113,74 +323,29 @@ __global__ void InitKeys(const TokenInfo* __restrict__ info, int64_t tokens, boo
   idx[t] = static_cast<int>(t);
 }
 
-__global__ void AssignBits(const int* __restrict__ order, int64_t tokens, int64_t n_hi, int hi, int lo,
-                           TokenInfo* __restrict__ info) {
+// The token i-th in `order` (null: token i) gets bits hi when i < n_hi, else lo; its block size
+// into sizes; the flagged groups are summed into res->transformed. 256 threads a block.
+__global__ void AssignSizes(const int* __restrict__ order, int64_t tokens, int64_t n_hi, int hi, int lo,
+                            int64_t fixed_bytes, int64_t dim, TokenInfo* __restrict__ info,
+                            unsigned long long* __restrict__ sizes, Results* __restrict__ res) {
+  __shared__ int warp_sum[kWarpsPerBlock];
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < tokens) info[order[i]].bits = i < n_hi ? hi : lo;
-}
-
-__global__ void AllBits(int64_t tokens, int bits, TokenInfo* __restrict__ info) {
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (t < tokens) info[t].bits = bits;
-}
-
-// Element i of x as a float, for the staging phase (group_quant_group.h). Host-callable in name
-// only: the phases are host-device templates, and this functor is only ever used on the device.
-template <typename T>
-struct DeviceLoad {
-  const T* x;
-  LONGHAUL_HD float operator()(int64_t i) const {
-#ifdef __CUDA_ARCH__
-    return LoadF(x, i);
-#else
-    (void)i;
-    return 0.0f;
-#endif
+  int flagged = 0;
+  if (i < tokens) {
+    const int64_t t = order != nullptr ? order[i] : i;
+    const int bits = i < n_hi ? hi : lo;
+    info[t].bits = bits;
+    flagged = info[t].flagged;
+    sizes[t] = static_cast<unsigned long long>(fixed_bytes + flagged + (dim * bits + 7) / 8);
   }
-};
-
-// flag[k] and pivot[k] of every group k < groups (one thread each).
-template <int G, typename T>
-__global__ void __launch_bounds__(GroupGeometry<G>::kGroups)
-    GroupFlags(const T* __restrict__ x, int64_t groups, int ng, int64_t dim, float tau, int32_t* __restrict__ flag,
-               uint8_t* __restrict__ pivot) {
-  __shared__ StageSmem<G> sm;
-  const int tid = threadIdx.x;
-  const int64_t k = FlagSetup<G>(sm, blockIdx.x, tid, groups, ng, dim);
+  flagged = WarpSumInt(flagged);
+  if (threadIdx.x % kWarp == 0) warp_sum[threadIdx.x / kWarp] = flagged;
   __syncthreads();
-  StageGroups<G>(sm, tid, DeviceLoad<T>{x});
-  __syncthreads();
-  FlagSlot<G>(sm, tid, k, groups, tau, flag, pivot);
-}
-
-// Token sizes (and each token's flagged count and first ordinal into info); the last thread also
-// stores the number of flagged groups. flag and ordinal are null without the Hadamard option.
-__global__ void BlockSizes(TokenInfo* __restrict__ info, int64_t tokens, int64_t dim, int ng,
-                           const int32_t* __restrict__ flag, const int32_t* __restrict__ ordinal,
-                           unsigned long long* __restrict__ sizes, Results* __restrict__ res) {
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (t >= tokens) return;
-  TokenInfo ti = info[t];
-  sizes[t] = TokenBlockBytes(&ti, t, dim, ng, flag, ordinal);
-  info[t] = ti;
-  if (t == tokens - 1 && flag != nullptr) {
-    const int64_t last = tokens * ng - 1;
-    res->transformed = static_cast<unsigned long long>(ordinal[last] + flag[last]);
+  if (threadIdx.x == 0) {
+    int s = 0;
+    for (int w = 0; w < kWarpsPerBlock; ++w) s += warp_sum[w];
+    if (s != 0) atomicAdd(&res->transformed, static_cast<unsigned long long>(s));
   }
-}
-
-// The payload: every group of every good token (one thread each).
-template <int G, typename T>
-__global__ void __launch_bounds__(GroupGeometry<G>::kGroups) EncodeGroups(const T* __restrict__ x, EncodeArgs a) {
-  __shared__ EncodeSmem<G> sm;
-  const int tid = threadIdx.x;
-  const SlotState st = EncodeSetup<G>(a, sm.stage, blockIdx.x, tid);
-  __syncthreads();
-  StageGroups<G>(sm.stage, tid, DeviceLoad<T>{x});
-  __syncthreads();
-  EncodeSlot<G>(a, sm, st, tid);
-  __syncthreads();
-  WriteCodes<G>(sm, tid, a.payload);
 }
 
 // The orthonormal Walsh-Hadamard transform of each flagged group in `buf` (a warp's chunk), in the
@@ -291,12 +456,12 @@ __global__ void DecodeTokens(const uint8_t* __restrict__ payload, const unsigned
 int Blocks(int64_t n, int per_block) { return static_cast<int>((n + per_block - 1) / per_block); }
 
 // Scratch slots of the workspace, and what they hold during an encode (the decoder uses kOffsets
-// only). The bit allocation runs before the flags so that its slots can then hold the flags:
-//   kInfo        TokenInfo per token, throughout
+// only; the fused int<k> encode only kTemp and kPayload):
+//   kInfo        TokenInfo per token
 //   kKeys        the sort's keys (fp32 entropy or 64-bit hash), then the block sizes
-//   kSortedKeys  the sorted keys, then the flags' exclusive scan (int32 per group)
-//   kIdx         the sort's token indices, then the flags (int32 per group)
-//   kSortedIdx   the sorted token indices (read by AssignBits), then the pivots (u8 per group)
+//   kSortedKeys  the sorted keys
+//   kIdx         the sort's token indices
+//   kSortedIdx   the sorted token indices (read by AssignSizes)
 //   kOffsets     the block ends (inclusive scan of the sizes)
 //   kTemp        the Results word, then CUB's temporary storage
 //   kPayload     the payload (worst case: every group flagged, every token at bits_hi)
@@ -342,7 +507,7 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
   }
   const int g = p.group_size;
   const int64_t ng64 = (dim + g - 1) / g;
-  // Group indices, their scans and CUB's item counts are 32-bit.
+  // Group indices are 32-bit.
   if (ng64 > INT_MAX / tokens) {
     return absl::InvalidArgumentError(
         absl::StrCat(tokens, " x ", ng64, " groups: more than the GPU encoder takes"));
@@ -353,13 +518,15 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
   const bool two_widths = p.bits_hi != p.bits_lo;
   const bool entropy = two_widths && p.adaptive;
   const bool flags = p.hadamard;
-  const float norm = HadamardNorm(g);
+  // int<k>: one width and no flags, so every token block has the same size and one pass suffices.
+  const bool fused = !two_widths && !flags;
+  const int64_t fixed_bytes = PivotsOffset(ng);
   const int64_t max_block = 2 + 4 * static_cast<int64_t>(ng) + PackedBytes(dim, p.bits_hi);
   const int64_t n_hi = two_widths ? std::llround(static_cast<double>(p.ratio) * static_cast<double>(tokens)) : tokens;
   const bool sort = two_widths && n_hi < tokens;
   const int n = static_cast<int>(tokens);
 
-  // CUB's temporary storage: the largest of the sort's and the scans'.
+  // CUB's temporary storage: the largest of the sort's and the scan's.
   size_t temp_bytes = 0;
   if (sort) {
     if (p.adaptive) {
@@ -372,36 +539,28 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
           static_cast<const int*>(nullptr), static_cast<int*>(nullptr), n, 0, 64, st));
     }
   }
-  {
+  if (!fused) {
     size_t b = 0;
     LONGHAUL_CUDA_OK(cub::DeviceScan::InclusiveSum(nullptr, b, static_cast<const unsigned long long*>(nullptr),
                                                    static_cast<unsigned long long*>(nullptr), n, st));
     temp_bytes = std::max(temp_bytes, b);
   }
-  if (flags) {
-    size_t b = 0;
-    LONGHAUL_CUDA_OK(cub::DeviceScan::ExclusiveSum(nullptr, b, static_cast<const int32_t*>(nullptr),
-                                                   static_cast<int32_t*>(nullptr), static_cast<int>(groups), st));
-    temp_bytes = std::max(temp_bytes, b);
-  }
   // Every slot before the first launch: growing one synchronises the device.
   constexpr size_t kResultsBytes = 256;  // the results word first, CUB's storage after it (aligned)
-  const size_t tok = static_cast<size_t>(tokens), grp = static_cast<size_t>(groups);
-  absl::StatusOr<void*> info = ws.Scratch(kInfo, sizeof(TokenInfo) * tok);
-  absl::StatusOr<void*> keys = ws.Scratch(kKeys, sizeof(unsigned long long) * tok);
-  absl::StatusOr<void*> offsets = ws.Scratch(kOffsets, sizeof(unsigned long long) * tok);
-  absl::StatusOr<void*> payload = ws.Scratch(kPayload, static_cast<size_t>(max_block) * tok);
-  absl::StatusOr<void*> temp = ws.Scratch(kTemp, kResultsBytes + temp_bytes);
-  absl::StatusOr<void*> pinned = ws.Pinned();
-  // The sort's slots, then the flags' (see Slot); untouched when neither runs.
+  const size_t tok = static_cast<size_t>(tokens);
   auto maybe = [&](int slot, size_t bytes) -> absl::StatusOr<void*> {
     if (bytes == 0) return static_cast<void*>(nullptr);
     return ws.Scratch(slot, bytes);
   };
-  absl::StatusOr<void*> sorted_keys =
-      maybe(kSortedKeys, std::max(sort ? sizeof(unsigned long long) * tok : 0, flags ? sizeof(int32_t) * grp : 0));
-  absl::StatusOr<void*> idx = maybe(kIdx, std::max(sort ? sizeof(int) * tok : 0, flags ? sizeof(int32_t) * grp : 0));
-  absl::StatusOr<void*> sorted_idx = maybe(kSortedIdx, std::max(sort ? sizeof(int) * tok : 0, flags ? grp : 0));
+  absl::StatusOr<void*> info = maybe(kInfo, fused ? 0 : sizeof(TokenInfo) * tok);
+  absl::StatusOr<void*> keys = maybe(kKeys, fused ? 0 : sizeof(unsigned long long) * tok);
+  absl::StatusOr<void*> offsets = maybe(kOffsets, fused ? 0 : sizeof(unsigned long long) * tok);
+  absl::StatusOr<void*> payload = ws.Scratch(kPayload, static_cast<size_t>(max_block) * tok);
+  absl::StatusOr<void*> temp = ws.Scratch(kTemp, kResultsBytes + temp_bytes);
+  absl::StatusOr<void*> pinned = ws.Pinned();
+  absl::StatusOr<void*> sorted_keys = maybe(kSortedKeys, sort ? sizeof(unsigned long long) * tok : 0);
+  absl::StatusOr<void*> idx = maybe(kIdx, sort ? sizeof(int) * tok : 0);
+  absl::StatusOr<void*> sorted_idx = maybe(kSortedIdx, sort ? sizeof(int) * tok : 0);
   for (const auto* r : {&info, &keys, &offsets, &payload, &temp, &pinned, &sorted_keys, &idx, &sorted_idx}) {
     if (!r->ok()) return r->status();
   }
@@ -409,78 +568,82 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
   auto* res = static_cast<Results*>(*pinned);
   auto* dres = static_cast<Results*>(*temp);
   void* cub_temp = static_cast<char*>(*temp) + kResultsBytes;
+  auto* out = static_cast<uint8_t*>(*payload);
   const Results init{ULLONG_MAX, 0, 0};
   // From pageable memory: the call returns once `init` has been read.
   LONGHAUL_CUDA_OK(cudaMemcpyAsync(dres, &init, sizeof(init), cudaMemcpyHostToDevice, st));
 
-  absl::Status stats_launched = WithInputType(x, dtype, [&](const auto* xt) -> absl::Status {
-    TokenStats<<<Blocks(tokens, kWarpsPerBlock), 32 * kWarpsPerBlock, 0, st>>>(xt, tokens, dim, entropy, ti, dres);
-    return CudaStatus(cudaGetLastError(), "token statistics kernel");
-  });
-  if (!stats_launched.ok()) return stats_launched;
-
-  const int elem_blocks = Blocks(tokens, 256);
-  if (sort) {
-    InitKeys<<<elem_blocks, 256, 0, st>>>(ti, tokens, p.adaptive, static_cast<float*>(*keys),
-                                           static_cast<unsigned long long*>(*keys), static_cast<int*>(*idx));
-    LONGHAUL_CUDA_OK(cudaGetLastError());
-    size_t b = temp_bytes;
-    if (p.adaptive) {
-      LONGHAUL_CUDA_OK(cub::DeviceRadixSort::SortPairsDescending(
-          cub_temp, b, static_cast<const float*>(*keys), static_cast<float*>(*sorted_keys),
-          static_cast<const int*>(*idx), static_cast<int*>(*sorted_idx), n, 0, 32, st));
-    } else {
-      LONGHAUL_CUDA_OK(cub::DeviceRadixSort::SortPairs(
-          cub_temp, b, static_cast<const unsigned long long*>(*keys), static_cast<unsigned long long*>(*sorted_keys),
-          static_cast<const int*>(*idx), static_cast<int*>(*sorted_idx), n, 0, 64, st));
-    }
-    AssignBits<<<elem_blocks, 256, 0, st>>>(static_cast<const int*>(*sorted_idx), tokens, n_hi, p.bits_hi,
-                                             p.bits_lo, ti);
-  } else {
-    AllBits<<<elem_blocks, 256, 0, st>>>(tokens, p.bits_hi, ti);
-  }
-  LONGHAUL_CUDA_OK(cudaGetLastError());
-
-  // The sort's slots are free from here on (stream order): flags, ordinals and pivots.
-  int32_t* flag = nullptr;
-  int32_t* ordinal = nullptr;
-  uint8_t* pivot = nullptr;
-  if (flags) {
-    flag = static_cast<int32_t*>(*idx);
-    ordinal = static_cast<int32_t*>(*sorted_keys);
-    pivot = static_cast<uint8_t*>(*sorted_idx);
+  EncArgs args{};
+  args.tokens = tokens;
+  args.dim = dim;
+  args.ng = ng;
+  args.norm = HadamardNorm(g);
+  args.tau = p.tau;
+  args.flags = flags;
+  args.payload = out;
+  args.res = dres;
+  const unsigned grid = static_cast<unsigned>(tokens);
+  uint64_t total = 0;
+  if (fused) {
+    const int64_t block = fixed_bytes + PackedBytes(dim, p.bits_hi);
+    args.fused_bits = p.bits_hi;
+    args.fused_block = block;
+    total = static_cast<uint64_t>(block) * static_cast<uint64_t>(tokens);
     absl::Status launched = WithGroup(g, [&](auto gc) {
       return WithInputType(x, dtype, [&](const auto* xt) -> absl::Status {
-        constexpr int kGroups = GroupGeometry<decltype(gc)::value>::kGroups;
-        GroupFlags<decltype(gc)::value><<<Blocks(groups, kGroups), kGroups, 0, st>>>(xt, groups, ng, dim, p.tau,
-                                                                                      flag, pivot);
-        return CudaStatus(cudaGetLastError(), "group flags kernel");
+        FusedEncode<decltype(gc)::value><<<grid, kThreads, 0, st>>>(xt, args);
+        return CudaStatus(cudaGetLastError(), "fused encode kernel");
       });
     });
     if (!launched.ok()) return launched;
-    size_t b = temp_bytes;
-    LONGHAUL_CUDA_OK(cub::DeviceScan::ExclusiveSum(cub_temp, b, flag, ordinal, static_cast<int>(groups), st));
-  }
-  auto* sz = static_cast<unsigned long long*>(*keys);
-  auto* ends = static_cast<unsigned long long*>(*offsets);  // ends[t]: the end of token t's block
-  BlockSizes<<<elem_blocks, 256, 0, st>>>(ti, tokens, dim, ng, flag, ordinal, sz, dres);
-  LONGHAUL_CUDA_OK(cudaGetLastError());
-  {
-    size_t b = temp_bytes;
-    LONGHAUL_CUDA_OK(cub::DeviceScan::InclusiveSum(cub_temp, b, sz, ends, n, st));
-  }
-  auto* out = static_cast<uint8_t*>(*payload);
-  const EncodeArgs args{tokens, dim, ng, norm, ti, ends, flag, ordinal, pivot, out};
-  absl::Status encode_launched = WithGroup(g, [&](auto gc) {
-    return WithInputType(x, dtype, [&](const auto* xt) -> absl::Status {
-      constexpr int kGroups = GroupGeometry<decltype(gc)::value>::kGroups;
-      EncodeGroups<decltype(gc)::value><<<Blocks(groups, kGroups), kGroups, 0, st>>>(xt, args);
-      return CudaStatus(cudaGetLastError(), "encode kernel");
+  } else {
+    absl::Status stats_launched = WithGroup(g, [&](auto gc) {
+      return WithInputType(x, dtype, [&](const auto* xt) -> absl::Status {
+        TokenStatsKernel<decltype(gc)::value><<<grid, kThreads, 0, st>>>(xt, dim, entropy, flags, p.tau, ti, dres);
+        return CudaStatus(cudaGetLastError(), "token statistics kernel");
+      });
     });
-  });
-  if (!encode_launched.ok()) return encode_launched;
-  LONGHAUL_CUDA_OK(cudaMemcpyAsync(&dres->total, ends + tokens - 1, sizeof(unsigned long long),
-                                   cudaMemcpyDeviceToDevice, st));
+    if (!stats_launched.ok()) return stats_launched;
+    const int elem_blocks = Blocks(tokens, 256);
+    const int* order = nullptr;
+    if (sort) {
+      InitKeys<<<elem_blocks, 256, 0, st>>>(ti, tokens, p.adaptive, static_cast<float*>(*keys),
+                                             static_cast<unsigned long long*>(*keys), static_cast<int*>(*idx));
+      LONGHAUL_CUDA_OK(cudaGetLastError());
+      size_t b = temp_bytes;
+      if (p.adaptive) {
+        LONGHAUL_CUDA_OK(cub::DeviceRadixSort::SortPairsDescending(
+            cub_temp, b, static_cast<const float*>(*keys), static_cast<float*>(*sorted_keys),
+            static_cast<const int*>(*idx), static_cast<int*>(*sorted_idx), n, 0, 32, st));
+      } else {
+        LONGHAUL_CUDA_OK(cub::DeviceRadixSort::SortPairs(
+            cub_temp, b, static_cast<const unsigned long long*>(*keys), static_cast<unsigned long long*>(*sorted_keys),
+            static_cast<const int*>(*idx), static_cast<int*>(*sorted_idx), n, 0, 64, st));
+      }
+      order = static_cast<const int*>(*sorted_idx);
+    }
+    // The keys' slot is free from here on (stream order): the block sizes.
+    auto* sz = static_cast<unsigned long long*>(*keys);
+    auto* ends = static_cast<unsigned long long*>(*offsets);  // ends[t]: the end of token t's block
+    AssignSizes<<<elem_blocks, 256, 0, st>>>(order, tokens, sort ? n_hi : tokens, p.bits_hi, p.bits_lo, fixed_bytes,
+                                              dim, ti, sz, dres);
+    LONGHAUL_CUDA_OK(cudaGetLastError());
+    {
+      size_t b = temp_bytes;
+      LONGHAUL_CUDA_OK(cub::DeviceScan::InclusiveSum(cub_temp, b, sz, ends, n, st));
+    }
+    args.info = ti;
+    args.ends = ends;
+    absl::Status encode_launched = WithGroup(g, [&](auto gc) {
+      return WithInputType(x, dtype, [&](const auto* xt) -> absl::Status {
+        EncodeTokens<decltype(gc)::value><<<grid, kThreads, 0, st>>>(xt, args);
+        return CudaStatus(cudaGetLastError(), "encode kernel");
+      });
+    });
+    if (!encode_launched.ok()) return encode_launched;
+    LONGHAUL_CUDA_OK(cudaMemcpyAsync(&dres->total, ends + tokens - 1, sizeof(unsigned long long),
+                                     cudaMemcpyDeviceToDevice, st));
+  }
   LONGHAUL_CUDA_OK(cudaMemcpyAsync(res, dres, sizeof(Results), cudaMemcpyDeviceToHost, st));
   LONGHAUL_CUDA_OK(cudaStreamSynchronize(st));
   if (res->first_bad != ULLONG_MAX) {
@@ -490,12 +653,13 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
                                                          " (use the fp32 codec for such tensors)")
                                           : absl::StrCat("input has a NaN or Inf in token ", bad));
   }
+  if (!fused) total = res->total;
   if (stats != nullptr) {
     stats->groups = groups;
     stats->transformed_groups = static_cast<int64_t>(res->transformed);
     stats->tokens_hi = n_hi;
   }
-  return DeviceBytes{out, static_cast<size_t>(res->total)};
+  return DeviceBytes{out, static_cast<size_t>(total)};
 }
 
 absl::Status GroupQuantDecode(const uint8_t* payload, const GroupQuantLayout& layout, int64_t tokens, int64_t dim,

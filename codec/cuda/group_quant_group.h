@@ -1,9 +1,10 @@
-// The GPU grouped-quantisation encoder (group_quant.cu) one thread per group: the per-group
-// arithmetic and the phases each thread of a block runs between its barriers, in plain C++ marked
-// LONGHAUL_HD, so the host compiles the same source. tests/codec/group_quant_group_test.cc runs the
-// phases on the host, thread after thread and phase after phase as the barriers order them, and
-// compares the payload byte for byte with the CPU reference (group_quant.cc); the CUDA kernels are
-// only the barriers and the launch around these functions.
+// The per-group arithmetic of the GPU grouped-quantisation encoder, in plain C++ marked LONGHAUL_HD
+// so the host compiles the same source. The kernels (group_quant.cu, group_quant_tokens.cuh) now
+// spread a group over lanes and share from here MakeGroupParams' use, RoundHalfEven, AbsF, the
+// token block's offsets and TokenInfo; the one-thread-per-group phases below are the reference
+// formulation of the same steps: tests/codec/group_quant_group_test.cc runs them on the host,
+// thread after thread and phase after phase as barriers would order them, and compares the payload
+// byte for byte with the CPU reference (group_quant.cc).
 //
 // Per group the encoder does what group_quant.cc does per group: the outlier test (Top2Abs,
 // rho = a1 / (a2 + eps) > tau, pivot = first index of the largest |v|), the pivot swap and the

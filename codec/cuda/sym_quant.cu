@@ -20,6 +20,7 @@
 
 #include <climits>
 #include <cstdint>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "codec/cpu/kernels.h"
@@ -207,6 +208,132 @@ __global__ void __launch_bounds__(kThreads) SymEncodeKernel(const T* __restrict_
   QuantizePiece(v, m, first_piece, lane, codes_sh[warp], a);
 }
 
+// --- groups of 8..256 elements: a lane per octet ---
+// Lane l of a block's round handles the 8 consecutive elements e0 = 8 * octet .. + 7 in registers
+// (two 16-byte loads for fp32, one for 16-bit input, when the input is 16-byte aligned), so a group
+// is an aligned segment of G / 8 lanes and a Hadamard block of 32 is 4 lanes: its stages 1, 2, 4
+// run inside the lane and 8, 16 across lanes (xor 1, 2), 2 shuffles per element where a lane per
+// element needed 5, and the group maximum takes log2(G / 8) shuffles per 8 elements. The lane packs
+// its 8 codes into `bits` bytes itself: 4-byte stores, the warp writing 32 * bits contiguous bytes.
+// The arithmetic per element is LoadPiece's and QuantizePiece's, in the same order.
+constexpr int kOctRounds = 2;                          // octets per thread, loaded before any work
+constexpr int kOctSpan = kThreads * 8 * kOctRounds;   // elements per block
+
+template <typename T>
+__device__ __forceinline__ void LoadOctet(const T* __restrict__ x, int64_t e0, int64_t n, bool aligned,
+                                          float (&v)[8]) {
+  if (aligned && e0 + 8 <= n) {
+    if constexpr (std::is_same_v<T, float>) {
+      const float4 a = reinterpret_cast<const float4*>(x + e0)[0];
+      const float4 b = reinterpret_cast<const float4*>(x + e0)[1];
+      v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+      v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+    } else {
+      const uint4 r = *reinterpret_cast<const uint4*>(x + e0);
+      const uint32_t wd[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+      for (int k = 0; k < 8; ++k) v[k] = Widen<T>(static_cast<uint16_t>(wd[k / 2] >> (16 * (k % 2))));
+    }
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) v[j] = e0 + j < n ? LoadF(x, e0 + j) : 0.0f;
+}
+
+// Every lane of the warp calls it (shuffles); L = G / 8 lanes per group.
+template <int L>
+__device__ __forceinline__ void EncodeOctet(float (&v)[8], int64_t e0, int lane, const EncodeArgs& a) {
+  if (a.hadamard) {
+    // The 32-block of e0 is transformed when it lies inside the tensor (same answer in its 4 lanes).
+    const bool full = (e0 & ~int64_t{kHadamardBlock - 1}) + kHadamardBlock <= a.n;
+    if (full) {
+#pragma unroll
+      for (int h = 1; h < 8; h *= 2) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          if ((j & h) == 0) {
+            const float x0 = v[j], x1 = v[j + h];
+            v[j] = x0 + x1;
+            v[j + h] = x0 - x1;
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int h = 1; h < kHadamardBlock / 8; h *= 2) {  // element stages 8 and 16
+      const bool upper = (lane & h) != 0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float o = __shfl_xor_sync(kFullMask, v[j], h);
+        const float nv = upper ? o - v[j] : v[j] + o;
+        v[j] = full ? nv : v[j];
+      }
+    }
+    if (full) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[j] = v[j] * a.norm;
+    }
+  }
+  float m = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    if (isnan(v[j])) v[j] = 0.0f;
+    m = fmaxf(m, fabsf(v[j]));
+  }
+#pragma unroll
+  for (int h = 1; h < L; h *= 2) m = fmaxf(m, __shfl_xor_sync(kFullMask, m, h));
+  if (e0 >= a.n) return;
+  // Infinities: the CPU sends s = 0 and all-zero values for the group.
+  const bool zero_group = !isfinite(m);
+  const float s = zero_group ? 0.0f : m;
+  if ((lane & (L - 1)) == 0) a.scales[e0 >> a.group_log2] = s;
+  const float inv = s > 0 ? static_cast<float>(a.qmax) / s : 0.0f;
+  const float maxq = static_cast<float>(2 * a.qmax);
+  uint64_t w = 0;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int64_t e = e0 + j;
+    if (e < a.n) {
+      w |= static_cast<uint64_t>(QuantizeOne(zero_group ? 0.0f : v[j], -s, inv, maxq, e, a)) << (j * a.bits);
+    }
+  }
+  // The scalar Pack's bytes (padding codes past n are 0, so are the last byte's padding bits).
+  const int64_t at = (e0 >> 3) * a.bits;
+  uint8_t* dst = a.codes + at;
+  if (a.bits % 4 == 0 && at + a.bits <= a.code_bytes) {  // 4-byte aligned: codes is, and at is
+    for (int k = 0; k < a.bits / 4; ++k) reinterpret_cast<uint32_t*>(dst)[k] = static_cast<uint32_t>(w >> (32 * k));
+  } else {
+    for (int k = 0; k < a.bits; ++k) {
+      if (at + k < a.code_bytes) dst[k] = static_cast<uint8_t>(w >> (8 * k));
+    }
+  }
+}
+
+template <int L, typename T>
+__global__ void __launch_bounds__(kThreads) SymEncodeOctets(const T* __restrict__ x, EncodeArgs a, bool aligned) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * (kOctRounds * kThreads) + threadIdx.x;
+  float v[kOctRounds][8];
+#pragma unroll
+  for (int r = 0; r < kOctRounds; ++r) LoadOctet(x, 8 * (first + r * kThreads), a.n, aligned, v[r]);
+#pragma unroll
+  for (int r = 0; r < kOctRounds; ++r) EncodeOctet<L>(v[r], 8 * (first + r * kThreads), lane, a);
+}
+
+// Calls f(std::integral_constant<int, G / 8>) for G in 8..256.
+template <typename F>
+absl::Status WithLanesPerGroup(int g, F&& f) {
+  switch (g) {
+    case 8: return f(std::integral_constant<int, 1>{});
+    case 16: return f(std::integral_constant<int, 2>{});
+    case 32: return f(std::integral_constant<int, 4>{});
+    case 64: return f(std::integral_constant<int, 8>{});
+    case 128: return f(std::integral_constant<int, 16>{});
+    case 256: return f(std::integral_constant<int, 32>{});
+  }
+  return absl::InvalidArgumentError(absl::StrCat("group size ", g, " has no octet kernel"));
+}
+
 // A float stored little-endian at any byte offset (payloads received from the network need not be
 // aligned).
 __device__ __forceinline__ float LoadScale(const uint8_t* b, int64_t i, bool aligned) {
@@ -287,7 +414,8 @@ absl::StatusOr<DeviceBytes> SymQuantEncode(const void* x, FrameDtype dtype, int6
   uint8_t* payload = static_cast<uint8_t*>(*buf);
   if (n == 0) return DeviceBytes{payload, 0};
 
-  const int64_t span = p.group_size > kBlockSpan ? p.group_size : kBlockSpan;
+  const bool octets = p.group_size <= 256;
+  const int64_t span = octets ? kOctSpan : (p.group_size > kBlockSpan ? p.group_size : kBlockSpan);
   const int64_t blocks = CeilDiv(n, span);
   if (blocks > INT_MAX)
     return absl::InvalidArgumentError(absl::StrCat("symmetric-quant: ", n, " elements"));
@@ -305,7 +433,14 @@ absl::StatusOr<DeviceBytes> SymQuantEncode(const void* x, FrameDtype dtype, int6
   a.code_bytes = PackedBytes(n, p.bits);
   a.scales = reinterpret_cast<float*>(payload);
   a.codes = payload + 4 * NumGroups(n, p.group_size);
+  const bool aligned = reinterpret_cast<uintptr_t>(x) % 16 == 0;
   absl::Status st = WithInputType(x, dtype, [&](auto* xt) -> absl::Status {
+    if (octets) {
+      return WithLanesPerGroup(p.group_size, [&](auto lanes) {
+        SymEncodeOctets<decltype(lanes)::value><<<static_cast<unsigned>(blocks), kThreads, 0, AsStream(s)>>>(xt, a, aligned);
+        return CudaStatus(cudaGetLastError(), "symmetric-quant encode launch");
+      });
+    }
     SymEncodeKernel<<<static_cast<unsigned>(blocks), kThreads, 0, AsStream(s)>>>(xt, a);
     return CudaStatus(cudaGetLastError(), "symmetric-quant encode launch");
   });

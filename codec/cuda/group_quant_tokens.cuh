@@ -1,0 +1,251 @@
+// The grouped encoder's per-token pieces (group_quant.cu): a block of 256 threads per token, the
+// row staged in shared memory in chunks of kChunk elements (16-byte loads where aligned), then
+// worked on in rounds where lane l of warp w handles the octet o = 256 * round + 32 * w + l of the
+// chunk (its 8 consecutive elements in registers). A group (G <= 256, a power of two >= 8) is then
+// an aligned segment of L = G / 8 lanes of one warp, and its reductions, the Hadamard transform's
+// cross-lane stages and the pivot swap are xor shuffles inside the segment: every step reads the
+// row once from shared memory with no bank conflicts to speak of, and nothing is staged per group.
+//
+// Bit-exactness with the CPU reference (group_quant.cc, scalar kernels), step by step:
+//  - sum of |x| and max: warp 0's lane j adds the elements j, j + 32, ... in order (a chunk starts
+//    at a multiple of 32), as the CPU's 32 lane accumulators; combined as ReduceLanes32.
+//  - the outlier test: each lane the scalar Top2Abs over its 8 elements, then segments combine
+//    (lower range, upper range): m1 = the larger (the lower's on ties, so the pivot is the first
+//    index of the maximum), m2 = max(the smaller m1, both m2): the top two of the multiset, which
+//    is what the sequential scan computes (values are |x| >= +0, so order cannot change bits).
+//  - min/max: each lane left to right from its first element, segments combined taking the upper
+//    range's value only when strictly smaller (larger): the first occurrence in order, as MinMax's
+//    fold (only the sign of a zero could differ otherwise, and it does not here).
+//  - the Walsh-Hadamard stages h = 1, 2, 4 inside a lane, 8 .. G / 2 across lanes (xor h / 8), each
+//    pair (a, b) -> (a + b, a - b) as the scalar Fwht, then the multiplication by the norm.
+//  - parameters (MakeGroupParams), codes (round half even, clamped) and packing as QuantizeSwapped
+//    in group_quant_group.h (host-tested against the CPU reference).
+#ifndef LONGHAUL_CODEC_CUDA_GROUP_QUANT_TOKENS_CUH_
+#define LONGHAUL_CODEC_CUDA_GROUP_QUANT_TOKENS_CUH_
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "codec/cpu/kernels_common.h"
+#include "codec/cuda/cuda_util.cuh"
+#include "codec/cuda/group_quant_group.h"
+#include "codec/minifloat.h"
+
+namespace longhaul::codec::gpu::gqt {
+
+inline constexpr int kThreads = 256;
+inline constexpr int kWarps = kThreads / kWarp;
+inline constexpr int kChunk = 4096;  // elements staged at a time: a multiple of every G and of 32
+inline constexpr int kStage = 264;   // a warp's codes of one round: 3 + 32 * 8 bytes, rounded up
+
+struct alignas(16) TokenSmem {
+  float row[kChunk];
+  alignas(4) uint8_t stage[kWarps][kStage];
+  int warp_count[2][kWarps];
+  int exp, ok;
+};
+
+// dst[0, len) = src[0, len) as floats, by the whole block (16-byte loads when src is aligned, four
+// of them issued before any store).
+template <typename T>
+__device__ __forceinline__ void LoadChunk(float* __restrict__ dst, const T* __restrict__ src, int len, int tid) {
+  if ((reinterpret_cast<uintptr_t>(src) & 15u) == 0) {
+    constexpr int kPer = 16 / sizeof(T);  // elements per 16 bytes
+    const int nv = len / kPer;
+    const uint4* s = reinterpret_cast<const uint4*>(src);
+    for (int b = 0; b < nv; b += 4 * kThreads) {
+      uint4 r[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int i = b + u * kThreads + tid;
+        r[u] = i < nv ? s[i] : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int i = b + u * kThreads + tid;
+        if (i >= nv) continue;
+        if constexpr (std::is_same_v<T, float>) {
+          reinterpret_cast<uint4*>(dst)[i] = r[u];
+        } else {
+          const uint32_t wd[4] = {r[u].x, r[u].y, r[u].z, r[u].w};
+          float f[8];
+#pragma unroll
+          for (int k = 0; k < 8; ++k) f[k] = Widen<T>(static_cast<uint16_t>(wd[k / 2] >> (16 * (k % 2))));
+          reinterpret_cast<float4*>(dst)[2 * i] = make_float4(f[0], f[1], f[2], f[3]);
+          reinterpret_cast<float4*>(dst)[2 * i + 1] = make_float4(f[4], f[5], f[6], f[7]);
+        }
+      }
+    }
+    for (int i = nv * kPer + tid; i < len; i += kThreads) dst[i] = LoadF(src, i);
+    return;
+  }
+  for (int i = tid; i < len; i += kThreads) dst[i] = LoadF(src, i);
+}
+
+// The lane's octet o of the staged chunk (elements past len: 0).
+__device__ __forceinline__ void LoadOctet(const float* row, int o, int len, float (&v)[8]) {
+  const int e0 = 8 * o;
+  if (e0 + 8 <= len) {
+    const float4 a = reinterpret_cast<const float4*>(row + e0)[0];
+    const float4 b = reinterpret_cast<const float4*>(row + e0)[1];
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+    v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+  } else {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = e0 + j < len ? row[e0 + j] : 0.0f;
+  }
+}
+
+// The outlier test of the lane's group (n: its elements, G when complete): the pivot, or -1. Every
+// lane of the warp calls it; every lane of a segment gets the same answer.
+template <int G>
+__device__ __forceinline__ int OctetPivot(const float (&v)[8], int lane, int n, float tau) {
+  constexpr int L = G / 8;
+  float m1 = 0.0f, m2 = 0.0f;
+  int piv = 0;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {  // the scalar Top2Abs, the pivot at the last strict rise
+    const float a = AbsF(v[j]);
+    if (a > m1) {
+      m2 = m1;
+      m1 = a;
+      piv = j;
+    } else if (a > m2) {
+      m2 = a;
+    }
+  }
+  piv += 8 * (lane & (L - 1));
+#pragma unroll
+  for (int h = 1; h < L; h *= 2) {
+    const float o1 = __shfl_xor_sync(kFullMask, m1, h), o2 = __shfl_xor_sync(kFullMask, m2, h);
+    const int op = __shfl_xor_sync(kFullMask, piv, h);
+    const bool mine_lower = (lane & h) == 0;
+    const float l1 = mine_lower ? m1 : o1, l2 = mine_lower ? m2 : o2;
+    const float u1 = mine_lower ? o1 : m1, u2 = mine_lower ? o2 : m2;
+    const int lp = mine_lower ? piv : op, up = mine_lower ? op : piv;
+    const bool rise = u1 > l1;
+    const float second = rise ? l1 : u1;
+    const float m2s = l2 > u2 ? l2 : u2;
+    m2 = second > m2s ? second : m2s;
+    m1 = rise ? u1 : l1;
+    piv = rise ? up : lp;
+  }
+  return n == G && m1 / (m2 + kGroupRhoEps) > tau ? piv : -1;
+}
+
+// The pivot swap and the orthonormal Walsh-Hadamard transform of the flagged segments (piv >= 0,
+// the same in every lane of a segment, complete groups only). Every lane of the warp calls it.
+template <int G>
+__device__ __forceinline__ void SwapAndFwht(float (&v)[8], int lane, int piv, float norm) {
+  constexpr int L = G / 8;
+  const bool flagged = piv >= 0;
+  const int p = flagged ? piv : 0;
+  const int leader = lane & ~(L - 1);
+  const int src = leader + (p >> 3);
+  float mine_p = v[0];
+#pragma unroll
+  for (int j = 1; j < 8; ++j) mine_p = (p & 7) == j ? v[j] : mine_p;
+  const float val0 = __shfl_sync(kFullMask, v[0], leader);
+  const float valp = __shfl_sync(kFullMask, mine_p, src);  // src has this segment's p
+  if (flagged) {
+    if (lane == leader) v[0] = valp;
+    if (lane == src) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[j] = (p & 7) == j ? val0 : v[j];
+    }
+#pragma unroll
+    for (int h = 1; h < 8; h *= 2) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        if ((j & h) == 0) {
+          const float a = v[j], b = v[j + h];
+          v[j] = a + b;
+          v[j + h] = a - b;
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int h = 1; h < L; h *= 2) {  // element stage 8 * h: partner lane xor h
+    const bool upper = (lane & h) != 0;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float o = __shfl_xor_sync(kFullMask, v[j], h);
+      const float nv = upper ? o - v[j] : v[j] + o;
+      v[j] = flagged ? nv : v[j];
+    }
+  }
+  if (flagged) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = v[j] * norm;
+  }
+}
+
+// min and max of the segment's first `cnt` elements of each lane (cnt: 0..8, valid elements a
+// prefix of the group), as MinMax's left-to-right fold. Every lane of the warp calls it.
+template <int G>
+__device__ __forceinline__ void SegmentMinMax(const float (&v)[8], int lane, int cnt, float* lo_out, float* hi_out) {
+  constexpr int L = G / 8;
+  float lo = v[0], hi = v[0];
+#pragma unroll
+  for (int j = 1; j < 8; ++j) {
+    if (j < cnt) {
+      lo = v[j] < lo ? v[j] : lo;
+      hi = v[j] > hi ? v[j] : hi;
+    }
+  }
+  bool valid = cnt > 0;
+#pragma unroll
+  for (int h = 1; h < L; h *= 2) {
+    const float olo = __shfl_xor_sync(kFullMask, lo, h), ohi = __shfl_xor_sync(kFullMask, hi, h);
+    const bool ovalid = __shfl_xor_sync(kFullMask, valid ? 1 : 0, h) != 0;
+    const bool mine_lower = (lane & h) == 0;
+    const float llo = mine_lower ? lo : olo, lhi = mine_lower ? hi : ohi;
+    const float ulo = mine_lower ? olo : lo, uhi = mine_lower ? ohi : hi;
+    const bool lvalid = mine_lower ? valid : ovalid, uvalid = mine_lower ? ovalid : valid;
+    if (lvalid && uvalid) {
+      lo = ulo < llo ? ulo : llo;
+      hi = uhi > lhi ? uhi : lhi;
+    } else {
+      lo = uvalid ? ulo : llo;
+      hi = uvalid ? uhi : lhi;
+    }
+    valid = lvalid || uvalid;
+  }
+  *lo_out = lo;
+  *hi_out = hi;
+}
+
+// The warp's codes of one round out: lane l's nb bytes (the low bytes of w) go to payload[at + l *
+// bits ..), at = the warp's first byte. Staged in shared memory so the warp stores aligned words
+// (bytes only at the two ragged ends). Every lane of the warp calls it.
+__device__ __forceinline__ void WriteWarpCodes(uint8_t* stage, int lane, uint64_t w, int nb, int bits, int64_t at,
+                                               uint8_t* __restrict__ payload) {
+  const int s = static_cast<int>(at & 3);
+  const int first = s + lane * bits;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    if (k < nb) stage[first + k] = static_cast<uint8_t>(w >> (8 * k));
+  }
+  int end = nb > 0 ? first + nb : 0;
+#pragma unroll
+  for (int h = kWarp / 2; h >= 1; h /= 2) end = max(end, __shfl_xor_sync(kFullMask, end, h));
+  __syncwarp();
+  uint8_t* base = payload + (at - s);  // 4-byte aligned: the payload is
+  for (int wi = lane; 4 * wi < end; wi += kWarp) {
+    const int b0 = 4 * wi;
+    if (b0 >= s && b0 + 4 <= end) {
+      reinterpret_cast<uint32_t*>(base)[wi] = reinterpret_cast<const uint32_t*>(stage)[wi];
+    } else {
+      for (int b = b0 < s ? s : b0; b < b0 + 4 && b < end; ++b) base[b] = stage[b];
+    }
+  }
+  __syncwarp();  // the stage is reused by the next round
+}
+
+}  // namespace longhaul::codec::gpu::gqt
+
+#endif  // LONGHAUL_CODEC_CUDA_GROUP_QUANT_TOKENS_CUH_
