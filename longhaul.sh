@@ -19,7 +19,8 @@ commands:
   demo [options]      build, then start a coordinator and 4 worker processes on this machine and
                       train a small GPT over gRPC (TAH-Quant forward / INT8 backward, 100 Mbit/s
                       links) with a live progress bar and a summary; options: --steps N,
-                      --summary-json PATH, --rate-mbit R, ... (./longhaul.sh demo --help)
+                      --summary-json PATH, --rate-mbit R, --replicas N (2 stages x N workers,
+                      data parallelism inside each stage), ... (./longhaul.sh demo --help)
   test [ctest args]   build and run the whole CTest suite (e.g. ./longhaul.sh test -L codec)
   build [TARGET...]   install what is missing and build (everything, or only these CMake targets)
   help                this text

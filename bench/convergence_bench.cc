@@ -2,6 +2,12 @@
 // loop; same seed, same data order) and reports final train/validation loss and tokens/s, so
 // compressed links can be compared with an uncompressed run. Small byte-level models on the CPU by
 // default; GPT-2 presets, token files, bf16 and GPUs by flags.
+//
+// --replicas=N (docs/replicated-stages.md): N pipelines in this process, every stage's N replicas
+// synchronised after the backward pass by the workers' own worker::ReplicaSync with --dp-codec,
+// over collective::InProcessHub transports instead of gRPC (the same collective algorithms, codecs
+// and optimizer code; only the bytes' carrier differs). Replica r takes micro-batches r*M/N ..
+// (r+1)*M/N-1 of the step, as a job's replicas do, so the global batch does not change with N.
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -9,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/benchmarks.h"
+#include "bench/replicated_pipeline.h"
 #include "common/flags.h"
 #include "stage_runtime/model_presets.h"
 #include "stage_runtime/pipeline.h"
@@ -21,7 +28,8 @@ struct Flags {
   int64_t micro_batches = 4, micro_batch_size = 8, seed = 1, eval_every = 50;
   double lr = 3e-3;
   int64_t vocab = 256, val_batches = 16, codec_threads = 1;
-  std::string codec = "fp32", bwd_codec, schedule = "1f1b";
+  int64_t replicas = 1, dp_regions = 0, dp_weight_bits = 4;
+  std::string codec = "fp32", bwd_codec, schedule = "1f1b", dp_codec = "fp32";
   std::string preset, data_format = "text", corpus = stage_runtime::kDefaultCorpusDir;
   std::string device = "cpu", precision = "fp32";
   bool json = false;
@@ -69,8 +77,31 @@ int Run(const Flags& f, const CLI::App& cmd) {
   auto opened = stage_runtime::OpenDataset({f.data_format, f.corpus, o.model.vocab, 0.1}, o.model.context);
   if (!opened.ok()) return fail(opened.status());
   const stage_runtime::Dataset* data = opened->get();
-  auto pipe = stage_runtime::InProcessPipeline::Create(o);
-  if (!pipe.ok()) return fail(pipe.status());
+  // One pipeline, or --replicas of them joined by ReplicaSync: the loop below drives either.
+  std::unique_ptr<stage_runtime::InProcessPipeline> single;
+  std::unique_ptr<ReplicatedPipeline> replicated;
+  auto dp_codec = collective::ParseDpCodec(f.dp_codec);
+  if (!dp_codec.ok()) return common::FlagError(cmd, "--dp-codec: " + std::string(dp_codec.status().message()));
+  if (f.replicas < 1 || f.replicas > 64) return common::FlagError(cmd, "--replicas must be in [1, 64]");
+  const int regions = static_cast<int>(f.dp_regions > 0 ? f.dp_regions : f.replicas);
+  if (f.replicas > 1) {
+    auto p = ReplicatedPipeline::Create(o, static_cast<int>(f.replicas), *dp_codec, regions,
+                                        static_cast<int>(f.dp_weight_bits));
+    if (!p.ok()) return fail(p.status());
+    replicated = std::move(*p);
+  } else {
+    auto p = stage_runtime::InProcessPipeline::Create(o);
+    if (!p.ok()) return fail(p.status());
+    single = std::move(*p);
+  }
+  auto train_step = [&](const std::vector<stage_runtime::Batch>& b) {
+    return replicated ? replicated->TrainStep(b) : single->TrainStep(b);
+  };
+  auto eval_loss = [&](const std::vector<stage_runtime::Batch>& b) {
+    return replicated ? replicated->EvalLoss(b) : single->EvalLoss(b);
+  };
+  int64_t dp_bytes = 0, dp_wire = 0, dp_raw = 0;  // every replica and stage, summed over the steps
+  double dp_seconds = 0;                          // the slowest replica's sync, summed over the steps
 
   std::vector<stage_runtime::Batch> val;
   for (int i = 0; i < f.val_batches; ++i) {
@@ -86,14 +117,19 @@ int Run(const Flags& f, const CLI::App& cmd) {
       b.push_back(data->Sample(stage_runtime::Split::kTrain, o.seed, step, m, o.micro_batch_size, o.model.context));
     }
     const auto t0 = std::chrono::steady_clock::now();
-    auto r = (*pipe)->TrainStep(b);
+    auto r = train_step(b);
     train_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!r.ok()) return fail(r.status());
+    if (replicated) {
+      const collective::CallStats& d = replicated->last_dp();
+      dp_bytes += d.bytes_sent, dp_wire += d.wire_bytes_sent, dp_raw += d.bytes_sent_uncompressed;
+      dp_seconds += absl::ToDoubleSeconds(replicated->last_dp_wall());
+    }
     if (step == 0) first_loss = r->loss;
     if (step >= steps - 10) tail_sum += r->loss, ++tail_n;
     const bool last = step + 1 == steps;
     if (last || (f.eval_every > 0 && (step + 1) % f.eval_every == 0)) {
-      auto v = (*pipe)->EvalLoss(val);
+      auto v = eval_loss(val);
       if (!v.ok()) return fail(v.status());
       val_loss = *v;
       if (!json) {
@@ -105,8 +141,9 @@ int Run(const Flags& f, const CLI::App& cmd) {
   }
   int64_t raw = 0, wire = 0;
   double err = 0;
-  for (const auto& l : (*pipe)->forward_links()) raw += l.raw_bytes, wire += l.wire_bytes, err += l.mean_rel_error();
-  const size_t nl = (*pipe)->forward_links().size();
+  const std::vector<stage_runtime::LinkStats> links = replicated ? replicated->forward_links() : single->forward_links();
+  for (const auto& l : links) raw += l.raw_bytes, wire += l.wire_bytes, err += l.mean_rel_error();
+  const size_t nl = links.size();
   const nlohmann::ordered_json out = {
       {"codec", o.forward_codec},
       {"model", f.preset.empty() ? "custom" : f.preset},
@@ -128,6 +165,14 @@ int Run(const Flags& f, const CLI::App& cmd) {
       {"fwd_raw_bytes", raw},
       {"fwd_wire_bytes", wire},
       {"fwd_mean_rel_error", Round(nl ? err / nl : 0.0, 5)},
+      {"replicas", f.replicas},
+      {"dp_codec", f.replicas > 1 ? f.dp_codec : "none"},
+      {"dp_regions", f.replicas > 1 ? regions : 0},
+      {"dp_bytes_per_step", Round(static_cast<double>(dp_bytes) / steps, 0)},
+      {"dp_wire_bytes_per_step", Round(static_cast<double>(dp_wire) / steps, 0)},
+      {"dp_raw_bytes_per_step", Round(static_cast<double>(dp_raw) / steps, 0)},
+      {"dp_seconds_per_step", Round(dp_seconds / steps, 4)},
+      {"train_seconds", Round(train_seconds, 2)},
   };
   if (json) {
     std::printf("%s\n", out.dump().c_str());
@@ -136,6 +181,12 @@ int Run(const Flags& f, const CLI::App& cmd) {
                 "forward links %.2fx smaller than fp32\n",
                 o.forward_codec.c_str(), o.backward_codec.c_str(), tail_sum / tail_n, val_loss,
                 tokens_per_step * (steps) / train_seconds, wire ? static_cast<double>(raw) / wire : 0.0);
+    if (replicated) {
+      std::printf("%lld replicas per stage in %d region(s), data-parallel %s: %.0f bytes per step (all replicas; "
+                  "%.2fx smaller than fp32), %.3f s per step synchronising\n",
+                  static_cast<long long>(f.replicas), regions, f.dp_codec.c_str(), static_cast<double>(dp_bytes) / steps,
+                  dp_bytes ? static_cast<double>(dp_raw) / dp_bytes : 0.0, dp_seconds / steps);
+    }
   }
   return 0;
 }
@@ -175,12 +226,27 @@ BenchmarkRun AddConvergenceBench(CLI::App& app) {
   cmd->add_option("--codec-threads", f->codec_threads, "threads per encode/decode")->type_name("N");
   cmd->add_option("--val-batches", f->val_batches, "fixed validation micro-batches for the validation loss")
       ->type_name("N");
+  cmd->add_option("--replicas", f->replicas,
+                  "replicas per stage (1: one pipeline; N: N pipelines synchronised by --dp-codec)")
+      ->type_name("N");
+  cmd->add_option("--dp-codec", f->dp_codec, "data-parallel sync of the replicas: fp32, sdp4bit, bitdp1, bitdp2, zeropp")
+      ->type_name("NAME");
+  cmd->add_option("--dp-regions", f->dp_regions,
+                  "regions the replicas are dealt to in turn (0: one each; 1: all in one, sdp4bit's gradients "
+                  "then cross no 4-bit level)")
+      ->type_name("N");
+  cmd->add_option("--dp-weight-bits", f->dp_weight_bits, "sdp4bit's qWD / zeropp's qwZ bits (4 or 8)")->type_name("N");
   cmd->add_flag("--json", f->json, "one JSON object instead of progress and a summary line");
   cmd->footer(
       "Trains a GPT split into --stages stages, with --codec on forward links and --bwd-codec on\n"
       "backward links, by default byte-level on the fortunes corpus (90% train / 10% validation).\n"
       "Reports final_train_loss (mean of the last 10 steps), final_val_loss (--val-batches fixed\n"
-      "validation batches, through the same forward codec), initial_train_loss and tokens_per_s.");
+      "validation batches, through the same forward codec), initial_train_loss and tokens_per_s.\n"
+      "--replicas=N runs N pipelines in this process, each on micro-batches r*M/N..(r+1)*M/N-1 of the\n"
+      "step (the global batch stays M x --micro-batch-size), every stage's replicas synchronised by the\n"
+      "workers' ReplicaSync (worker/replica_sync.h) over in-process transports; the validation loss is\n"
+      "replica 0's model (the replicas' are bit-identical). Adds dp_bytes_per_step (all replicas),\n"
+      "dp_raw_bytes_per_step (the same messages as fp32) and dp_seconds_per_step (slowest replica).");
   return [f, cmd] { return Run(*f, *cmd); };
 }
 

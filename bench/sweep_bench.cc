@@ -6,6 +6,11 @@
 //   link bound:    tokens per step / (bytes per step on the busiest link direction / rate),
 //                  from the frame sizes of the codecs on tensors of the job's activation shape.
 // Writes a markdown table (--markdown) and an SVG plot (--svg).
+//
+// --data-parallel: the data-parallel cells instead (docs/replicated-stages.md): replicated stages
+// in this process (bench/replicated_pipeline.h: the workers' ReplicaSync over in-process
+// transports), the replicas dealt to regions, every link between regions shaped at the rate, and
+// per (rate, data-parallel codec) the step time and sync time against their bounds.
 #include <signal.h>
 #include <unistd.h>
 
@@ -25,8 +30,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bench/benchmarks.h"
+#include "bench/replicated_pipeline.h"
 #include "codec/codec.h"
 #include "netem/tc/network.h"
+#include "stage_runtime/data.h"
 #include "stage_runtime/model_presets.h"
 #include "common/flags.h"
 #include "common/list_dir.h"
@@ -72,7 +79,141 @@ struct Flags {
   int64_t stages = 0;  // 0: one per layer
   int64_t repeats = 3, queue_ms = 3000;
   bool tc = false, json = false;
+  // --data-parallel
+  bool data_parallel = false;
+  std::vector<std::string> dp_codecs = {"fp32", "sdp4bit", "bitdp2"};
+  int64_t dp_replicas = 4, dp_regions = 2;
 };
+
+// One data-parallel cell's jobs: per measured step, the step's and the slowest replica's sync wall
+// time.
+struct DpSample {
+  double step_s = 0, sync_s = 0;
+  int64_t inter_region_bytes = 0;  // the most one replica sent across regions in a step
+  int64_t bytes = 0, raw_bytes = 0;  // every replica and stage, per step
+};
+
+// --data-parallel: every cell is a fresh ReplicatedPipeline (same seed) trained 1 + --steps steps;
+// the first (warm-up) is not timed. Bounds: the sync cannot take less than the same codec's sync
+// unshaped, nor less than the most bytes one replica must send across regions at the rate (each
+// directed pair of regions' replicas has the rate to itself, as longhaul-netem's between_regions);
+// a step cannot take less than the unshaped step with its sync replaced by that bound (the sync
+// follows the backward pass and precedes the next step). fraction = bound / measured (1 = at the
+// bound).
+int RunDpSweep(const Flags& f, const CLI::App& cmd) {
+  const std::vector<double> rates = cmd.count("--rates") ? f.rates : std::vector<double>{10, 100};
+  const int stages = static_cast<int>(f.stages > 0 ? f.stages : 2);
+  const int64_t mbs = cmd.count("--micro-batches") ? f.micro_batches : 8;
+  const int64_t mbsize = cmd.count("--micro-batch-size") ? f.micro_batch_size : 4;
+  const int R = static_cast<int>(f.dp_replicas), Y = static_cast<int>(f.dp_regions);
+  if (R < 2 || Y < 1 || Y > R) return common::FlagError(cmd, "--dp-replicas must be >= 2 and --dp-regions in [1, replicas]");
+  if (mbs % R != 0) return common::FlagError(cmd, "--micro-batches must be a multiple of --dp-replicas");
+  for (double r : rates) {
+    if (!(r > 0)) return common::FlagError(cmd, absl::StrCat("bad rate \"", r, "\" (rates are Mbit/s > 0)"));
+  }
+  stage_runtime::PipelineOptions o;
+  o.model = {static_cast<int>(f.layers), static_cast<int>(f.hidden), 4, static_cast<int>(f.context), 256};
+  o.stages = stages;
+  o.micro_batches = static_cast<int>(mbs);
+  o.micro_batch_size = static_cast<int>(mbsize);
+  o.schedule = f.schedule == "gpipe" ? stage_runtime::Schedule::kGPipe : stage_runtime::Schedule::k1F1B;
+  o.optimizer.total_steps = static_cast<int>(f.steps + 1);
+  auto data = stage_runtime::OpenDataset({"text", stage_runtime::kDefaultCorpusDir, 256, 0.1}, o.model.context);
+  if (!data.ok()) return common::FlagError(cmd, std::string(data.status().message()));
+  torch::set_num_threads(1);  // one compute thread per replica and stage already fill this machine
+  auto cell = [&](const std::string& codec, double rate) -> absl::StatusOr<DpSample> {
+    absl::StatusOr<collective::DpCodec> c = collective::ParseDpCodec(codec);
+    if (!c.ok()) return c.status();
+    netem::LinkProfile between;
+    between.rate_bytes_per_s = rate * 1e6 / 8;
+    auto p = ReplicatedPipeline::Create(o, R, *c, Y, 4, between);
+    if (!p.ok()) return p.status();
+    std::vector<DpSample> steps;
+    for (int64_t step = 0; step <= f.steps; ++step) {
+      std::vector<stage_runtime::Batch> b;
+      for (int m = 0; m < o.micro_batches; ++m) {
+        b.push_back((*data)->Sample(stage_runtime::Split::kTrain, o.seed, step, m, o.micro_batch_size, o.model.context));
+      }
+      const absl::Time t0 = absl::Now();
+      auto r = (*p)->TrainStep(b);
+      if (!r.ok()) return r.status();
+      if (step == 0) continue;  // warm-up
+      steps.push_back({absl::ToDoubleSeconds(absl::Now() - t0), absl::ToDoubleSeconds((*p)->last_dp_wall()),
+                       (*p)->last_dp_max_inter_region(), (*p)->last_dp().bytes_sent,
+                       (*p)->last_dp().bytes_sent_uncompressed});
+    }
+    DpSample mean;
+    for (const DpSample& x : steps) {
+      mean.step_s += x.step_s / steps.size(), mean.sync_s += x.sync_s / steps.size();
+      mean.inter_region_bytes = std::max(mean.inter_region_bytes, x.inter_region_bytes);
+      mean.bytes = x.bytes, mean.raw_bytes = x.raw_bytes;
+    }
+    return mean;
+  };
+  std::vector<double> all_rates = {0};
+  all_rates.insert(all_rates.end(), rates.begin(), rates.end());
+  std::map<std::pair<double, std::string>, std::vector<DpSample>> samples;
+  for (int64_t rep = 0; rep < f.repeats; ++rep) {
+    for (double rate : all_rates) {
+      for (const std::string& c : f.dp_codecs) {
+        absl::StatusOr<DpSample> x = cell(c, rate);
+        if (!x.ok()) {
+          std::fprintf(stderr, "longhaul-bench sweep: %s at %g Mbit/s: %s\n", c.c_str(), rate,
+                       std::string(x.status().message()).c_str());
+          return 1;
+        }
+        if (!f.json) {
+          std::fprintf(stderr, "round %lld: %s, %s: step %.3f s, sync %.3f s, %lld bytes across regions\n",
+                       static_cast<long long>(rep + 1), rate > 0 ? absl::StrCat(rate, " Mbit/s").c_str() : "unshaped",
+                       c.c_str(), x->step_s, x->sync_s, static_cast<long long>(x->inter_region_bytes));
+        }
+        samples[{rate, c}].push_back(*x);
+      }
+    }
+  }
+  auto median = [&](double rate, const std::string& c, double DpSample::*field) {
+    std::vector<double> v;
+    for (const DpSample& x : samples[{rate, c}]) v.push_back(x.*field);
+    std::sort(v.begin(), v.end());
+    return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+  };
+  std::string md = absl::StrFormat(
+      "| between regions Mbit/s | data-parallel codec | step s | sync s | step bound s | step fraction of bound | "
+      "sync bound s | sync fraction of bound | KB across regions per replica-step (max) | data-parallel KB per step, "
+      "all replicas / as fp32 | sync speed-up vs fp32 | step speed-up vs fp32 |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+  for (double rate : rates) {
+    for (const std::string& c : f.dp_codecs) {
+      const DpSample& any = samples[{rate, c}].front();
+      const double step = median(rate, c, &DpSample::step_s), sync = median(rate, c, &DpSample::sync_s);
+      const double link_s = static_cast<double>(any.inter_region_bytes) / (rate * 1e6 / 8);
+      const double sync_bound = std::max(median(0, c, &DpSample::sync_s), link_s);
+      const double step_bound = median(0, c, &DpSample::step_s) - median(0, c, &DpSample::sync_s) + sync_bound;
+      const double fp32_step = median(rate, "fp32", &DpSample::step_s), fp32_sync = median(rate, "fp32", &DpSample::sync_s);
+      const bool has_fp32 = samples.count({rate, "fp32"}) > 0;
+      absl::StrAppendFormat(&md, "| %g | %s | %.3f | %.3f | %.3f | %.2f | %.3f | %.2f | %.1f | %.0f / %.0f | %s | %s |\n",
+                            rate, c, step, sync, step_bound, step_bound / step, sync_bound, sync_bound / sync,
+                            any.inter_region_bytes / 1e3, any.bytes / 1e3, any.raw_bytes / 1e3,
+                            has_fp32 ? absl::StrFormat("%.2fx", fp32_sync / sync) : "-",
+                            has_fp32 ? absl::StrFormat("%.2fx", fp32_step / step) : "-");
+      rows.push_back({{"rate_mbit", rate}, {"dp_codec", c}, {"step_s", Round(step, 4)}, {"sync_s", Round(sync, 4)},
+                      {"step_bound_s", Round(step_bound, 4)}, {"step_fraction", Round(step_bound / step, 3)},
+                      {"sync_bound_s", Round(sync_bound, 4)}, {"sync_fraction", Round(sync_bound / sync, 3)},
+                      {"inter_region_bytes", any.inter_region_bytes}, {"dp_bytes_per_step", any.bytes},
+                      {"dp_raw_bytes_per_step", any.raw_bytes},
+                      {"sync_speedup_vs_fp32", Round(has_fp32 ? fp32_sync / sync : 0.0, 3)},
+                      {"step_speedup_vs_fp32", Round(has_fp32 ? fp32_step / step : 0.0, 3)}});
+    }
+  }
+  if (f.json) {
+    std::printf("%s\n", nlohmann::ordered_json{{"runs", rows}}.dump(2).c_str());
+  } else {
+    std::printf("%s", md.c_str());
+  }
+  if (!f.markdown.empty()) std::ofstream(f.markdown) << md;
+  return 0;
+}
 
 // The backward codec of a cell: raw forward links (the uncompressed reference) keep raw backward
 // links; compressed ones get --backward, or int4 under auto.
@@ -94,6 +235,7 @@ absl::StatusOr<int64_t> FrameBytes(const std::string& spec, int64_t mbs, int64_t
 }
 
 int RunSweep(const Flags& f, const CLI::App& cmd) {
+  if (f.data_parallel) return RunDpSweep(f, cmd);
   const std::vector<double>& rates = f.rates;
   for (double r : rates) {
     if (!(r > 0)) return common::FlagError(cmd, absl::StrCat("bad rate \"", r, "\" (rates are Mbit/s > 0)"));
@@ -437,6 +579,16 @@ BenchmarkRun AddSweepBench(CLI::App& app) {
   cmd->add_option("--markdown", f->markdown, "also write the table here")->type_name("PATH");
   cmd->add_option("--svg", f->svg, "also plot tokens/s against the rate here")->type_name("PATH");
   cmd->add_flag("--json", f->json, "{\"runs\": [...]}, one object per (rate, codec), instead of the table");
+  cmd->add_flag("--data-parallel", f->data_parallel,
+                "the data-parallel cells instead: replicated stages in this process, links between regions "
+                "at --rates (default 10,100), per --dp-codecs");
+  cmd->add_option("--dp-codecs", f->dp_codecs, "--data-parallel: the replicas' sync codecs, comma-separated")
+      ->type_name("C,...")
+      ->delimiter(',')
+      ->default_str("fp32,sdp4bit,bitdp2");
+  cmd->add_option("--dp-replicas", f->dp_replicas, "--data-parallel: replicas per stage")->type_name("N");
+  cmd->add_option("--dp-regions", f->dp_regions, "--data-parallel: regions the replicas are dealt to in turn")
+      ->type_name("N");
   cmd->footer(
       "Trains the same job (GPT, one layer per worker process) at every link rate with every forward\n"
       "codec, plus unshaped per codec (the compute bound), each cell --repeats times in interleaved\n"
@@ -456,7 +608,14 @@ BenchmarkRun AddSweepBench(CLI::App& app) {
       "reaches after its headers), and the table shows the link bound at that goodput as well, the\n"
       "bytes per step the busiest link direction carried according to its qdisc (frames plus every\n"
       "header, ACK and window update) next to the frame bytes the bounds count, packets dropped, and\n"
-      "how busy that link was (its bytes at the rate / step time).");
+      "how busy that link was (its bytes at the rate / step time).\n"
+      "--data-parallel: --dp-replicas replicas of every stage (default 4 = 2 regions x 2) train in this\n"
+      "process (the workers' ReplicaSync over in-process transports; default 2 stages, 8 micro-batches\n"
+      "of 4), every link between replicas of different regions shaped at each of --rates (default\n"
+      "10,100; within a region and along the pipeline unshaped), plus unshaped. Per cell: the step and\n"
+      "the sync time (slowest replica), their bounds (sync: the larger of the same codec's unshaped\n"
+      "sync and the most bytes one replica sends across regions / rate; step: the unshaped step with\n"
+      "that sync), bound / measured, and the speed-ups over fp32.");
   return [f, cmd] { return RunSweep(*f, *cmd); };
 }
 

@@ -9,21 +9,23 @@ namespace longhaul::worker {
 
 using collective::DpCodec;
 
-absl::StatusOr<std::unique_ptr<ReplicaSync>> ReplicaSync::Create(collective::CollectiveService* service,
-                                                                 ReplicaSyncOptions o,
-                                                                 stage_runtime::StageExecutor* exec,
-                                                                 stage_runtime::OptimizerConfig optimizer) {
-  const int P = static_cast<int>(o.addresses.size());
+namespace {
+
+absl::Status CheckGroup(const ReplicaSyncOptions& o, int P) {
   if (P < 2 || o.rank < 0 || o.rank >= P || static_cast<int>(o.regions.size()) != P) {
     return absl::InvalidArgumentError(absl::StrCat("replica group ", o.group, ": rank ", o.rank, " of ", P,
                                                    " replicas with ", o.regions.size(), " regions"));
   }
-  std::vector<std::string> regions = o.regions;
-  for (std::string& r : regions) {
-    if (r.empty()) r = "default";
-  }
-  absl::StatusOr<collective::Topology> topo = collective::Topology::Create(regions);
-  if (!topo.ok()) return topo.status();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ReplicaSync>> ReplicaSync::Create(collective::CollectiveService* service,
+                                                                 ReplicaSyncOptions o,
+                                                                 stage_runtime::StageExecutor* exec,
+                                                                 stage_runtime::OptimizerConfig optimizer) {
+  if (absl::Status s = CheckGroup(o, static_cast<int>(o.addresses.size())); !s.ok()) return s;
   std::unique_ptr<ReplicaSync> rs(new ReplicaSync(std::move(o), exec, optimizer));
   const ReplicaSyncOptions& ro = rs->o_;
   // Two groups on the worker's one Collective service: the data-parallel calls, and the scalars
@@ -38,31 +40,66 @@ absl::StatusOr<std::unique_ptr<ReplicaSync>> ReplicaSync::Create(collective::Col
     if (!tr.ok()) return tr.status();
     (k == 0 ? rs->dp_transport_ : rs->scalar_transport_) = std::move(*tr);
   }
+  if (absl::Status s = rs->Init(); !s.ok()) return s;
+  return rs;
+}
+
+absl::StatusOr<std::unique_ptr<ReplicaSync>> ReplicaSync::CreateOver(std::unique_ptr<collective::Transport> dp,
+                                                                     std::unique_ptr<collective::Transport> scalars,
+                                                                     ReplicaSyncOptions o,
+                                                                     stage_runtime::StageExecutor* exec,
+                                                                     stage_runtime::OptimizerConfig optimizer) {
+  if (dp == nullptr || scalars == nullptr || dp->rank() != o.rank || scalars->rank() != o.rank ||
+      dp->size() != scalars->size()) {
+    return absl::InvalidArgumentError(absl::StrCat("replica group ", o.group, ": transports of rank ", o.rank,
+                                                   " expected"));
+  }
+  if (absl::Status s = CheckGroup(o, dp->size()); !s.ok()) return s;
+  std::unique_ptr<ReplicaSync> rs(new ReplicaSync(std::move(o), exec, optimizer));
+  rs->dp_transport_ = std::move(dp);
+  rs->scalar_transport_ = std::move(scalars);
+  if (absl::Status s = rs->Init(); !s.ok()) return s;
+  return rs;
+}
+
+absl::Status ReplicaSync::Init() {
+  std::vector<std::string> regions = o_.regions;
+  for (std::string& r : regions) {
+    if (r.empty()) r = "default";
+  }
+  absl::StatusOr<collective::Topology> topo = collective::Topology::Create(regions);
+  if (!topo.ok()) return topo.status();
   collective::GroupOptions go;
-  go.timeout = ro.timeout;
-  rs->dp_group_ = std::make_unique<collective::Group>(rs->dp_transport_.get(), *topo, go);
-  rs->scalar_group_ = std::make_unique<collective::Group>(rs->scalar_transport_.get(), *topo, go);
+  go.timeout = o_.timeout;
+  dp_group_ = std::make_unique<collective::Group>(dp_transport_.get(), *topo, go);
+  scalar_group_ = std::make_unique<collective::Group>(scalar_transport_.get(), *topo, go);
 
   std::vector<collective::ParamShape> shapes;
-  for (const auto& [name, p] : exec->parameters()) {
+  for (const auto& [name, p] : exec_->parameters()) {
     shapes.push_back({name, p.sizes().vec()});
-    rs->n_ += p.numel();
-    rs->decayed_.insert(rs->decayed_.end(), static_cast<size_t>(p.numel()), p.dim() >= 2 ? 1 : 0);
+    n_ += p.numel();
+    decayed_.insert(decayed_.end(), static_cast<size_t>(p.numel()), p.dim() >= 2 ? 1 : 0);
   }
-  collective::DpOptions dpo = collective::DefaultDpOptions(ro.codec);
-  if (ro.weight_bits > 0) dpo.weights.bits = ro.weight_bits;
-  dpo.seed = ro.seed;
-  if (ro.codec == DpCodec::kBitDp1 || ro.codec == DpCodec::kBitDp2) dpo.bitdp_layout = collective::BitDpLayoutFor(shapes);
-  if (ro.codec != DpCodec::kFp32) {
+  collective::DpOptions dpo = collective::DefaultDpOptions(o_.codec);
+  if (o_.weight_bits > 0) dpo.weights.bits = o_.weight_bits;
+  dpo.seed = o_.seed;
+  if (o_.codec == DpCodec::kBitDp1 || o_.codec == DpCodec::kBitDp2) dpo.bitdp_layout = collective::BitDpLayoutFor(shapes);
+  if (o_.codec != DpCodec::kFp32) {
     absl::StatusOr<std::unique_ptr<collective::DataParallelSync>> dp =
-        collective::DataParallelSync::Create(rs->dp_group_.get(), rs->n_, dpo);
+        collective::DataParallelSync::Create(dp_group_.get(), n_, dpo);
     if (!dp.ok()) return dp.status();
-    rs->dp_ = std::move(*dp);
+    dp_ = std::move(*dp);
   }
   // The model copy the sharded codecs start from: identical on every replica (the same seed, or
   // the same checkpoint).
-  if (ro.codec == DpCodec::kSdp4Bit || ro.codec == DpCodec::kZeroPP) rs->Flatten(/*grads=*/false, &rs->weights_);
-  return rs;
+  if (o_.codec == DpCodec::kSdp4Bit || o_.codec == DpCodec::kZeroPP) Flatten(/*grads=*/false, &weights_);
+  return absl::OkStatus();
+}
+
+collective::CallStats ReplicaSync::totals() const {
+  collective::CallStats t = dp_group_->totals();
+  t.Add(scalar_group_->totals());
+  return t;
 }
 
 ReplicaSync::~ReplicaSync() = default;

@@ -54,6 +54,14 @@ class ReplicaSync final : public stage_runtime::GradientSync {
   static absl::StatusOr<std::unique_ptr<ReplicaSync>> Create(collective::CollectiveService* service,
                                                              ReplicaSyncOptions o, stage_runtime::StageExecutor* exec,
                                                              stage_runtime::OptimizerConfig optimizer);
+  // The same over transports the caller made (an in-process driver: collective::InProcessHub, one
+  // hub per group): `dp` carries the gradients and weights, `scalars` the norms and losses; both
+  // of this replica's rank. `o.group`, `o.addresses` and `o.links` are not used (the transports
+  // have their own); `o.regions` gives the topology.
+  static absl::StatusOr<std::unique_ptr<ReplicaSync>> CreateOver(std::unique_ptr<collective::Transport> dp,
+                                                                 std::unique_ptr<collective::Transport> scalars,
+                                                                 ReplicaSyncOptions o, stage_runtime::StageExecutor* exec,
+                                                                 stage_runtime::OptimizerConfig optimizer);
   ~ReplicaSync() override;
 
   absl::StatusOr<Outcome> SyncAndStep(uint64_t step, double loss, const ExchangeNorms& exchange_norms) override;
@@ -61,6 +69,9 @@ class ReplicaSync final : public stage_runtime::GradientSync {
 
   // The last step's data-parallel calls (gradients and weights; the scalars left out).
   const collective::CallStats& last() const { return last_; }
+  collective::DpCodec codec() const { return o_.codec; }
+  // Every call's, the scalars' included, since Create (Group::totals of both groups).
+  collective::CallStats totals() const;
 
  private:
   ReplicaSync(ReplicaSyncOptions o, stage_runtime::StageExecutor* exec, stage_runtime::OptimizerConfig optimizer)
@@ -75,7 +86,10 @@ class ReplicaSync final : public stage_runtime::GradientSync {
   const ReplicaSyncOptions o_;
   stage_runtime::StageExecutor* const exec_;
   const stage_runtime::OptimizerConfig opt_;
-  std::unique_ptr<collective::GrpcTransport> dp_transport_, scalar_transport_;
+  // The groups and the data-parallel state (after the transports are set).
+  absl::Status Init();
+
+  std::unique_ptr<collective::Transport> dp_transport_, scalar_transport_;
   std::unique_ptr<collective::Group> dp_group_, scalar_group_;
   std::unique_ptr<collective::DataParallelSync> dp_;
   int64_t n_ = 0;

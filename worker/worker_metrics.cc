@@ -77,6 +77,13 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r)
       decode_(Build(prometheus::BuildCounter(), r, "longhaul_link_decode_seconds_total",
                     "Time this stage spent decoding the frames it received from the peer (host time of the "
                     "decode; the kernels of a GPU decode are not in it)")),
+      dp_bytes_(Build(prometheus::BuildCounter(), r, "longhaul_dp_sync_bytes_total",
+                      "Replicated stages: bytes this replica sent to the stage's other replicas in the "
+                      "data-parallel synchronisation (kind=wire: the codec's message payloads; kind=raw: the "
+                      "same messages as fp32)")),
+      dp_seconds_(Build(prometheus::BuildCounter(), r, "longhaul_dp_sync_seconds_total",
+                        "Replicated stages: wall time this replica spent in the data-parallel synchronisation "
+                        "(gradients, the sharded optimizer's step, weights)")),
       gpu_allocated_(Build(prometheus::BuildGauge(), r, "longhaul_gpu_memory_allocated_bytes",
                            "GPU memory in tensors (CUDA caching allocator, this process), at the end of the "
                            "last step")),
@@ -154,6 +161,15 @@ void WorkerMetrics::RecordStep(const StageStepSample& s) {
     prometheus::Labels labels = stage_labels;
     labels["phase"] = phase;
     Series(compute_, s.job_id, labels).Increment(std::max(0.0, absl::ToDoubleSeconds(took)));
+  }
+  if (!s.dp_codec.empty()) {
+    prometheus::Labels labels = stage_labels;
+    labels["codec"] = s.dp_codec;
+    Series(dp_seconds_, s.job_id, labels).Increment(std::max(0.0, s.dp_seconds));
+    labels["kind"] = "wire";
+    Series(dp_bytes_, s.job_id, labels).Increment(static_cast<double>(std::max<int64_t>(0, s.dp_bytes)));
+    labels["kind"] = "raw";
+    Series(dp_bytes_, s.job_id, labels).Increment(static_cast<double>(std::max<int64_t>(0, s.dp_raw_bytes)));
   }
   for (const LinkStepSample& ls : s.links) {
     const prometheus::Labels labels{{"job_id", job},

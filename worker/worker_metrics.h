@@ -71,6 +71,12 @@ struct StageStepSample {
   double receive_wait_seconds = 0;  // this step: blocked waiting for a neighbour's message
   stage_runtime::ComputeTimes compute;  // this step's (StepResult::compute)
   std::vector<LinkStepSample> links;
+  // Replicated stages (worker/replica_sync.h): this step's data-parallel synchronisation among the
+  // stage's replicas; no series while dp_codec is empty (an unreplicated stage).
+  std::string dp_codec;
+  int64_t dp_bytes = 0;      // message payloads this replica sent (gradients and weights)
+  int64_t dp_raw_bytes = 0;  // the same messages as fp32
+  double dp_seconds = 0;     // wall time of the synchronisation
 };
 
 class WorkerMetrics {
@@ -109,6 +115,8 @@ class WorkerMetrics {
   prometheus::Family<prometheus::Counter>& compute_;
   prometheus::Family<prometheus::Counter>& encode_;
   prometheus::Family<prometheus::Counter>& decode_;
+  prometheus::Family<prometheus::Counter>& dp_bytes_;
+  prometheus::Family<prometheus::Counter>& dp_seconds_;
   prometheus::Family<prometheus::Gauge>& gpu_allocated_;
   prometheus::Family<prometheus::Gauge>& gpu_reserved_;
   prometheus::Family<prometheus::Gauge>& gpu_max_allocated_;
