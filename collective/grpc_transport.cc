@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "codec/crc32c.h"
 #include "proto/channel_config.h"
+#include "security/tls.h"
 
 namespace longhaul::collective {
 
@@ -181,7 +182,7 @@ GrpcTransport::GrpcTransport(CollectiveService* service, GrpcTransportOptions o,
       stubs_.push_back(nullptr);
     } else {
       stubs_.push_back(v1::Collective::NewStub(
-          grpc::CreateCustomChannel(o_.addresses[p], grpc::InsecureChannelCredentials(), LonghaulChannelArgs())));
+          security::DataPlaneChannel(o_.addresses[p], LonghaulChannelArgs())));
     }
     shapers_.push_back(std::make_unique<PeerShaper>(o_.links.empty() ? netem::LinkProfile{} : o_.links[p]));
   }
@@ -245,7 +246,18 @@ absl::Status GrpcTransport::Send(int peer, uint64_t tag, absl::string_view data,
   const absl::Time t0 = absl::Now();
   int64_t wire = 0;
   absl::Status s = box_->aborted();
-  if (s.ok()) s = SendMessage(peer, tag, data, deadline, /*wait_for_ready=*/true, &wire);
+  // NOT_FOUND: the peer's server has no such rank of this group yet. The members of a group
+  // create it when their stage starts, which on a loaded machine or after a long set-up may be a
+  // little later than this one: try again until the deadline (refused at the first chunk, so
+  // nothing of the message was taken).
+  for (absl::Duration backoff = absl::Milliseconds(10); s.ok();) {
+    wire = 0;
+    s = SendMessage(peer, tag, data, deadline, /*wait_for_ready=*/true, &wire);
+    if (!absl::IsNotFound(s) || absl::Now() + backoff >= deadline) break;
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Milliseconds(200));
+    s = box_->aborted();  // OK: try again
+  }
   absl::MutexLock l(&mu_);
   counters_.send_time += absl::Now() - t0;
   counters_.wire_bytes_sent += wire;

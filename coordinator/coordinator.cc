@@ -322,13 +322,24 @@ void CoordinatorService::CheckHeartbeats() {
   Deliver(out);
 }
 
-grpc::Status CoordinatorService::Register(grpc::ServerContext*, const v1::RegisterRequest* req,
+grpc::Status CoordinatorService::Register(grpc::ServerContext* ctx, const v1::RegisterRequest* req,
                                           v1::RegisterResponse* resp) {
+  security::Identity who;
+  if (grpc::Status s = Authorize(ctx, Access::kWorker, &who, "Register"); !s.ok()) return s;
+  // In-process callers (tests) have no context and no quota.
+  if (ctx != nullptr) {
+    if (absl::Status q = register_limiter_.Take(ctx->peer()); !q.ok()) return ToGrpc(q);
+  }
   const v1::WorkerInfo& info = req->info();
   if (info.name().empty() || info.name().size() > 128) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "worker name must be 1..128 characters");
   }
   if (info.address().empty()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "worker address is empty");
+  // A worker registers under its certificate's name only: no one else can take its place.
+  if (who.role == security::Role::kWorker && who.name != info.name()) {
+    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                        absl::StrCat("this certificate is worker ", who.name, "'s; it cannot register as ", info.name()));
+  }
   Outbox out;
   {
     absl::MutexLock l(&mu_);
@@ -365,6 +376,8 @@ grpc::Status CoordinatorService::Register(grpc::ServerContext*, const v1::Regist
 
 grpc::Status CoordinatorService::Session(
     grpc::ServerContext* ctx, grpc::ServerReaderWriter<v1::CoordinatorMessage, v1::WorkerMessage>* stream) {
+  security::Identity who;
+  if (grpc::Status s = Authorize(ctx, Access::kWorker, &who, "Session"); !s.ok()) return s;
   v1::WorkerMessage m;
   if (!stream->Read(&m)) return grpc::Status::OK;
   const uint64_t id = m.worker_id();
@@ -382,6 +395,15 @@ grpc::Status CoordinatorService::Session(
     if (stopping_ || it == workers_.end() || it->second.status.state() == v1::WORKER_STATE_DEAD) {
       return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                           absl::StrCat("worker id ", id, " is not registered (register again)"));
+    }
+    // A session is bound to the certificate the worker registered with (taking over another
+    // worker's id would lock it out and hand its stages to the caller).
+    if (who.role == security::Role::kWorker && it->second.status.info().name() != who.name) {
+      Log(absl::StrCat("session for worker id ", id, " from ", ctx->peer(), " refused: certificate ", who.name,
+                       " is not worker ", it->second.status.info().name()));
+      return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                          absl::StrCat("worker id ", id, " belongs to ", it->second.status.info().name(),
+                                       ", not to this certificate's ", who.name));
     }
     if (it->second.session && it->second.session->ctx) it->second.session->ctx->TryCancel();
     it->second.session = handle;
@@ -405,7 +427,7 @@ grpc::Status CoordinatorService::Session(
         OnProgress(w, m.progress());
       } else if (m.has_finished()) {
         Txn txn(*store_);
-        OnFinished(w, m.finished(), &out);
+        OnFinished(w, CheckFinishedStep(w, m.finished()), &out);
       } else if (m.has_link()) {
         Txn txn(*store_);
         OnLinkReport(w, m.link());
@@ -509,10 +531,46 @@ void CoordinatorService::OnProgress(Worker& w, const v1::StepProgress& p) {
   Changed();
 }
 
-grpc::Status CoordinatorService::SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* req,
+v1::JobFinished CoordinatorService::CheckFinishedStep(const Worker& w, v1::JobFinished f) {
+  if (!f.ok()) return f;
+  auto it = jobs_.find(f.job_id());
+  if (it == jobs_.end() || it->second.status.state() != v1::JOB_STATE_RUNNING ||
+      f.attempt() != it->second.status.attempt()) {
+    return f;  // OnFinished ignores it, or only frees the worker
+  }
+  const Job& job = it->second;
+  const int slot = Slot(job, f.stage(), f.replica());
+  if (f.stage() < 0 || slot < 0 || slot >= job.status.stages_size() ||
+      job.status.stages(slot).worker_id() != w.status.worker_id()) {
+    return f;  // not this worker's stage: OnFinished does not count it
+  }
+  const int64_t reached = job.status.stages(slot).step(), planned = job.status.spec().steps();
+  if (reached >= planned) return f;
+  Log(absl::StrCat(Describe(w.status), " reported job ", f.job_id(), " stage ", f.stage(), " finished at step ",
+                   reached, " of ", planned, ": taken as a failure"));
+  f.set_ok(false);
+  f.set_retryable(false);
+  f.set_error(absl::StrCat("stage ", f.stage(), " reported finished at step ", reached, " of ", planned));
+  return f;
+}
+
+grpc::Status CoordinatorService::SubmitJob(grpc::ServerContext* ctx, const v1::SubmitJobRequest* req,
                                            v1::SubmitJobResponse* resp) {
+  security::Identity who;
+  if (grpc::Status s = Authorize(ctx, Access::kAdmin, &who, "SubmitJob"); !s.ok()) return s;
+  if (ctx != nullptr) {  // in-process callers (tests) have no quota
+    if (absl::Status q = submit_limiter_.Take(ctx->peer()); !q.ok()) return ToGrpc(q);
+  }
   absl::StatusOr<v1::JobSpec> spec = ParseJobSpec(req->spec_yaml(), req->steps_override());
   if (!spec.ok()) return ToGrpc(spec.status());
+  // A model no worker can hold would only fail on every worker it is given, after the queue.
+  if (const MemoryEstimate e = EstimateStageMemory(*spec);
+      opt_.worker_memory_bytes > 0 && e.total_bytes() > static_cast<double>(opt_.worker_memory_bytes)) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("the model does not fit a worker: ", e.ToString(spec->stages()),
+                                     " needed at least, a worker has ", opt_.worker_memory_bytes >> 20,
+                                     " MiB (use more stages or a smaller model)"));
+  }
   Outbox out;
   {
     absl::MutexLock l(&mu_);
@@ -555,7 +613,9 @@ grpc::Status CoordinatorService::SubmitJob(grpc::ServerContext*, const v1::Submi
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::GetJob(grpc::ServerContext*, const v1::GetJobRequest* req, v1::JobStatus* resp) {
+grpc::Status CoordinatorService::GetJob(grpc::ServerContext* ctx, const v1::GetJobRequest* req, v1::JobStatus* resp) {
+  security::Identity who;
+  if (grpc::Status s = Authorize(ctx, Access::kRead, &who, "GetJob"); !s.ok()) return s;
   absl::MutexLock l(&mu_);
   auto it = jobs_.find(req->job_id());
   if (it == jobs_.end()) return grpc::Status(grpc::StatusCode::NOT_FOUND, absl::StrCat("no job ", req->job_id()));
@@ -568,7 +628,9 @@ grpc::Status CoordinatorService::GetJob(grpc::ServerContext*, const v1::GetJobRe
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::ListJobs(grpc::ServerContext*, const v1::ListJobsRequest*, v1::ListJobsResponse* resp) {
+grpc::Status CoordinatorService::ListJobs(grpc::ServerContext* ctx, const v1::ListJobsRequest*, v1::ListJobsResponse* resp) {
+  security::Identity who;
+  if (grpc::Status s = Authorize(ctx, Access::kRead, &who, "ListJobs"); !s.ok()) return s;
   absl::MutexLock l(&mu_);
   for (const auto& [id, job] : jobs_) {
     v1::JobStatus* s = resp->add_jobs();
@@ -580,6 +642,8 @@ grpc::Status CoordinatorService::ListJobs(grpc::ServerContext*, const v1::ListJo
 
 grpc::Status CoordinatorService::WatchJob(grpc::ServerContext* ctx, const v1::WatchJobRequest* req,
                                           grpc::ServerWriter<v1::JobStatus>* writer) {
+  security::Identity who;
+  if (grpc::Status s = Authorize(ctx, Access::kRead, &who, "WatchJob"); !s.ok()) return s;
   uint64_t seen = ~uint64_t{0};
   for (;;) {
     v1::JobStatus st;
@@ -601,7 +665,9 @@ grpc::Status CoordinatorService::WatchJob(grpc::ServerContext* ctx, const v1::Wa
   }
 }
 
-grpc::Status CoordinatorService::CancelJob(grpc::ServerContext*, const v1::CancelJobRequest* req, v1::CancelJobResponse*) {
+grpc::Status CoordinatorService::CancelJob(grpc::ServerContext* ctx, const v1::CancelJobRequest* req, v1::CancelJobResponse*) {
+  security::Identity who;
+  if (grpc::Status s = Authorize(ctx, Access::kAdmin, &who, "CancelJob"); !s.ok()) return s;
   Outbox out;
   {
     absl::MutexLock l(&mu_);
@@ -621,8 +687,10 @@ grpc::Status CoordinatorService::CancelJob(grpc::ServerContext*, const v1::Cance
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::ListWorkers(grpc::ServerContext*, const v1::ListWorkersRequest*,
+grpc::Status CoordinatorService::ListWorkers(grpc::ServerContext* ctx, const v1::ListWorkersRequest*,
                                              v1::ListWorkersResponse* resp) {
+  security::Identity who;
+  if (grpc::Status s = Authorize(ctx, Access::kRead, &who, "ListWorkers"); !s.ok()) return s;
   absl::MutexLock l(&mu_);
   for (auto& [id, w] : workers_) {
     v1::WorkerStatus* s = resp->add_workers();

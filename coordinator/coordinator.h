@@ -73,6 +73,7 @@
 #include "coordinator/store.h"
 #include "longhaul/v1/control_plane.grpc.pb.h"
 #include "common/clock.h"
+#include "security/pki.h"
 
 namespace longhaul::coordinator {
 
@@ -95,6 +96,16 @@ struct CoordinatorOptions {
     placement::SolveOptions solve = {.exact_limit = 100000, .rounds = 200, .time_limit = absl::Milliseconds(500)};
   } placement;
   common::Clock* clock = common::RealClock();
+  // The cluster CA (docs/security.md; coordinator_auth.cc): set, every RPC but Join needs a client
+  // certificate of a role allowed to make it, Join signs certificates for join tokens, and a
+  // worker's session is bound to its certificate's name. Null (--insecure): no checks, no Join.
+  const security::CertificateAuthority* ca = nullptr;
+  // Per-client quotas on submissions and registrations (scheduler.h, docs/security.md).
+  AdmissionLimits limits;
+  // The memory of one worker, which a submitted job's largest stage must fit (EstimateStageMemory,
+  // job_spec.h) or it is refused with the estimate; 0: no check. Workers do not report their
+  // memory yet: the default is one 80 GiB accelerator's, the largest commonly rented.
+  int64_t worker_memory_bytes = int64_t{80} << 30;
 };
 
 class CoordinatorService final : public v1::Coordinator::Service {
@@ -127,6 +138,11 @@ class CoordinatorService final : public v1::Coordinator::Service {
   };
   MetricsView ViewForMetrics(size_t max_jobs);
 
+  // Identity (coordinator_auth.cc, docs/security.md).
+  grpc::Status Join(grpc::ServerContext*, const v1::JoinRequest*, v1::JoinResponse*) override;
+  grpc::Status CreateToken(grpc::ServerContext*, const v1::CreateTokenRequest*, v1::CreateTokenResponse*) override;
+  grpc::Status CreateIdentity(grpc::ServerContext*, const v1::CreateIdentityRequest*,
+                              v1::CreateIdentityResponse*) override;
   grpc::Status Register(grpc::ServerContext*, const v1::RegisterRequest*, v1::RegisterResponse*) override;
   grpc::Status Session(grpc::ServerContext*,
                        grpc::ServerReaderWriter<v1::CoordinatorMessage, v1::WorkerMessage>*) override;
@@ -140,6 +156,11 @@ class CoordinatorService final : public v1::Coordinator::Service {
   grpc::Status PlanJob(grpc::ServerContext*, const v1::PlanJobRequest*, v1::PlanJobResponse*) override;
 
  private:
+  // What an RPC needs of its caller's certificate (coordinator_auth.cc).
+  enum class Access { kWorker, kRead, kAdmin };
+  // OK when the caller may make the RPC (always without a CA); `who` gets its identity (without a
+  // CA: no name, role admin). The refusal says what was missing and is logged with the peer.
+  grpc::Status Authorize(grpc::ServerContext* ctx, Access need, security::Identity* who, const char* rpc);
   // One worker's open session stream.
   struct SessionHandle {
     absl::Mutex write_mu;
@@ -197,6 +218,9 @@ class CoordinatorService final : public v1::Coordinator::Service {
                   absl::Duration detection = absl::InfiniteDuration()) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnProgress(Worker& w, const v1::StepProgress& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnFinished(Worker& w, const v1::JobFinished& f, Outbox* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A stage that reports "finished" must have reached the job's last step (its progress reports
+  // say how far it got): an early "finished" becomes a failure of the stage, not a success.
+  v1::JobFinished CheckFinishedStep(const Worker& w, v1::JobFinished f) ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Recovery (coordinator_recovery.cc).
   // A stage of `job` failed (its worker `dead` gone, or null when it failed on a live worker):
   // RECOVERING, or FAILED when out of restarts. `detection`: how long the failure went unnoticed.
@@ -273,6 +297,10 @@ class CoordinatorService final : public v1::Coordinator::Service {
   uint64_t version_ ABSL_GUARDED_BY(mu_) = 0;  // bumped on every job change (WatchJob waits on it)
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread monitor_;
+  // Admission (scheduler.h): per client host, after opt_.
+  PeerRateLimiter submit_limiter_{"job submissions", opt_.limits.submit, opt_.clock};
+  PeerRateLimiter register_limiter_{"worker registrations", opt_.limits.register_worker, opt_.clock};
+  PeerRateLimiter join_limiter_{"joins", opt_.limits.join, opt_.clock};
 };
 
 }  // namespace longhaul::coordinator

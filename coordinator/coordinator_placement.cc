@@ -197,7 +197,9 @@ std::vector<uint64_t> CoordinatorService::Place(Job& job, std::vector<uint64_t>*
   return chosen;
 }
 
-grpc::Status CoordinatorService::ListLinks(grpc::ServerContext*, const v1::ListLinksRequest*, v1::ListLinksResponse* resp) {
+grpc::Status CoordinatorService::ListLinks(grpc::ServerContext* ctx, const v1::ListLinksRequest*, v1::ListLinksResponse* resp) {
+  security::Identity who;
+  if (grpc::Status s = Authorize(ctx, Access::kRead, &who, "ListLinks"); !s.ok()) return s;
   absl::MutexLock l(&mu_);
   const double now = UnixNow();
   auto live = [&](uint64_t id) ABSL_SHARED_LOCKS_REQUIRED(mu_) {
@@ -216,7 +218,9 @@ grpc::Status CoordinatorService::ListLinks(grpc::ServerContext*, const v1::ListL
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::PlanJob(grpc::ServerContext*, const v1::PlanJobRequest* req, v1::PlanJobResponse* resp) {
+grpc::Status CoordinatorService::PlanJob(grpc::ServerContext* ctx, const v1::PlanJobRequest* req, v1::PlanJobResponse* resp) {
+  security::Identity who;
+  if (grpc::Status s = Authorize(ctx, Access::kRead, &who, "PlanJob"); !s.ok()) return s;
   absl::StatusOr<v1::JobSpec> spec = ParseJobSpec(req->spec_yaml());
   if (!spec.ok()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, std::string(spec.status().message()));
   absl::StatusOr<std::vector<stage_runtime::LayerRange>> parts =

@@ -4,6 +4,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "coordinator/ctl_channel.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -73,8 +74,7 @@ CLI::App* AddExportCommand(CLI::App& app, ExportFlags* f) {
 }
 
 int RunExport(const std::string& coordinator, const ExportFlags& f) {
-  auto stub = v1::Coordinator::NewStub(
-      grpc::CreateCustomChannel(coordinator, grpc::InsecureChannelCredentials(), LonghaulChannelArgs()));
+  auto stub = v1::Coordinator::NewStub(CoordinatorChannel(coordinator));
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
   v1::GetJobRequest req;

@@ -8,6 +8,7 @@
 #include <grpcpp/grpcpp.h>
 #include <nlohmann/json.hpp>
 
+#include "coordinator/ctl_channel.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -32,7 +33,7 @@ int RpcFail(const std::string& what, const grpc::Status& s, const std::string& a
 }
 
 std::unique_ptr<v1::Coordinator::Stub> Stub(const std::string& addr) {
-  return v1::Coordinator::NewStub(grpc::CreateCustomChannel(addr, grpc::InsecureChannelCredentials(), LonghaulChannelArgs()));
+  return v1::Coordinator::NewStub(CoordinatorChannel(addr));
 }
 
 void Deadline(grpc::ClientContext* c, double seconds) {

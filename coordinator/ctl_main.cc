@@ -12,7 +12,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "coordinator/ctl_channel.h"
 #include "coordinator/ctl_export.h"
+#include "coordinator/ctl_identity.h"
 #include "coordinator/ctl_links.h"
 #include "coordinator/states.h"
 #include "longhaul/v1/control_plane.grpc.pb.h"
@@ -210,8 +212,7 @@ void PrintDetail(const v1::JobStatus& j) {
 class Ctl {
  public:
   explicit Ctl(std::string addr) : addr_(std::move(addr)) {
-    stub_ = v1::Coordinator::NewStub(
-        grpc::CreateCustomChannel(addr_, grpc::InsecureChannelCredentials(), longhaul::LonghaulChannelArgs()));
+    stub_ = v1::Coordinator::NewStub(longhaul::coordinator::CoordinatorChannel(addr_));
   }
 
   int Workers(bool json) {
@@ -418,6 +419,8 @@ int main(int argc, char** argv) {
   app.add_option("--coordinator", coordinator, "coordinator address (else $LONGHAUL_COORDINATOR, else the default)")
       ->type_name("HOST:PORT")
       ->envname("LONGHAUL_COORDINATOR");
+  longhaul::coordinator::CtlCredentialFlags creds;
+  longhaul::coordinator::AddCredentialFlags(app, &creds);
   // --coordinator may also follow the command (`longhaulctl submit job.yaml --coordinator=...`).
   app.fallthrough();
   app.require_subcommand(1);
@@ -463,11 +466,23 @@ int main(int argc, char** argv) {
   longhaul::coordinator::PlanFlags plan_flags;
   CLI::App* plan_cmd = longhaul::coordinator::AddPlanCommand(app, &plan_flags);
 
+  longhaul::coordinator::IdentityFlags identity_flags;
+  auto [token_create, identity_create] = longhaul::coordinator::AddIdentityCommands(app, &identity_flags);
+
   // After the subcommands, which would inherit it.
   app.footer(
       "A job spec's keys and defaults are documented in coordinator/job_spec.h; an example is\n"
-      "deploy/jobs/demo.yaml. `longhaulctl COMMAND --help` shows a command's flags.");
+      "deploy/jobs/demo.yaml. `longhaulctl COMMAND --help` shows a command's flags.\n"
+      "Identity: TLS with the admin certificate the coordinator wrote into its --pki-dir, unless --cert/--key/\n"
+      "--ca name another (`longhaulctl identity create`); docs/security.md.");
   if (std::optional<int> rc = longhaul::common::ParseFlags(app, argc, argv)) return *rc;
+  if (!(plan_cmd->parsed() && plan_flags.simulate)) {  // (a simulation talks to no coordinator)
+    if (absl::Status s = longhaul::coordinator::UseCredentials(creds, coordinator); !s.ok()) {
+      return Fail(std::string(s.message()));
+    }
+  }
+  if (token_create->parsed()) return longhaul::coordinator::RunTokenCreate(coordinator, identity_flags);
+  if (identity_create->parsed()) return longhaul::coordinator::RunIdentityCreate(coordinator, identity_flags);
   Ctl ctl(coordinator);
   if (workers->parsed()) return ctl.Workers(json);
   if (submit->parsed()) {

@@ -1,6 +1,8 @@
 #include "coordinator/job_spec.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <map>
 #include <vector>
@@ -13,6 +15,7 @@
 #include "absl/time/time.h"
 #include "codec/spec.h"
 #include "stage_runtime/model_presets.h"
+#include "stage_runtime/partition.h"
 
 namespace longhaul::coordinator {
 
@@ -140,10 +143,43 @@ class MapReader {
 
 }  // namespace
 
+absl::Status CheckSpecText(const std::string& text) {
+  auto refuse = [&](size_t at, const char* what) {
+    return absl::InvalidArgumentError(absl::StrCat("job spec is not text (", what, ": byte 0x",
+                                                   absl::Hex(static_cast<uint8_t>(text[at]), absl::kZeroPad2),
+                                                   " at offset ", at, "); a job spec is a YAML file"));
+  };
+  const auto* b = reinterpret_cast<const uint8_t*>(text.data());
+  for (size_t i = 0, n = text.size(); i < n;) {
+    const uint8_t c = b[i];
+    if (c < 0x80) {
+      if ((c < 0x20 && c != '\t' && c != '\n' && c != '\r') || c == 0x7F) return refuse(i, "a control character");
+      ++i;
+      continue;
+    }
+    // A UTF-8 sequence: its length from the lead byte, no overlong forms, no surrogates, <= U+10FFFF.
+    int len = 0;
+    uint32_t cp = 0, min = 0;
+    if ((c & 0xE0) == 0xC0) len = 2, cp = c & 0x1F, min = 0x80;
+    else if ((c & 0xF0) == 0xE0) len = 3, cp = c & 0x0F, min = 0x800;
+    else if ((c & 0xF8) == 0xF0) len = 4, cp = c & 0x07, min = 0x10000;
+    else return refuse(i, "not UTF-8");
+    if (n - i < static_cast<size_t>(len)) return refuse(i, "not UTF-8");
+    for (int k = 1; k < len; ++k) {
+      if ((b[i + k] & 0xC0) != 0x80) return refuse(i, "not UTF-8");
+      cp = cp << 6 | (b[i + k] & 0x3F);
+    }
+    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return refuse(i, "not UTF-8");
+    i += len;
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<v1::JobSpec> ParseJobSpec(const std::string& yaml, int64_t steps_override) {
   if (yaml.size() > kMaxSpecBytes) {
     return absl::InvalidArgumentError(absl::StrCat("job spec is ", yaml.size(), " bytes; the limit is ", kMaxSpecBytes));
   }
+  if (absl::Status s = CheckSpecText(yaml); !s.ok()) return s;
   YAML::Node root;
   try {
     root = YAML::Load(yaml);
@@ -393,6 +429,61 @@ absl::Status ValidateJobSpec(const v1::JobSpec& s) {
   if (s.name().empty() || s.name().size() > 128) p.push_back("name: must be 1..128 characters");
   if (!p.empty()) return absl::InvalidArgumentError(absl::StrJoin(p, "\n"));
   return absl::OkStatus();
+}
+
+namespace {
+
+// Three significant digits (absl::StrFormat is not among this library's dependencies).
+std::string Sig3(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.3g", x);
+  return buf;
+}
+std::string GiB(double bytes) { return Sig3(bytes / double(int64_t{1} << 30)) + " GiB"; }
+
+}  // namespace
+
+std::string MemoryEstimate::ToString(int stages) const {
+  return absl::StrCat("stage ", stage, " of ", stages, ": ", Sig3(parameters),
+                      " parameters; weights ", GiB(weight_bytes), " + gradients ", GiB(gradient_bytes),
+                      " + optimizer state ", GiB(optimizer_bytes), " + activations ", GiB(activation_bytes), " = ",
+                      GiB(total_bytes()));
+}
+
+MemoryEstimate EstimateStageMemory(const v1::JobSpec& spec) {
+  // Doubles throughout: the sizes a spec may name overflow int64 products (65536^2 x 1024 x 16).
+  const v1::ModelSpec& m = spec.model();
+  const double h = m.hidden(), s = m.context(), v = m.vocab();
+  const int S = std::max(1, spec.stages());
+  const double b = std::max(1, spec.micro_batch_size());
+  const int M = std::max(1, spec.micro_batches() / Replicas(spec));  // a replica's share of a step
+  const double per_layer = 12 * h * h + 13 * h;  // attention 4h^2+4h, MLP 8h^2+5h, two LayerNorms 4h
+  // A lower bound of what a layer keeps for its backward pass: 16 values of s x b x h (Korthikanti's
+  // 34 s·b·h bytes at 16 bits, less the two 1-byte dropout masks this model does not have); no
+  // s^2 attention scores (fused attention does not keep them).
+  const double element = spec.precision() == "bf16" ? 2 : 4;
+  const double act_per_layer = 16 * s * b * h * element;
+  // The sharded data-parallel codecs keep 1/N of AdamW's moments on each replica.
+  const std::string& dp = spec.data_parallel().codec();
+  const double optimizer_share = (dp == "sdp4bit" || dp == "zeropp") ? 1.0 / Replicas(spec) : 1.0;
+  absl::StatusOr<std::vector<stage_runtime::LayerRange>> parts = stage_runtime::PartitionLayers(m.layers(), S);
+  MemoryEstimate worst;
+  for (int i = 0; i < S; ++i) {
+    const double layers = parts.ok() ? (*parts)[i].end - (*parts)[i].begin : double(m.layers()) / S;
+    MemoryEstimate e;
+    e.stage = i;
+    e.parameters = layers * per_layer;
+    if (i == 0) e.parameters += (v + s) * h;   // wte, wpe
+    if (i == S - 1) e.parameters += 2 * h + v * h;  // ln_f, lm_head (untied, no bias)
+    e.weight_bytes = 4 * e.parameters;
+    e.gradient_bytes = 4 * e.parameters;
+    e.optimizer_bytes = 8 * e.parameters * optimizer_share;
+    const double in_flight = spec.schedule() == "gpipe" ? M : std::min(M, S - i);
+    e.activation_bytes = in_flight * layers * act_per_layer;
+    if (i == S - 1) e.activation_bytes += 2 * b * s * v * element;  // one micro-batch's logits and their gradient
+    if (e.total_bytes() > worst.total_bytes()) worst = e;
+  }
+  return worst;
 }
 
 }  // namespace longhaul::coordinator

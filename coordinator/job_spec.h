@@ -81,6 +81,37 @@ inline int WorkersNeeded(const v1::JobSpec& spec) { return spec.stages() * Repli
 // problem, one per line.
 absl::Status ValidateJobSpec(const v1::JobSpec& spec);
 
+// Whether `text` can be a YAML job spec at all: UTF-8 without NUL or other control characters
+// (tab, CR and LF aside). The message names the first offending byte and its offset, so binary
+// garbage gets a clear answer instead of a YAML or protobuf complaint. ParseJobSpec calls it;
+// `longhaulctl submit` may call it before sending (a spec_yaml that is not UTF-8 cannot even be
+// serialised as the request's string field).
+absl::Status CheckSpecText(const std::string& text);
+
+// What the largest stage of a job needs in memory on its worker, estimated from a valid spec
+// before the job is accepted (the coordinator refuses a job whose stage cannot fit a worker,
+// CoordinatorOptions::worker_memory_bytes). Counted: fp32 weights, gradients and AdamW's two moments
+// (16 bytes a parameter whatever the precision: bf16 keeps fp32 master weights; the moments / N
+// for the sharded data-parallel codecs), the activations kept for the backward pass of the
+// micro-batches a stage holds at once (GPipe: all of a step; 1F1B: stages - s on stage s), per
+// layer at least 16·s·b·h values at the precision's size (Korthikanti et al. 2022 without dropout
+// masks and without the s² attention scores, which fused attention does not keep), and the last
+// stage's logits and their gradient. Not counted: buffers, the links' frames, allocator slack,
+// temporaries — so it errs low: a job refused by it cannot fit.
+struct MemoryEstimate {
+  int stage = 0;            // the stage that needs the most (the first of equals)
+  double parameters = 0;    // its parameters
+  double weight_bytes = 0;  // fp32 weights
+  double gradient_bytes = 0;
+  double optimizer_bytes = 0;   // AdamW's two moments
+  double activation_bytes = 0;  // kept for the backward pass, logits included
+  double total_bytes() const { return weight_bytes + gradient_bytes + optimizer_bytes + activation_bytes; }
+  // "stage 0 of 4: 6.44e+10 parameters; weights 240 GiB + gradients 240 GiB + optimizer 480 GiB +
+  // activations 12.0 GiB = 972 GiB"
+  std::string ToString(int stages) const;
+};
+MemoryEstimate EstimateStageMemory(const v1::JobSpec& spec);
+
 }  // namespace longhaul::coordinator
 
 #endif  // LONGHAUL_COORDINATOR_JOB_SPEC_H_

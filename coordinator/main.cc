@@ -18,6 +18,8 @@
 #include "common/metrics.h"
 #include "common/signals.h"
 #include "proto/channel_config.h"
+#include "security/pki.h"
+#include "security/tls.h"
 
 namespace {
 
@@ -44,6 +46,8 @@ int main(int argc, char** argv) {
   std::string listen = "0.0.0.0:7400", state = "longhaul-coordinator.db", port_file;
   std::string interval_flag = "1s", timeout_flag = "3s", reserve_flag = "10m", reattach_flag = "30s";
   std::string metrics_listen = "0.0.0.0:9464", metrics_port_file;
+  std::string pki_dir;
+  bool insecure = false;
   CLI::App app{
       "Keeps the worker registry (heartbeats), accepts jobs from longhaulctl, places their stages on\n"
       "idle workers and follows their progress. Everything is recorded in a SQLite state file, so a\n"
@@ -76,7 +80,18 @@ int main(int argc, char** argv) {
       ->type_name("HOST:PORT|none");
   app.add_option("--metrics-port-file", metrics_port_file, "write the metrics server's port here once listening")
       ->type_name("PATH");
-  app.footer("A DURATION is a number of seconds or a number with a unit: 300ms, 1.5s, 10m, 1h.");
+  app.add_option("--pki-dir", pki_dir,
+                 "the cluster's CA and this coordinator's certificates, made on first start (ca.key and the other "
+                 "keys mode 0600); admin.key/admin.crt there are longhaulctl's admin identity (docs/security.md). "
+                 "Default: longhaul-pki next to the --state file")
+      ->type_name("DIR");
+  app.add_flag("--insecure", insecure,
+               "plaintext gRPC without identities: every caller may do everything. Refused unless --listen is a "
+               "loopback address");
+  app.footer(
+      "A DURATION is a number of seconds or a number with a unit: 300ms, 1.5s, 10m, 1h.\n"
+      "TLS (the default): workers join with a token from `longhaulctl token create` and the CA fingerprint\n"
+      "printed at start-up; docs/security.md.");
   if (std::optional<int> rc = longhaul::common::ParseFlags(app, argc, argv)) return *rc;
   absl::Duration interval, timeout, reserve_after, reattach_grace;
   for (auto [flag, text, d] : {std::tuple{"--heartbeat-interval", &interval_flag, &interval},
@@ -104,7 +119,30 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "longhaul-coordinator: %s\n", std::string(store.status().message()).c_str());
     return 1;
   }
+  // After the state file's lock: a second coordinator on the same state never touches the CA.
+  std::optional<longhaul::security::ClusterPki> pki;
+  if (insecure) {
+    if (absl::Status s = longhaul::security::CheckLoopbackListen("--listen", listen); !s.ok()) {
+      std::fprintf(stderr, "longhaul-coordinator: %s\n", std::string(s.message()).c_str());
+      return 2;
+    }
+  } else {
+    if (pki_dir.empty()) {
+      const size_t slash = state.rfind('/');
+      pki_dir = slash == std::string::npos ? "longhaul-pki" : absl::StrCat(state.substr(0, slash + 1), "longhaul-pki");
+    }
+    absl::StatusOr<longhaul::security::ClusterPki> opened = longhaul::security::OpenClusterPki(pki_dir);
+    if (!opened.ok()) {
+      std::fprintf(stderr, "longhaul-coordinator: --pki-dir %s: %s\n", pki_dir.c_str(),
+                   std::string(opened.status().message()).c_str());
+      return 1;
+    }
+    pki = *std::move(opened);
+    longhaul::common::Log("coordinator", absl::StrCat(pki->created ? "created the cluster CA in " : "cluster CA in ",
+                                                      pki_dir, "; CA fingerprint ", pki->ca.fingerprint()));
+  }
   CoordinatorOptions o;
+  if (pki) o.ca = &pki->ca;
   o.heartbeat_timeout = timeout;
   o.heartbeat_interval = interval;
   o.queue.reserve_after = reserve_after;
@@ -136,7 +174,11 @@ int main(int argc, char** argv) {
   }
   grpc::ServerBuilder b;
   int port = 0;
-  b.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  b.AddListeningPort(listen,
+                     pki ? longhaul::security::ServerCredentials(pki->server, pki->ca.cert_pem(),
+                                                                 longhaul::security::ClientCerts::kOptional)
+                         : grpc::InsecureServerCredentials(),
+                     &port);
   longhaul::ConfigureLonghaulServer(&b);
   b.RegisterService(svc->get());
   std::unique_ptr<grpc::Server> server = b.BuildAndStart();
@@ -145,7 +187,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (!port_file.empty()) WritePortFile(port_file, port);
-  longhaul::common::Log("coordinator", absl::StrCat("listening on port ", port, ", state file ", state, ", heartbeat every ",
+  longhaul::common::Log("coordinator", absl::StrCat("listening on port ", port, pki ? " (TLS)" : " (plaintext, --insecure)",
+                                                    ", state file ", state, ", heartbeat every ",
                                                     absl::FormatDuration(interval), ", timeout ",
                                                     absl::FormatDuration(timeout)));
   (*svc)->StartMonitor();

@@ -1,8 +1,12 @@
 #include "coordinator/scheduler.h"
 
+#include <algorithm>
 #include <cstddef>
+#include <iterator>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "common/log.h"
 
 namespace longhaul::coordinator {
 namespace {
@@ -54,6 +58,55 @@ QueuePlan PlanQueue(const std::vector<QueuedJob>& queue, const std::vector<uint6
     plan.waiting[id] = std::move(why);
   }
   return plan;
+}
+
+std::string PeerRateLimiter::PeerHost(const std::string& peer) {
+  absl::string_view p(peer);
+  if (absl::ConsumePrefix(&p, "ipv4:")) return std::string(p.substr(0, p.rfind(':')));
+  if (absl::ConsumePrefix(&p, "ipv6:")) {
+    p = p.substr(0, p.rfind(':'));
+    absl::ConsumePrefix(&p, "[");
+    absl::ConsumeSuffix(&p, "]");
+    return std::string(p);
+  }
+  return peer;
+}
+
+absl::Status PeerRateLimiter::Take(const std::string& grpc_peer) {
+  if (limit_.per_second <= 0) return absl::OkStatus();
+  const std::string host = PeerHost(grpc_peer);
+  const absl::Time now = clock_->Now();
+  absl::MutexLock l(&mu_);
+  if (buckets_.size() > kMaxTracked && buckets_.count(host) == 0) {
+    for (auto it = buckets_.begin(); it != buckets_.end();) {
+      const double refilled = it->second.tokens + absl::ToDoubleSeconds(now - it->second.at) * limit_.per_second;
+      it = refilled >= limit_.burst ? buckets_.erase(it) : std::next(it);
+    }
+  }
+  auto [it, fresh] = buckets_.try_emplace(host);
+  Bucket& b = it->second;
+  if (fresh) {
+    b.tokens = limit_.burst;
+    b.at = now;
+  }
+  b.tokens = std::min(limit_.burst, b.tokens + absl::ToDoubleSeconds(now - b.at) * limit_.per_second);
+  b.at = now;
+  if (b.tokens >= 1) {
+    b.tokens -= 1;
+    return absl::OkStatus();
+  }
+  ++b.refused;
+  if (now - b.logged >= absl::Seconds(10)) {
+    common::LogWarning("coordinator", absl::StrCat("limit hit: ", what_, " from ", host, " (", grpc_peer, ") over ",
+                                                   limit_.burst, " at once, then ", limit_.per_second,
+                                                   "/s; refused ", b.refused, " since the last report"));
+    b.logged = now;
+    b.refused = 0;
+  }
+  const double wait = (1 - b.tokens) / limit_.per_second;
+  return absl::ResourceExhaustedError(absl::StrCat("too many ", what_, " from ", host, ": the limit is ", limit_.burst,
+                                                   " at once, then ", limit_.per_second, " per second; try again in ",
+                                                   absl::FormatDuration(absl::Ceil(absl::Seconds(wait), absl::Milliseconds(1)))));
 }
 
 }  // namespace longhaul::coordinator

@@ -18,6 +18,10 @@
 //     therefore starts once enough of them finish, whatever was submitted after it. The first such
 //     job in the queue holds everything behind it, so reservations are served in submission order.
 //   - A waiting job's reason says which case it is in (shown by `longhaulctl status`).
+//
+// Admission, before a job or a worker gets that far (docs/security.md, "Resource limits"): a token
+// bucket per client host (PeerRateLimiter) bounds how fast one client may submit jobs or register
+// workers, so one client cannot flood the queue, the state file or the registry.
 #ifndef LONGHAUL_COORDINATOR_SCHEDULER_H_
 #define LONGHAUL_COORDINATOR_SCHEDULER_H_
 
@@ -26,7 +30,11 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 
 namespace longhaul::coordinator {
 
@@ -53,6 +61,51 @@ struct QueuePlan {
 // in the order they are preferred. `live`: workers that are not dead (idle or busy).
 QueuePlan PlanQueue(const std::vector<QueuedJob>& queue, const std::vector<uint64_t>& idle, int live,
                     absl::Time now, const QueueOptions& options);
+
+// A token bucket: `burst` requests at once, refilled at `per_second`. per_second <= 0: no limit.
+struct RateLimit {
+  double per_second = 0;
+  double burst = 0;
+};
+
+// Per-client quotas of the control plane. Defaults: generous for a person or a script submitting a
+// sweep (100 jobs at once, then 2 a second) and for a host starting many workers (20 at once, then
+// one a second; a worker retries a refused registration with backoff), far below a flood.
+struct AdmissionLimits {
+  RateLimit submit = {2, 100};
+  RateLimit register_worker = {1, 20};
+  RateLimit join = {1, 20};  // Join needs no certificate: the one RPC open to anyone who can connect
+};
+
+// Token buckets per client host: the host of gRPC's peer string ("ipv4:10.0.0.5:40312" ->
+// "10.0.0.5"), so a client opening new connections (new ports) still draws on one bucket. A refusal
+// is RESOURCE_EXHAUSTED saying the limit and when a request will be accepted again, and is logged
+// with the peer: the first of a run, then at most every 10 s with the count refused meanwhile, so a
+// flood does not flood the log. Idle buckets (full again) are forgotten once more than 10,000 hosts
+// are tracked. Thread-safe.
+class PeerRateLimiter {
+ public:
+  // `what`: the requests limited, for messages ("job submissions").
+  PeerRateLimiter(std::string what, RateLimit limit, common::Clock* clock)
+      : what_(std::move(what)), limit_(limit), clock_(clock) {}
+  absl::Status Take(const std::string& grpc_peer);
+  // "ipv4:1.2.3.4:5" -> "1.2.3.4", "ipv6:[::1]:5" -> "::1", "unix:/path" -> "unix:/path".
+  static std::string PeerHost(const std::string& grpc_peer);
+
+ private:
+  struct Bucket {
+    double tokens = 0;
+    absl::Time at;               // when `tokens` was computed
+    int64_t refused = 0;         // since the last log line
+    absl::Time logged = absl::InfinitePast();
+  };
+  static constexpr size_t kMaxTracked = 10000;
+  const std::string what_;
+  const RateLimit limit_;
+  common::Clock* const clock_;
+  absl::Mutex mu_;
+  std::map<std::string, Bucket> buckets_ ABSL_GUARDED_BY(mu_);
+};
 
 }  // namespace longhaul::coordinator
 

@@ -88,6 +88,9 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& path) {
            "CREATE TABLE IF NOT EXISTS losses(job_id INTEGER, step INTEGER, loss REAL, PRIMARY KEY(job_id, step))",
            "CREATE TABLE IF NOT EXISTS workers(id INTEGER PRIMARY KEY, name TEXT UNIQUE, status BLOB NOT NULL)",
            "CREATE TABLE IF NOT EXISTS links(src INTEGER, dst INTEGER, m BLOB NOT NULL, PRIMARY KEY(src, dst))",
+           "CREATE TABLE IF NOT EXISTS tokens(hash TEXT PRIMARY KEY, role TEXT NOT NULL, expires_unix REAL NOT NULL, "
+           "uses_left INTEGER NOT NULL, created_unix REAL NOT NULL)",
+           "CREATE TABLE IF NOT EXISTS identities(name TEXT PRIMARY KEY, role TEXT NOT NULL, issued_unix REAL NOT NULL)",
        }) {
     if (absl::Status st = s->Exec(sql); !st.ok()) {
       return absl::UnavailableError(absl::StrCat("state file ", path, ": ", st.message()));
@@ -241,6 +244,65 @@ absl::StatusOr<std::vector<v1::LinkMeasurement>> Store::LoadLinks() {
   }
   if (rc != SQLITE_DONE) return absl::InternalError(absl::StrCat("sqlite: ", sqlite3_errmsg(db_)));
   return out;
+}
+
+absl::Status Store::PutToken(const std::string& hash, const std::string& role, double expires_unix, int uses,
+                             double now_unix) {
+  // Expired tokens are of no use to anyone; they go when a new one is made.
+  Stmt del(db_, "DELETE FROM tokens WHERE expires_unix < ?");
+  if (absl::Status st = del.ok(); !st.ok()) return st;
+  sqlite3_bind_double(del.get(), 1, now_unix - 7 * 24 * 3600.0);  // kept a week, to say "expired" rather than "unknown"
+  if (absl::Status st = del.Done(); !st.ok()) return st;
+  Stmt s(db_, "INSERT INTO tokens(hash, role, expires_unix, uses_left, created_unix) VALUES(?, ?, ?, ?, ?)");
+  if (absl::Status st = s.ok(); !st.ok()) return st;
+  sqlite3_bind_text(s.get(), 1, hash.c_str(), -1, SQLITE_TRANSIENT);
+  sqlite3_bind_text(s.get(), 2, role.c_str(), -1, SQLITE_TRANSIENT);
+  sqlite3_bind_double(s.get(), 3, expires_unix);
+  sqlite3_bind_int64(s.get(), 4, uses);
+  sqlite3_bind_double(s.get(), 5, now_unix);
+  return s.Done();
+}
+
+absl::StatusOr<std::string> Store::UseToken(const std::string& hash, double now_unix) {
+  Stmt s(db_, "SELECT role, expires_unix, uses_left FROM tokens WHERE hash = ?");
+  if (absl::Status st = s.ok(); !st.ok()) return st;
+  sqlite3_bind_text(s.get(), 1, hash.c_str(), -1, SQLITE_TRANSIENT);
+  if (sqlite3_step(s.get()) != SQLITE_ROW) {
+    return absl::PermissionDeniedError("unknown join token (mistyped, or made by another coordinator)");
+  }
+  const std::string role = reinterpret_cast<const char*>(sqlite3_column_text(s.get(), 0));
+  const double expires = sqlite3_column_double(s.get(), 1);
+  const int64_t uses = sqlite3_column_int64(s.get(), 2);
+  if (expires <= now_unix) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("join token expired ", static_cast<int64_t>(now_unix - expires), " s ago (longhaulctl token create)"));
+  }
+  if (uses <= 0) return absl::PermissionDeniedError("join token used up (every join it allowed was made)");
+  Stmt u(db_, "UPDATE tokens SET uses_left = uses_left - 1 WHERE hash = ?");
+  if (absl::Status st = u.ok(); !st.ok()) return st;
+  sqlite3_bind_text(u.get(), 1, hash.c_str(), -1, SQLITE_TRANSIENT);
+  if (absl::Status st = u.Done(); !st.ok()) return st;
+  return role;
+}
+
+absl::StatusOr<std::optional<Store::Issued>> Store::FindIssued(const std::string& name) {
+  Stmt s(db_, "SELECT role, issued_unix FROM identities WHERE name = ?");
+  if (absl::Status st = s.ok(); !st.ok()) return st;
+  sqlite3_bind_text(s.get(), 1, name.c_str(), -1, SQLITE_TRANSIENT);
+  const int rc = sqlite3_step(s.get());
+  if (rc == SQLITE_DONE) return std::optional<Issued>();
+  if (rc != SQLITE_ROW) return absl::InternalError(absl::StrCat("sqlite: ", sqlite3_errmsg(db_)));
+  const unsigned char* role = sqlite3_column_text(s.get(), 0);
+  return std::optional<Issued>(Issued{role ? reinterpret_cast<const char*>(role) : "", sqlite3_column_double(s.get(), 1)});
+}
+
+absl::Status Store::PutIssued(const std::string& name, const std::string& role, double now_unix) {
+  Stmt s(db_, "INSERT OR REPLACE INTO identities(name, role, issued_unix) VALUES(?, ?, ?)");
+  if (absl::Status st = s.ok(); !st.ok()) return st;
+  sqlite3_bind_text(s.get(), 1, name.c_str(), -1, SQLITE_TRANSIENT);
+  sqlite3_bind_text(s.get(), 2, role.c_str(), -1, SQLITE_TRANSIENT);
+  sqlite3_bind_double(s.get(), 3, now_unix);
+  return s.Done();
 }
 
 }  // namespace longhaul::coordinator

@@ -10,7 +10,11 @@
 //   losses(job_id INTEGER, step INTEGER, loss REAL, PRIMARY KEY(job_id, step))
 //   workers(id INTEGER PRIMARY KEY, name TEXT UNIQUE, status BLOB)          -- v1.WorkerStatus bytes
 //   links(src INTEGER, dst INTEGER, m BLOB, PRIMARY KEY(src, dst))          -- v1.LinkMeasurement bytes
-// (links was added later; CREATE TABLE IF NOT EXISTS gives older files the table, no version bump.)
+//   tokens(hash TEXT PRIMARY KEY, role TEXT, expires_unix REAL, uses_left INTEGER, created_unix REAL)
+//                                                  -- join tokens by SHA-256 (docs/security.md)
+//   identities(name TEXT PRIMARY KEY, role TEXT, issued_unix REAL)  -- names the CA has certified
+// (links, tokens and identities were added later; CREATE TABLE IF NOT EXISTS gives older files the tables, no
+// version bump.)
 //
 // One process per state file: Open takes an exclusive flock(2) on the sidecar `<path>.lock` (and
 // writes its pid there) for the Store's lifetime, so a second coordinator on the same file fails
@@ -24,6 +28,7 @@
 #define LONGHAUL_COORDINATOR_STORE_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -51,6 +56,21 @@ class Store {
   // not stored; it is computed from measured_unix when read).
   absl::Status PutLink(const v1::LinkMeasurement& m);
   absl::StatusOr<std::vector<v1::LinkMeasurement>> LoadLinks();
+
+  // Join tokens (docs/security.md), by the hash of the token (the token itself is never stored).
+  absl::Status PutToken(const std::string& hash, const std::string& role, double expires_unix, int uses,
+                        double now_unix);
+  // Takes one use of the token: its role, or PERMISSION_DENIED saying why not (unknown, expired,
+  // used up). Call inside Begin/Commit, so the check and the use are one transaction.
+  absl::StatusOr<std::string> UseToken(const std::string& hash, double now_unix);
+  // Names the cluster CA has certified: a join under a name already given a certificate is refused
+  // (its holder would pass as that worker). When `name` was issued: its role and time.
+  struct Issued {
+    std::string role;
+    double issued_unix = 0;
+  };
+  absl::StatusOr<std::optional<Issued>> FindIssued(const std::string& name);
+  absl::Status PutIssued(const std::string& name, const std::string& role, double now_unix);  // replaces
 
   // Every write between Begin and the matching Commit is one transaction. Nested pairs join the
   // outermost one (only it writes BEGIN and COMMIT), so a helper may open its own.

@@ -5,7 +5,9 @@
 # ends with a summary (loss, tokens/s, bytes on the wire vs uncompressed, logs, checkpoints).
 # With --prometheus, Debian's prometheus scrapes the demo too (docs/observability.md). With
 # --kill-worker-at STEP a spare worker is started too, one worker is killed (kill -9, its data
-# directory deleted) at that step, and the job recovers on the spare (docs/recovery.md).
+# directory deleted) at that step, and the job recovers on the spare (docs/recovery.md). With
+# --replicas N every stage runs on N workers whose gradients are synchronised by a data-parallel
+# codec (docs/replicated-stages.md): by default 2 stages x N replicas.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="$ROOT/build/bin"
@@ -37,6 +39,17 @@ usage: ./longhaul.sh demo [options]
                        interval becomes 25 steps unless --checkpoint-interval says otherwise
   --checkpoint-interval N
                        checkpoint every N steps (default: the spec's)
+  --replicas N         run every stage on N workers (data parallelism inside each stage,
+                       docs/replicated-stages.md): the spec's stages become 2 unless --stages
+                       says otherwise, so --replicas 2 starts 2 stages x 2 replicas = 4 workers;
+                       the step's micro-batches (the spec's micro_batches, a multiple of N) are
+                       divided among the replicas. The summary adds the data-parallel bytes per
+                       step on the wire against fp32 and the time spent synchronising
+  --dp-codec C         how the replicas synchronise: sdp4bit (default), fp32, bitdp1, bitdp2,
+                       zeropp. With --kill-worker-at only fp32, bitdp1 and bitdp2 (sdp4bit and
+                       zeropp jobs fail when a worker dies: their sharded optimizer state is not
+                       in the checkpoints)
+  --stages N           pipeline stages (default: the spec's; 2 with --replicas)
   --prometheus-listen HOST:PORT
                        where that prometheus serves (implies --prometheus; default
                        127.0.0.1:9090, or the next free port when 9090 is taken)
@@ -44,7 +57,7 @@ USAGE
 }
 
 steps=0; summary=""; rate=""; spec="$ROOT/deploy/jobs/demo.yaml"; run_dir=""; threads=1; devices="cpu"
-prometheus=0; prom_listen=""; kill_at=0; ckpt_interval=""
+prometheus=0; prom_listen=""; kill_at=0; ckpt_interval=""; replicas=1; dp_codec=""; stages_flag=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --steps) steps="$2"; shift 2 ;;
@@ -65,6 +78,12 @@ while [[ $# -gt 0 ]]; do
     --kill-worker-at=*) kill_at="${1#*=}"; shift ;;
     --checkpoint-interval) ckpt_interval="$2"; shift 2 ;;
     --checkpoint-interval=*) ckpt_interval="${1#*=}"; shift ;;
+    --replicas) replicas="$2"; shift 2 ;;
+    --replicas=*) replicas="${1#*=}"; shift ;;
+    --dp-codec) dp_codec="$2"; shift 2 ;;
+    --dp-codec=*) dp_codec="${1#*=}"; shift ;;
+    --stages) stages_flag="$2"; shift 2 ;;
+    --stages=*) stages_flag="${1#*=}"; shift ;;
     --prometheus) prometheus=1; shift ;;
     --prometheus-listen) prometheus=1; prom_listen="$2"; shift 2 ;;
     --prometheus-listen=*) prometheus=1; prom_listen="${1#*=}"; shift ;;
@@ -76,6 +95,23 @@ done
 [[ "$kill_at" =~ ^[0-9]+$ ]] || { echo "demo: --kill-worker-at needs a step number, got '$kill_at'" >&2; exit 2; }
 [[ -z "$ckpt_interval" || "$ckpt_interval" =~ ^[0-9]+$ ]] ||
   { echo "demo: --checkpoint-interval needs a number, got '$ckpt_interval'" >&2; exit 2; }
+[[ "$replicas" =~ ^[0-9]+$ ]] && ((replicas >= 1 && replicas <= 64)) ||
+  { echo "demo: --replicas needs a number in 1..64, got '$replicas'" >&2; exit 2; }
+[[ -z "$stages_flag" || "$stages_flag" =~ ^[1-9][0-9]*$ ]] ||
+  { echo "demo: --stages needs a number >= 1, got '$stages_flag'" >&2; exit 2; }
+case "${dp_codec:-sdp4bit}" in
+  fp32|sdp4bit|bitdp1|bitdp2|zeropp) ;;
+  *) echo "demo: --dp-codec must be fp32, sdp4bit, bitdp1, bitdp2 or zeropp, got '$dp_codec'" >&2; exit 2 ;;
+esac
+if [[ -n "$dp_codec" ]] && ((replicas == 1)); then
+  echo "demo: --dp-codec is for replicated stages; add --replicas N (N >= 2)" >&2; exit 2
+fi
+dp_codec="${dp_codec:-sdp4bit}"
+if ((replicas > 1 && kill_at > 0)) && [[ "$dp_codec" == sdp4bit || "$dp_codec" == zeropp ]]; then
+  echo "demo: --kill-worker-at with --replicas needs --dp-codec fp32, bitdp1 or bitdp2 ($dp_codec keeps each" \
+    "replica's optimizer shard outside the checkpoints, so its jobs fail rather than recover; docs/replicated-stages.md)" >&2
+  exit 2
+fi
 if ((kill_at > 0)) && [[ -z "$ckpt_interval" ]]; then ckpt_interval=25; fi
 [[ -f "$spec" ]] || { echo "demo: no job spec at $spec" >&2; exit 2; }
 [[ -z "$summary" || "$summary" = /* ]] || summary="$PWD/$summary"
@@ -110,6 +146,24 @@ if [[ -n "$ckpt_interval" ]]; then
   else
     printf 'checkpoint:\n  interval: %s\n' "$ckpt_interval" >> "$job_spec"
   fi
+fi
+if ((replicas > 1)) && [[ -z "$stages_flag" ]]; then stages_flag=2; fi
+if [[ -n "$stages_flag" ]]; then
+  # Replace (or add) stages in the copy.
+  if grep -q '^stages:' "$job_spec"; then
+    sed -i "s/^stages:.*/stages: $stages_flag/" "$job_spec"
+  else
+    printf 'stages: %s\n' "$stages_flag" >> "$job_spec"
+  fi
+fi
+if ((replicas > 1)); then
+  mb=$(sed -n 's/^micro_batches: *\([0-9]*\).*/\1/p' "$job_spec" | head -1); mb=${mb:-4}
+  ((mb % replicas == 0)) ||
+    { echo "demo: the spec's micro_batches ($mb) is not a multiple of --replicas $replicas; the replicas divide them" >&2; exit 2; }
+  # Drop the spec's own replicas and data_parallel (block style too: its indented lines).
+  awk '/^replicas:/ { next } /^data_parallel:/ { skip = 1; next } skip && /^[ \t]/ { next } { skip = 0; print }' \
+    "$job_spec" >"$job_spec.tmp" && mv "$job_spec.tmp" "$job_spec"
+  printf 'replicas: %s\ndata_parallel: {codec: %s}\n' "$replicas" "$dp_codec" >> "$job_spec"
 fi
 if [[ -z "$summary" ]]; then summary="$run_dir/summary.json"; fi
 
@@ -167,9 +221,19 @@ if ((prometheus)); then
   echo "demo:   both graphed:      $graph"
 fi
 
-workers=$(sed -n 's/^stages: *\([0-9]*\).*/\1/p' "$job_spec"); workers=${workers:-4}
-stages=$workers
+stages=$(sed -n 's/^stages: *\([0-9]*\).*/\1/p' "$job_spec"); stages=${stages:-4}
+workers=$((stages * replicas))
 ((kill_at > 0)) && workers=$((workers + 1))  # a spare, to take over the killed worker's stage
+# The coordinator serves TLS with the cluster CA it created in its PKI directory
+# (docs/security.md): longhaulctl uses the admin identity there, and the workers join with a
+# token good for all of them (the CA's fingerprint pins the coordinator).
+if [[ -d "$run_dir/longhaul-pki" ]]; then
+  export LONGHAUL_PKI_DIR="$run_dir/longhaul-pki"
+  LONGHAUL_JOIN_TOKEN=$("$BIN/longhaulctl" token create --uses "$workers" 2>"$run_dir/token.log") ||
+    { echo "demo: could not make a join token: $(cat "$run_dir/token.log")" >&2; exit 1; }
+  LONGHAUL_CA_FINGERPRINT=$(sed -n 's/^CA fingerprint //p' "$run_dir/token.log")
+  export LONGHAUL_JOIN_TOKEN LONGHAUL_CA_FINGERPRINT
+fi
 IFS=, read -r -a device_list <<<"$devices"
 declare -A worker_pid
 for i in $(seq 0 $((workers - 1))); do
@@ -185,7 +249,9 @@ for _ in $(seq 300); do
   sleep 0.2
 done
 [[ "${n:-0}" -ge "$workers" ]] || { echo "demo: only ${n:-0} of $workers workers registered; see $run_dir/worker-*.log" >&2; exit 1; }
-echo "demo: $workers workers registered$( ((kill_at > 0)) && echo " ($stages for the stages, 1 spare)")"
+layout="$stages stages"
+((replicas > 1)) && layout="$stages stages x $replicas replicas, data-parallel $dp_codec"
+echo "demo: $workers workers registered ($layout$( ((kill_at > 0)) && echo ", 1 spare"))"
 
 # `longhaulctl status JOB --json` (pretty-printed, keys sorted): a top-level number, the worker of
 # a stage, a number of the first recovery.
@@ -194,7 +260,7 @@ json_stage_worker() { awk -v s="$1" '$0 ~ "\"stage\": " s "," { f = 1 } f && /"w
 json_recovery() { sed -n "s/^      \"$1\": \([-0-9.e+]*\),\{0,1\}\$/\1/p" | head -1; }
 
 kill_worker_demo() {
-  local out job st step victim t_kill
+  local out st step victim t_kill  # (job: global, for dp_summary)
   out=$("$BIN/longhaulctl" submit "$job_spec" --steps="$steps") || return 1
   echo "$out"
   job=$(sed -n 's/^submitted job \([0-9]*\)$/\1/p' <<<"$out")
@@ -245,13 +311,34 @@ kill_worker_demo() {
 }
 "$BIN/longhaulctl" workers
 
+# Replicated stages: what the replicas' synchronisation cost (the watch summary shows the links').
+dp_summary() {
+  ((replicas > 1)) || return 0
+  local st dp raw secs
+  st=$("$BIN/longhaulctl" status "$1" --json 2>/dev/null) || return 0
+  dp=$(json_top dp_bytes_per_step <<<"$st"); raw=$(json_top dp_raw_bytes_per_step <<<"$st")
+  secs=$(json_top dp_seconds <<<"$st")
+  awk -v d="${dp:-0}" -v r="${raw:-0}" -v t="${secs:-0}" -v n="$replicas" -v s="$stages" -v c="$dp_codec" 'BEGIN {
+    printf "data-parallel: %d stages x %d replicas, %s: %.1f KB per step on the wire (all replicas) vs %.1f KB as fp32", s, n, c, d / 1e3, r / 1e3
+    if (d > 0) printf " (%.2fx)", r / d
+    printf "; %.3f s per step synchronising (the slowest replica, last step)\n", t }'
+}
+job=""  # set by the submit below (dp_summary reads it)
 set +e
 if ((kill_at > 0)); then
   kill_worker_demo  # below: submit, watch, kill one worker at the step, report the recovery
   rc=$?
+  dp_summary "$job"
 else
-  "$BIN/longhaulctl" submit "$job_spec" --steps="$steps" --watch --summary-json="$summary"
+  out=$("$BIN/longhaulctl" submit "$job_spec" --steps="$steps")
   rc=$?
+  echo "$out"
+  if ((rc == 0)); then
+    job=$(sed -n 's/^submitted job \([0-9]*\)$/\1/p' <<<"$out")
+    "$BIN/longhaulctl" watch "$job" --summary-json="$summary"
+    rc=$?
+    dp_summary "$job"
+  fi
 fi
 set -e
 echo "logs:         $run_dir/{coordinator,worker-*}.log"

@@ -29,6 +29,7 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config git
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc protobuf-compiler libprotobuf-dev
   libabsl-dev libopenblas0-pthread prometheus-cpp-dev libboost-dev
+  libssl-dev
   libsqlite3-dev sqlite3 libgtest-dev libgmock-dev nlohmann-json3-dev libyaml-cpp-dev
   clang
   libcli11-dev libboost-filesystem-dev libsentencepiece-dev

@@ -21,6 +21,7 @@
 #include "codec/crc32c.h"
 #include "common/list_dir.h"
 #include "proto/channel_config.h"
+#include "security/tls.h"
 
 namespace longhaul::worker {
 namespace {
@@ -285,7 +286,7 @@ void CheckpointStoreService::Prune(uint64_t job_id, int64_t floor) {
 
 absl::StatusOr<int64_t> PushCheckpoint(const std::string& target, const std::string& path, uint64_t job_id, int stage,
                                        int64_t step, grpc::ClientContext* ctx) {
-  auto channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), LonghaulChannelArgs());
+  auto channel = security::DataPlaneChannel(target, LonghaulChannelArgs());
   auto stub = v1::CheckpointStore::NewStub(channel);
   v1::PutCheckpointResponse resp;
   std::unique_ptr<grpc::ClientWriter<v1::CheckpointChunk>> w = stub->Put(ctx, &resp);
@@ -313,7 +314,7 @@ absl::StatusOr<int64_t> PushCheckpoint(const std::string& target, const std::str
 
 absl::StatusOr<int64_t> FetchCheckpoint(const std::string& target, uint64_t job_id, int stage, int64_t step,
                                         const std::string& dest, int64_t max_bytes, absl::Duration timeout) {
-  auto channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), LonghaulChannelArgs());
+  auto channel = security::DataPlaneChannel(target, LonghaulChannelArgs());
   auto stub = v1::CheckpointStore::NewStub(channel);
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));

@@ -7,6 +7,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "longhaul/v1/data_plane.grpc.pb.h"
+#ifndef LONGHAUL_CHUNK_WIRE_PARSE_ONLY
+#include "codec/codec.h"  // FrameParts (LibTorch), for SerializeChunk only
+#endif
 
 namespace longhaul::worker {
 namespace {
@@ -14,6 +17,7 @@ namespace {
 constexpr uint32_t kDataField = 8;  // TensorFrameChunk.data
 constexpr int kWireVarint = 0, kWireFixed64 = 1, kWireLengthDelimited = 2, kWireFixed32 = 5;
 
+#ifndef LONGHAUL_CHUNK_WIRE_PARSE_ONLY
 void PutVarint(uint64_t v, std::string* out) {
   while (v >= 0x80) {
     out->push_back(static_cast<char>(v | 0x80));
@@ -23,6 +27,7 @@ void PutVarint(uint64_t v, std::string* out) {
 }
 
 void ReleaseFrame(void* p) { delete static_cast<std::shared_ptr<const codec::FrameParts>*>(p); }
+#endif
 
 // Sequential reader over the received slices; every read is bounds-checked.
 class SliceCursor {
@@ -82,6 +87,9 @@ const char* StageLinkStreamMethod() {
   return name->c_str();
 }
 
+// The fuzz build (tests/fuzz/clang_build) compiles this file without LibTorch: everything but
+// the sending side.
+#ifndef LONGHAUL_CHUNK_WIRE_PARSE_ONLY
 grpc::ByteBuffer SerializeChunk(const v1::TensorFrameChunk& header,
                                 const std::shared_ptr<const codec::FrameParts>& frame, size_t offset,
                                 size_t length) {
@@ -111,6 +119,7 @@ grpc::ByteBuffer SerializeChunk(const v1::TensorFrameChunk& header,
   }
   return grpc::ByteBuffer(slices.data(), slices.size());
 }
+#endif  // LONGHAUL_CHUNK_WIRE_PARSE_ONLY
 
 absl::StatusOr<ParsedChunk> ParseChunk(const grpc::ByteBuffer& message) {
   ParsedChunk c;

@@ -33,8 +33,14 @@
 #include <grpcpp/support/slice.h>
 
 #include "absl/status/statusor.h"
-#include "codec/codec.h"
+#include "codec/frame.h"  // FrameCrc
 #include "longhaul/v1/data_plane.pb.h"
+
+// The parsing side needs no LibTorch (so it is fuzzed in the plain-C++ fuzz build, tests/fuzz/);
+// only SerializeChunk's definition reads a FrameParts' tensor.
+namespace longhaul::codec {
+struct FrameParts;
+}
 
 namespace longhaul::worker {
 
@@ -54,6 +60,9 @@ struct ParsedChunk {
   size_t data_length = 0;
 };
 
+// Bounds-checks every field: a hostile message cannot make it read outside the received bytes
+// (tests/fuzz/fuzz_chunk_wire.cc). The sizes it reports are the sender's claims: the reassembler
+// checks them against the link's limits.
 absl::StatusOr<ParsedChunk> ParseChunk(const grpc::ByteBuffer& message);
 
 // Appends the chunk's data to `out` (one copy out of the transport's slices) and, when `crc` is

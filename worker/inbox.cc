@@ -7,8 +7,11 @@
 
 namespace longhaul::worker {
 
-Inbox::Inbox(size_t capacity, std::string peer, DecodeTarget decode)
-    : capacity_(capacity < 1 ? 1 : capacity), peer_(std::move(peer)), decode_(std::move(decode)) {}
+Inbox::Inbox(size_t capacity, std::string peer, DecodeTarget decode, int64_t max_frame_bytes)
+    : capacity_(capacity < 1 ? 1 : capacity),
+      peer_(std::move(peer)),
+      decode_(std::move(decode)),
+      max_frame_bytes_(max_frame_bytes) {}
 
 void Inbox::CreateQueues(int stripes) {
   const size_t k = static_cast<size_t>(stripes);

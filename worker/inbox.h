@@ -35,8 +35,10 @@ class Inbox {
  public:
   // `peer` describes the sending side for error messages ("stage 1 (worker w1 at host:port)");
   // `decode` where the link's tensors are decoded to (the receiving stage's choice,
-  // link_receiver.h; by default the CPU).
-  Inbox(size_t capacity, std::string peer, DecodeTarget decode = {});
+  // link_receiver.h; by default the CPU); `max_frame_bytes` the largest frame a stream of this link
+  // may announce (the job's, FrameLimitFor in link_receiver.h): a larger one is refused before its
+  // reassembly buffer is allocated.
+  Inbox(size_t capacity, std::string peer, DecodeTarget decode = {}, int64_t max_frame_bytes = kDefaultMaxFrameBytes);
 
   // Fixes the link's stripe count (the first stream to arrive sets it); false when a stream
   // announces a different count or one outside 1..kMaxStripes. A Push before any SetStripes takes
@@ -58,6 +60,7 @@ class Inbox {
   void Cancel(absl::Status why);
   const std::string& peer() const { return peer_; }
   const DecodeTarget& decode_target() const { return decode_; }
+  int64_t max_frame_bytes() const { return max_frame_bytes_; }
 
  private:
   using Queue = common::BoundedQueue<stage_runtime::LinkMessage>;
@@ -67,6 +70,7 @@ class Inbox {
   const size_t capacity_;
   const std::string peer_;
   const DecodeTarget decode_;
+  const int64_t max_frame_bytes_;
   absl::Mutex mu_;
   int stripes_ ABSL_GUARDED_BY(mu_) = 0;  // 0 until fixed
   // One per stream, created when the stripe count is fixed and never replaced after: a thread

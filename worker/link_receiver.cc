@@ -5,7 +5,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "codec/frame.h"
+#include "common/log.h"
 #include "proto/channel_config.h"
 
 namespace longhaul::worker {
@@ -118,6 +121,68 @@ absl::StatusOr<stage_runtime::LinkMessage> DecodeInFrame(const v1::TensorFrameCh
     return absl::InvalidArgumentError(absl::StrCat("norm frame carries ", m.value));
   }
   return m;
+}
+
+int64_t FrameLimitFor(int64_t micro_batch_size, int64_t context, int64_t hidden) {
+  const double elements = static_cast<double>(micro_batch_size) * static_cast<double>(context) * static_cast<double>(hidden);
+  const double bytes = static_cast<double>(codec::FrameHeaderBytes(3)) + 8 * elements + 65536;
+  return bytes >= static_cast<double>(kDefaultMaxFrameBytes) ? kDefaultMaxFrameBytes : static_cast<int64_t>(bytes);
+}
+
+std::string StreamAdmission::PeerHost(const std::string& peer) {
+  absl::string_view p(peer);
+  if (absl::ConsumePrefix(&p, "ipv4:")) return std::string(p.substr(0, p.rfind(':')));
+  if (absl::ConsumePrefix(&p, "ipv6:")) {
+    p = p.substr(0, p.rfind(':'));
+    absl::ConsumePrefix(&p, "[");
+    absl::ConsumeSuffix(&p, "]");
+    return std::string(p);
+  }
+  return peer;
+}
+
+void StreamAdmission::Refused(const std::string& host, const std::string& what) {
+  ++refused_;
+  const absl::Time now = absl::Now();
+  if (now - logged_ < absl::Seconds(10)) return;
+  common::LogWarning("worker", absl::StrCat("limit hit: ", what, " from ", host, "; ", refused_,
+                                            " stream(s) refused since the last report"));
+  logged_ = now;
+  refused_ = 0;
+}
+
+absl::StatusOr<std::unique_ptr<StreamAdmission::Ticket>> StreamAdmission::Open(const std::string& grpc_peer) {
+  std::string host = PeerHost(grpc_peer);
+  absl::MutexLock l(&mu_);
+  int& n = open_[host];
+  if (n >= limits_.max_per_peer) {
+    const std::string what = absl::StrCat("more than ", limits_.max_per_peer, " open data-plane streams");
+    Refused(host, what);
+    return absl::ResourceExhaustedError(absl::StrCat(what, " from ", host));
+  }
+  ++n;
+  return std::make_unique<Ticket>(this, std::move(host));
+}
+
+StreamAdmission::Ticket::~Ticket() {
+  absl::MutexLock l(&a_->mu_);
+  auto it = a_->open_.find(host_);
+  if (it != a_->open_.end() && --it->second <= 0) a_->open_.erase(it);
+}
+
+absl::Duration StreamAdmission::BeginWait(const std::string& grpc_peer) {
+  absl::MutexLock l(&mu_);
+  if (waiting_ >= limits_.max_waiting) {
+    Refused(PeerHost(grpc_peer), absl::StrCat("more than ", limits_.max_waiting, " streams waiting for a job not running here"));
+    return absl::ZeroDuration();
+  }
+  ++waiting_;
+  return limits_.wait;
+}
+
+void StreamAdmission::EndWait() {
+  absl::MutexLock l(&mu_);
+  --waiting_;
 }
 
 }  // namespace longhaul::worker

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -123,6 +124,65 @@ struct ReceivedChunk {
 };
 using ChunkQueue = common::BoundedQueue<ReceivedChunk>;
 inline constexpr size_t kChunkQueueCapacity = 4;
+
+// The largest frame a link of a job may carry (docs/security.md, "Resource limits"): its largest
+// tensor, a [micro_batch_size, context, hidden] activation or gradient, in the largest encoding
+// any codec gives it — at most fp32's 4 bytes an element plus per-token and per-group fields, so
+// 8 bytes an element bound it — plus the frame header, and at most kDefaultMaxFrameBytes. A stream
+// announcing more is refused before anything is allocated (a hostile frame_bytes made the
+// receiver reserve up to 1 GiB per stream).
+int64_t FrameLimitFor(int64_t micro_batch_size, int64_t context, int64_t hidden);
+
+// Admission of incoming StageLink streams per peer (docs/security.md, "Resource limits"): at most
+// `max_per_peer` streams open at once from one peer host (a link has at most kMaxStripes streams,
+// a stage two links), and at most `max_waiting` streams, of all peers, waiting for a job that is
+// not running here (yet): a neighbour may open its stream just before this worker has processed
+// its own assignment, so such a stream waits up to `wait` — but a stream naming no job of this
+// worker can then hold a thread only that long, and only `max_waiting` of them at once; the rest
+// are refused at once. Each refusal is logged with the peer (the first, then at most every 10 s
+// with the count). Thread-safe.
+class StreamAdmission {
+ public:
+  struct Limits {
+    int max_per_peer = 32;
+    int max_waiting = 4;
+    absl::Duration wait = absl::Seconds(5);
+  };
+  explicit StreamAdmission(Limits limits) : limits_(limits) {}
+  StreamAdmission() : StreamAdmission(Limits{}) {}
+
+  // Holds one open stream of a peer until destroyed.
+  class Ticket {
+   public:
+    Ticket(StreamAdmission* a, std::string host) : a_(a), host_(std::move(host)) {}
+    ~Ticket();
+    Ticket(const Ticket&) = delete;
+    Ticket& operator=(const Ticket&) = delete;
+
+   private:
+    StreamAdmission* const a_;
+    const std::string host_;
+  };
+  // A stream opens from `grpc_peer` ("ipv4:1.2.3.4:5"): a ticket, or RESOURCE_EXHAUSTED naming the
+  // limit.
+  absl::StatusOr<std::unique_ptr<Ticket>> Open(const std::string& grpc_peer);
+  // A stream whose job is not running here asks to wait for it: the time it may wait (then
+  // EndWait), or zero when max_waiting streams already wait (refuse it at once).
+  absl::Duration BeginWait(const std::string& grpc_peer);
+  void EndWait();
+  const Limits& limits() const { return limits_; }
+
+  static std::string PeerHost(const std::string& grpc_peer);  // "ipv4:1.2.3.4:5" -> "1.2.3.4"
+
+ private:
+  void Refused(const std::string& host, const std::string& what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  const Limits limits_;
+  absl::Mutex mu_;
+  std::map<std::string, int> open_ ABSL_GUARDED_BY(mu_);  // streams open per peer host
+  int waiting_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t refused_ ABSL_GUARDED_BY(mu_) = 0;  // since the last log line
+  absl::Time logged_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+};
 
 }  // namespace longhaul::worker
 

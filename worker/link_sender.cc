@@ -12,6 +12,7 @@
 #include "longhaul/v1/data_plane.pb.h"
 #include "proto/channel_config.h"
 #include "worker/chunk_wire.h"
+#include "security/tls.h"
 
 namespace longhaul::worker {
 
@@ -29,7 +30,7 @@ absl::StatusOr<std::unique_ptr<LinkSender>> LinkSender::Start(const SenderOption
   const int n = o.streams;
   for (int i = 0; i < n; ++i) {
     auto st = std::make_unique<Stripe>();
-    st->channel = grpc::CreateCustomChannel(o.target, grpc::InsecureChannelCredentials(), LonghaulChannelArgs());
+    st->channel = security::DataPlaneChannel(o.target, LonghaulChannelArgs());
     if (!st->channel->WaitForConnected(absl::ToChronoTime(absl::Now() + o.connect_timeout))) {
       return absl::UnavailableError(absl::StrCat("cannot connect to ", o.peer, " within ",
                                                  absl::FormatDuration(o.connect_timeout)));

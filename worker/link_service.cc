@@ -1,5 +1,6 @@
 #include "worker/link_service.h"
 
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <thread>
@@ -15,10 +16,18 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "longhaul/v1/data_plane.pb.h"
+#include "security/tls.h"
 #include "worker/chunk_wire.h"
 
 namespace longhaul::worker {
 namespace {
+
+// Streams per peer and streams waiting for a job (link_receiver.h): one admission per process,
+// as a worker serves one StageLink service.
+StreamAdmission& LinkAdmission() {
+  static StreamAdmission* const admission = new StreamAdmission();
+  return *admission;
+}
 
 // Ends a call at once with `status` (an unknown method, bad call metadata).
 class RejectedCall final : public grpc::ServerGenericBidiReactor {
@@ -69,6 +78,9 @@ class StageLinkService::Stream final : public grpc::ServerGenericBidiReactor {
     });
     started_.Notify();
   }
+
+  // This stream's place among its peer's (StreamAdmission), set by CreateReactor; released with it.
+  std::unique_ptr<StreamAdmission::Ticket> ticket;
 
   void OnReadDone(bool ok) override {
     if (!ok) {  // the client half-closed, cancelled or went away
@@ -122,6 +134,20 @@ class StageLinkService::Stream final : public grpc::ServerGenericBidiReactor {
     }
   }
 
+  // The inbox of the stream's job. A job not running here may be about to (a neighbour can send
+  // before this worker processed its own assignment): the stream waits for it, but only briefly
+  // and only while few others wait (StreamAdmission, docs/security.md), else it is refused at once.
+  absl::StatusOr<std::shared_ptr<Inbox>> FindInbox(const v1::TensorFrameChunk& h) {
+    absl::StatusOr<std::shared_ptr<Inbox>> found =
+        svc_->router_->Find(h.job_id(), attempt_, h.from_stage(), absl::ZeroDuration());
+    if (found.ok() || !absl::IsFailedPrecondition(found.status())) return found;
+    const absl::Duration wait = LinkAdmission().BeginWait(ctx_->peer());
+    if (wait == absl::ZeroDuration()) return found;
+    found = svc_->router_->Find(h.job_id(), attempt_, h.from_stage(), wait);
+    LinkAdmission().EndWait();
+    return found;
+  }
+
   // The next chunk, or the end of the stream (a non-OK status).
   absl::StatusOr<ReceivedChunk> Next() {
     absl::StatusOr<ReceivedChunk> c = chunks_.Pop();
@@ -138,16 +164,24 @@ class StageLinkService::Stream final : public grpc::ServerGenericBidiReactor {
     if (!first.ok()) return grpc::Status::OK;  // nothing was sent
     if (!first->error.ok()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, std::string(first->error.message()));
     const v1::TensorFrameChunk& h = first->chunk.header;
-    absl::StatusOr<std::shared_ptr<Inbox>> found = svc_->router_->Find(h.job_id(), attempt_, h.from_stage(), absl::Seconds(30));
+    absl::StatusOr<std::shared_ptr<Inbox>> found = FindInbox(h);
     if (!found.ok()) {
       return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, std::string(found.status().message()));
+    }
+    // mTLS: only the neighbour the coordinator assigned may feed this stage (any other certificate
+    // of the cluster is refused before its frames touch the inbox).
+    if (std::optional<security::Identity> who = security::PeerIdentity(*ctx_->auth_context())) {
+      if (absl::Status s = svc_->router_->CheckSender(h.job_id(), h.from_stage(), who->name); !s.ok()) {
+        return grpc::Status(grpc::StatusCode::PERMISSION_DENIED, std::string(s.message()));
+      }
     }
     const std::shared_ptr<Inbox> inbox = *std::move(found);
     if (!inbox->SetStripes(stripes_)) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                           absl::StrCat("stream ", stripe_, "/", stripes_, " does not match the link's stripe count"));
     }
-    Reassembler r(svc_->max_frame_bytes_, svc_->buffers_);
+    // The job's own frame limit (link_receiver.h, FrameLimitFor), below the service's.
+    Reassembler r(std::min(svc_->max_frame_bytes_, inbox->max_frame_bytes()), svc_->buffers_);
     v1::TensorFrameChunk last;  // the last chunk that parsed, named in a rejection
     auto reject = [&](const absl::Status& s) {
       v1::FrameAck ack;
@@ -218,7 +252,13 @@ grpc::ServerGenericBidiReactor* StageLinkService::CreateReactor(grpc::GenericCal
   if (!attempt.ok()) {
     return new RejectedCall(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, std::string(attempt.status().message())));
   }
-  return new Stream(ctx, this, stripe->first, stripe->second, *attempt);
+  absl::StatusOr<std::unique_ptr<StreamAdmission::Ticket>> ticket = LinkAdmission().Open(ctx->peer());
+  if (!ticket.ok()) {
+    return new RejectedCall(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, std::string(ticket.status().message())));
+  }
+  Stream* stream = new Stream(ctx, this, stripe->first, stripe->second, *attempt);
+  stream->ticket = *std::move(ticket);
+  return stream;
 }
 
 }  // namespace longhaul::worker

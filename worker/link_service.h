@@ -49,6 +49,12 @@ class InboxRouter {
   virtual ~InboxRouter() = default;
   virtual absl::StatusOr<std::shared_ptr<Inbox>> Find(uint64_t job_id, int attempt, int from_stage,
                                                       absl::Duration wait) = 0;
+  // On a mutual-TLS server, after Find: whether the worker whose certificate names `sender` is the
+  // one the coordinator assigned to send this job's frames from `from_stage` (docs/security.md). A
+  // refused stream is ended before any of its frames reach the inbox, so the job is unaffected.
+  virtual absl::Status CheckSender(uint64_t job_id, int from_stage, const std::string& sender) {
+    return absl::OkStatus();
+  }
 };
 
 class StageLinkService final : public grpc::CallbackGenericService {

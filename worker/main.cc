@@ -13,6 +13,8 @@
 #include "common/log.h"
 #include "common/signals.h"
 #include "stage_runtime/executor.h"
+#include "security/tls.h"
+#include "worker/identity.h"
 #include "worker/worker.h"
 
 int main(int argc, char** argv) {
@@ -36,6 +38,11 @@ int main(int argc, char** argv) {
   app.add_option("--region", o.region, "region label used by placement")->type_name("NAME");
   app.add_option("--device", o.device, "where the stage computes: cpu, cuda or cuda:N")->type_name("DEV");
   app.add_option("--data-dir", o.data_dir, "checkpoints and job files")->type_name("DIR");
+  app.add_option("--allow-paths", o.allow_paths,
+                 "directories besides --data-dir that a job spec's checkpoint.dir and data.corpus may\n"
+                 "name (comma-separated or repeated); any other path from a spec is refused")
+      ->type_name("DIR[,DIR...]")
+      ->delimiter(',');
   app.add_option("--threads", threads, "LibTorch intra-op threads (0: all cores)")->type_name("N");
   double replica_gib = static_cast<double>(o.replica_max_bytes) / (int64_t{1} << 30);
   app.add_option("--replica-max-gib", replica_gib,
@@ -65,6 +72,22 @@ int main(int argc, char** argv) {
       ->type_name("MIB");
   app.add_option("--probe-interval", probe_interval, "re-measure each link this often (e.g. 10m, 90s)")
       ->type_name("DURATION");
+  // Identity (docs/security.md; worker/identity.h).
+  bool insecure = false;
+  std::string join_token, ca_fingerprint;
+  app.add_option("--join-token", join_token,
+                 "join the cluster with this token (longhaulctl token create): the coordinator signs a\n"
+                 "certificate for this worker, kept in DATA_DIR/tls and used from then on (else $LONGHAUL_JOIN_TOKEN)")
+      ->type_name("TOKEN")
+      ->envname("LONGHAUL_JOIN_TOKEN");
+  app.add_option("--ca-fingerprint", ca_fingerprint,
+                 "the cluster CA's fingerprint the coordinator printed at start-up; the coordinator is\n"
+                 "trusted only if its CA has it (else $LONGHAUL_CA_FINGERPRINT)")
+      ->type_name("sha256:HEX")
+      ->envname("LONGHAUL_CA_FINGERPRINT");
+  app.add_flag("--insecure", insecure,
+               "plaintext gRPC without identities (a coordinator started with --insecure); refused\n"
+               "unless --listen is a loopback address");
   if (std::optional<int> rc = longhaul::common::ParseFlags(app, argc, argv)) return *rc;
   o.metrics_fallback = metrics_flag->count() == 0;
   if (!(probe_mib > 0) || probe_mib > 1024) return longhaul::common::FlagError(app, "--probe-mib must be in (0, 1024]");
@@ -111,6 +134,32 @@ int main(int argc, char** argv) {
     return 1;
   }
 
+  if (insecure) {
+    if (absl::Status s = longhaul::security::CheckLoopbackListen("--listen", o.listen); !s.ok()) {
+      std::fprintf(stderr, "longhaul-worker: %s\n", std::string(s.message()).c_str());
+      return 2;
+    }
+    if (!longhaul::security::IsLoopbackTarget(o.coordinator)) {
+      std::fprintf(stderr,
+                   "longhaul-worker: --insecure talks plaintext, so only to a coordinator on this machine; "
+                   "--coordinator=%s is not a loopback address (join with --join-token instead)\n",
+                   o.coordinator.c_str());
+      return 2;
+    }
+  } else {
+    absl::StatusOr<longhaul::worker::WorkerIdentity> id = longhaul::worker::LoadOrJoin(
+        {.data_dir = o.data_dir, .coordinator = o.coordinator, .name = o.name, .token = join_token,
+         .ca_fingerprint = ca_fingerprint});
+    if (!id.ok()) {
+      std::fprintf(stderr, "longhaul-worker: %s\n", std::string(id.status().message()).c_str());
+      return 1;
+    }
+    longhaul::common::Log(absl::StrCat("worker ", id->name),
+                          id->joined ? absl::StrCat("joined the cluster; certificate in ", o.data_dir, "/tls")
+                                     : absl::StrCat("identity from ", o.data_dir, "/tls"));
+    o.name = id->name;
+    o.tls.emplace(id->ca_pem, id->own);
+  }
   absl::StatusOr<std::unique_ptr<longhaul::worker::Worker>> w = longhaul::worker::Worker::Start(o);
   if (!w.ok()) {
     std::fprintf(stderr, "longhaul-worker: %s\n", std::string(w.status().message()).c_str());

@@ -2,14 +2,20 @@
 
 #include <filesystem>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdlib>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/list_dir.h"
 #include "common/log.h"
 #include "stage_runtime/data.h"
 #include "worker/link_settings.h"
+#include "worker/spec_paths.h"
 
 namespace longhaul::worker {
 
@@ -148,8 +154,11 @@ StageRunner::StageRunner(v1::StageAssignment assignment, std::string data_dir, t
   const std::string& cd = a_.spec().links().codec_device();
   codec_device_ = cd.empty() ? codec::CodecDevice::kAuto : codec::ParseCodecDevice(cd);
   const DecodeTarget decode = DecodeTargetFor(device_, codec_device_.value_or(codec::CodecDevice::kAuto));
-  if (!first_) from_prev_ = std::make_shared<Inbox>(cap, PeerName(a_.prev(), a_.stage() - 1), decode);
-  if (!last_) from_next_ = std::make_shared<Inbox>(cap, PeerName(a_.next(), a_.stage() + 1), decode);
+  // A peer may not announce a frame larger than this job's largest tensor can need (link_receiver.h).
+  const v1::JobSpec& js = a_.spec();
+  const int64_t max_frame = FrameLimitFor(js.micro_batch_size(), js.model().context(), js.model().hidden());
+  if (!first_) from_prev_ = std::make_shared<Inbox>(cap, PeerName(a_.prev(), a_.stage() - 1), decode, max_frame);
+  if (!last_) from_next_ = std::make_shared<Inbox>(cap, PeerName(a_.next(), a_.stage() + 1), decode, max_frame);
 }
 
 StageRunner::~StageRunner() = default;
@@ -214,8 +223,14 @@ absl::Status StageRunner::Setup() {
     opt_.micro_batches /= replicas_;  // this replica's share of the step (job_spec.h)
   }
   if (first_ || last_) {
+    absl::StatusOr<std::string> corpus =
+        CheckSpecPath("data.corpus", spec.data_dir(), AllowedRoots({data_dir_, stage_runtime::kDefaultCorpusDir}));
+    if (!corpus.ok()) return corpus.status();
+    if (spec.data_format() == "text") {
+      if (absl::Status s = CheckCorpusSize(*corpus); !s.ok()) return s;
+    }
     absl::StatusOr<std::unique_ptr<stage_runtime::Dataset>> ds = stage_runtime::OpenDataset(
-        {spec.data_format(), spec.data_dir(), opt_.model.vocab, spec.val_fraction()}, opt_.model.context);
+        {spec.data_format(), *corpus, opt_.model.vocab, spec.val_fraction()}, opt_.model.context);
     if (!ds.ok()) return absl::Status(ds.status().code(), absl::StrCat("data: ", ds.status().message()));
     data_ = std::move(*ds);
   }
@@ -225,9 +240,9 @@ absl::Status StageRunner::Setup() {
   if (!e.ok()) return e.status();
   exec_ = std::move(*e);
 
-  std::string ckdir = CheckpointDir(spec, data_dir_, a_.job_id());
-  // Replicas may share a checkpoint directory (a spec's dir on one machine).
-  if (replicas_ > 1) ckdir = absl::StrCat(ckdir, "/replica-", a_.replica_index());
+  absl::StatusOr<std::string> checked = CheckedCheckpointDir();
+  if (!checked.ok()) return checked.status();
+  const std::string ckdir = *checked;
   std::error_code ec;
   std::filesystem::create_directories(ckdir, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create checkpoint dir ", ckdir, ": ", ec.message()));
@@ -284,6 +299,20 @@ absl::Status StageRunner::Setup() {
   live_loop_ = loop_.get();
   if (!cancelled_.ok()) loop_->Cancel(cancelled_);
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> StageRunner::CheckedCheckpointDir() const {
+  absl::StatusOr<std::string> dir =
+      CheckSpecPath("checkpoint.dir", CheckpointDir(a_.spec(), data_dir_, a_.job_id()), AllowedRoots({data_dir_}));
+  if (!dir.ok()) return dir.status();
+  // Replicas may share a checkpoint directory (a spec's dir on one machine).
+  if (a_.spec().replicas() > 1) return absl::StrCat(*dir, "/replica-", a_.replica_index());
+  return dir;
+}
+
+std::vector<std::string> StageRunner::AllowedRoots(std::vector<std::string> own) const {
+  own.insert(own.end(), allowed_paths_.begin(), allowed_paths_.end());
+  return own;
 }
 
 absl::Status StageRunner::SetupReplicaSync() {
@@ -459,6 +488,10 @@ absl::Status StageRunner::RunSteps() {
       p.set_dp_bytes(sync_->last().bytes_sent);
       p.set_dp_raw_bytes(sync_->last().bytes_sent_uncompressed);
       p.set_dp_seconds(absl::ToDoubleSeconds(sync_->last().wall));
+      sample.dp_codec = collective::DpCodecName(sync_->codec());
+      sample.dp_bytes = p.dp_bytes();
+      sample.dp_raw_bytes = p.dp_raw_bytes();
+      sample.dp_seconds = p.dp_seconds();
     }
     if (metrics_ != nullptr) metrics_->RecordStep(sample);
     if (progress_) progress_(p);

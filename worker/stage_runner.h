@@ -23,6 +23,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
@@ -68,6 +69,10 @@ class StageRunner {
   // Where a job's stages keep their checkpoints on a worker: the spec's checkpoint dir, else
   // <data_dir>/jobs/<job id>.
   static std::string CheckpointDir(const v1::JobSpec& spec, const std::string& data_dir, uint64_t job_id);
+  // This stage's checkpoint directory: CheckpointDir confined to the data directory and the allowed
+  // paths (spec_paths.h; PERMISSION_DENIED otherwise), resolved, plus /replica-R for a replicated
+  // stage. After SetAllowedPaths.
+  absl::StatusOr<std::string> CheckedCheckpointDir() const;
 
   // Called with the outcome of each checkpoint copy to the replica worker (before Run).
   void OnReplicated(ReplicatedFn fn) { replicated_ = std::move(fn); }
@@ -75,6 +80,9 @@ class StageRunner {
   void SetFloor(int64_t step) { floor_.store(step); }
   // Largest checkpoint fetched from another worker when restoring.
   void SetFetchLimit(int64_t bytes) { fetch_limit_ = bytes; }
+  // Directories besides the data directory that a spec's checkpoint.dir and data.corpus may name
+  // (the operator's --allow-paths; spec_paths.h). Before Run.
+  void SetAllowedPaths(std::vector<std::string> dirs) { allowed_paths_ = std::move(dirs); }
   // The test hook (before Run).
   void SetTestHang(const TestHang& h) { test_hang_ = h; }
   // The worker's Collective service (not owned), for replicated stages' synchronisation (before
@@ -103,6 +111,8 @@ class StageRunner {
 
  private:
   absl::Status Setup();
+  // `own` and the operator's allowed directories.
+  std::vector<std::string> AllowedRoots(std::vector<std::string> own) const;
   // Replicated stages: the synchronisation among the stage's replicas (replica_sync.h).
   absl::Status SetupReplicaSync();
   // Loads the checkpoint of a_.restore_step() into the executor (see the top of this file).
@@ -139,6 +149,7 @@ class StageRunner {
   // Replicated stages (spec.replicas > 1): the stage's replicas each run micro_batches / replicas
   // of every step (opt_.micro_batches is this replica's share) and synchronise through sync_.
   int replicas_ = 1;
+  std::vector<std::string> allowed_paths_;
   collective::CollectiveService* collective_ = nullptr;
   std::unique_ptr<ReplicaSync> sync_;
   std::string checkpoint_dir_, checkpoint_path_;

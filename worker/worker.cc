@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/log.h"
+#include "security/tls.h"
 #include "worker/compute_bench.h"
 
 namespace longhaul::worker {
@@ -22,13 +23,15 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& o) {
   std::filesystem::create_directories(o.data_dir, ec);
   if (ec) return absl::InvalidArgumentError(absl::StrCat("--data-dir ", o.data_dir, ": ", ec.message()));
 
+  // Before any channel or server exists: the data plane's senders take their credentials from here.
+  if (o.tls) security::SetDataPlaneIdentity(o.tls->first, o.tls->second);
   w->link_service_ = std::make_unique<StageLinkService>(w.get());
   w->checkpoint_store_ = std::make_unique<CheckpointStoreService>(
       CheckpointStoreOptions{o.data_dir, o.replica_max_bytes},
       [p = w.get()](uint64_t job, int stage, int64_t step) { return p->LocateOwnCheckpoint(job, stage, step); });
   grpc::ServerBuilder b;
   int port = 0;
-  b.AddListeningPort(o.listen, grpc::InsecureServerCredentials(), &port);
+  b.AddListeningPort(o.listen, security::DataPlaneServerCredentials(), &port);
   ConfigureLonghaulServer(&b);
   // The CheckpointStore's methods are registered; every other method goes to the generic StageLink
   // service (which refuses all but its own).
@@ -76,7 +79,10 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& o) {
   coord_args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
   coord_args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 200);
   coord_args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
-  w->coord_channel_ = grpc::CreateCustomChannel(o.coordinator, grpc::InsecureChannelCredentials(), coord_args);
+  w->coord_channel_ =
+      o.tls ? security::SecureChannel(o.coordinator, security::ChannelCredentials(o.tls->first, &o.tls->second),
+                                      security::kCoordinatorServerName, coord_args)
+            : grpc::CreateCustomChannel(o.coordinator, grpc::InsecureChannelCredentials(), coord_args);
   w->coord_ = v1::Coordinator::NewStub(w->coord_channel_);
   common::Log(absl::StrCat("worker ", w->opt_.name),
               absl::StrCat("listening on ", w->address_, ", coordinator ", o.coordinator,
@@ -326,6 +332,9 @@ void Worker::StartJob(const v1::StageAssignment& a) {
                                     a.attempt() > 0 ? absl::StrCat(", attempt ", a.attempt()) : "",
                                     a.restore_step() > 0 ? absl::StrCat(", restoring step ", a.restore_step()) : ""));
       const uint64_t id = worker_id_;
+      job_prev_ = a.prev();
+      job_next_ = a.next();
+      job_stage_ = a.stage();
       job_ = std::make_shared<StageRunner>(a, opt_.data_dir, device_, [this, id](const v1::StepProgress& p) {
         v1::WorkerMessage m;
         m.set_worker_id(id);
@@ -351,8 +360,11 @@ void Worker::StartJob(const v1::StageAssignment& a) {
       });
       job_->SetFetchLimit(opt_.replica_max_bytes);
       job_->SetTestHang(opt_.test_hang);
+      job_->SetAllowedPaths(opt_.allow_paths);
       job_->SetCollective(collective_service_.get());
-      checkpoint_dirs_[a.job_id()] = StageRunner::CheckpointDir(a.spec(), opt_.data_dir, a.job_id());
+      // Pruned on the coordinator's floor and served to recovering workers: only a directory the
+      // stage may use (a refused one fails the stage in Setup).
+      if (absl::StatusOr<std::string> dir = job_->CheckedCheckpointDir(); dir.ok()) checkpoint_dirs_[a.job_id()] = *dir;
       {
         absl::MutexLock p(&progress_mu_);
         last_finished_.reset();
@@ -441,6 +453,21 @@ absl::StatusOr<std::shared_ptr<Inbox>> Worker::Find(uint64_t job_id, int attempt
                                                       " of job ", job_id, ", not attempt ", attempt));
   }
   return job_->InboxFrom(from_stage);
+}
+
+absl::Status Worker::CheckSender(uint64_t job_id, int from_stage, const std::string& sender) {
+  absl::MutexLock l(&mu_);
+  if (!job_ || job_->job_id() != job_id) {
+    return absl::FailedPreconditionError(absl::StrCat("worker ", opt_.name, " is not running job ", job_id));
+  }
+  const v1::StagePeer* p = from_stage == job_stage_ - 1 ? &job_prev_ : from_stage == job_stage_ + 1 ? &job_next_ : nullptr;
+  if (p != nullptr && !p->name().empty() && p->name() == sender) return absl::OkStatus();
+  common::Log(absl::StrCat("worker ", opt_.name),
+              absl::StrCat("refused a stream of job ", job_id, " from stage ", from_stage, " sent by ", sender,
+                           p != nullptr ? absl::StrCat(" (its sender is ", p->name(), ")") : " (not a neighbour)"));
+  return absl::PermissionDeniedError(absl::StrCat(
+      "worker ", opt_.name, " takes job ", job_id, "'s frames from stage ", from_stage, " only from ",
+      p != nullptr ? p->name() : "its assigned neighbours", ", not from ", sender));
 }
 
 void Worker::Shutdown() {

@@ -35,6 +35,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 #include <thread>
 
 #include <grpcpp/grpcpp.h>
@@ -45,6 +46,7 @@
 #include "common/metrics.h"
 #include "longhaul/v1/control_plane.grpc.pb.h"
 #include "netem/tcp_probe.h"
+#include "security/pki.h"
 #include "worker/checkpoint_store.h"
 #include "worker/link_prober.h"
 #include "worker/link_service.h"
@@ -61,6 +63,9 @@ struct WorkerOptions {
   std::string region = "local";
   std::string device = "cpu";        // cpu, cuda, cuda:N (stage_runtime::ParseDevice)
   std::string data_dir = "/tmp/longhaul-worker";
+  // Directories besides data_dir that a job spec's checkpoint.dir and data.corpus may name
+  // (worker/spec_paths.h).
+  std::vector<std::string> allow_paths;
   // Prometheus /metrics (docs/observability.md): HOST:PORT, port 0 for a free one, "none" for off.
   std::string metrics_listen = "none";
   // When metrics_listen cannot be served (the default port taken by another worker on this host),
@@ -73,6 +78,10 @@ struct WorkerOptions {
   bool measure_compute = true;      // run the compute benchmark at start-up (compute_bench.h)
   // Largest checkpoint this worker takes as a replica from another, or fetches to restore one.
   int64_t replica_max_bytes = kDefaultReplicaMaxBytes;
+  // TLS (docs/security.md; worker/identity.h): the cluster CA and this worker's certificate, for
+  // its server (client certificates required), its channel to the coordinator and the data plane's
+  // channels. Unset (--insecure): plaintext.
+  std::optional<std::pair<std::string, security::KeyAndCert>> tls;  // (CA PEM, own key and certificate)
   // TEST HOOK only (LONGHAUL_TEST_HANG_AT_STEP, read once by worker/main.cc): a stage that hangs.
   TestHang test_hang;
 };
@@ -98,6 +107,7 @@ class Worker : public InboxRouter {
 
   absl::StatusOr<std::shared_ptr<Inbox>> Find(uint64_t job_id, int attempt, int from_stage,
                                               absl::Duration wait) override;
+  absl::Status CheckSender(uint64_t job_id, int from_stage, const std::string& sender) override;
 
  private:
   Worker(const WorkerOptions& o, torch::Device device) : opt_(o), device_(device) {}
@@ -139,6 +149,9 @@ class Worker : public InboxRouter {
   uint64_t worker_id_ ABSL_GUARDED_BY(mu_) = 0;
   grpc::ClientContext* session_ctx_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::shared_ptr<StageRunner> job_ ABSL_GUARDED_BY(mu_);
+  // The running stage's neighbours (its assignment's prev and next), for CheckSender.
+  v1::StagePeer job_prev_ ABSL_GUARDED_BY(mu_), job_next_ ABSL_GUARDED_BY(mu_);
+  int job_stage_ ABSL_GUARDED_BY(mu_) = -1;
   std::thread job_thread_ ABSL_GUARDED_BY(mu_);
   bool job_done_ ABSL_GUARDED_BY(mu_) = false;
   // Where this worker's stages of each job keep their checkpoints (for CheckpointStore.Get).

@@ -7,6 +7,7 @@
 
 #include <random>
 #include <string>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "codec/crc32c.h"
@@ -256,6 +257,46 @@ TEST_F(HostileChunkTest, UnknownGroupsAndRanksAreRefused) {
   absl::StatusOr<std::string> m = c_.transport(1).Recv(0, 5, absl::Now() + absl::Seconds(5));
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ(*m, "fine");
+}
+
+// A member whose stage starts later registers its rank after the first message to it went out:
+// the sender tries again until the deadline, and the message arrives.
+TEST_F(HostileChunkTest, AMessageWaitsForAPeerThatJoinsTheGroupLate) {
+  auto make = [&](int rank) {
+    GrpcTransportOptions o;
+    o.group = "late-group";
+    o.rank = rank;
+    o.addresses = {c_.address(0), c_.address(1)};
+    absl::StatusOr<std::unique_ptr<GrpcTransport>> t = GrpcTransport::Create(c_.service(rank), o);
+    EXPECT_TRUE(t.ok()) << t.status();
+    return t.ok() ? std::move(*t) : nullptr;
+  };
+  std::unique_ptr<GrpcTransport> early = make(0);
+  ASSERT_NE(early, nullptr);
+  absl::Status sent;
+  std::thread sender([&] { sent = early->Send(1, 3, "hello", absl::Now() + absl::Seconds(10)); });
+  absl::SleepFor(absl::Milliseconds(300));
+  std::unique_ptr<GrpcTransport> late = make(1);
+  ASSERT_NE(late, nullptr);
+  absl::StatusOr<std::string> m = late->Recv(0, 3, absl::Now() + absl::Seconds(10));
+  sender.join();
+  EXPECT_TRUE(sent.ok()) << sent;
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(*m, "hello");
+  // A rank that never joins: the send gives up at its deadline, naming the peer and the group.
+  std::unique_ptr<GrpcTransport> alone = [&] {
+    GrpcTransportOptions o;
+    o.group = "never";
+    o.addresses = {c_.address(0), c_.address(1)};
+    absl::StatusOr<std::unique_ptr<GrpcTransport>> t = GrpcTransport::Create(c_.service(0), o);
+    return t.ok() ? std::move(*t) : nullptr;
+  }();
+  ASSERT_NE(alone, nullptr);
+  const absl::Time t0 = absl::Now();
+  absl::Status s = alone->Send(1, 3, "x", t0 + absl::Milliseconds(500));
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "no rank 1 of collective group 'never'")) << s;
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(2));
 }
 
 TEST_F(HostileChunkTest, ASecondRegistrationOfARankIsRefused) {

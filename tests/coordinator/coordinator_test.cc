@@ -257,14 +257,23 @@ class FakeWorker : public FakeSession {
     p->set_checkpoint_seconds(checkpoint_seconds);
     Send(m);
   }
-  // Reports its stage of `job` done, and waits until the coordinator has taken that in.
+  // Reports its stage of `job` done at the planned step (the coordinator takes a stage that ends
+  // before it as failed), and waits until the coordinator has taken that in.
   void Finish(uint64_t job) {
-    v1::WorkerMessage m;
+    v1::WorkerMessage m, at_end;
     m.mutable_finished()->set_job_id(job);
     m.mutable_finished()->set_ok(true);
+    at_end.mutable_progress()->set_job_id(job);
+    at_end.mutable_progress()->set_step_seconds(1);
     for (const auto& c : Received()) {
-      if (c.has_assign() && c.assign().job_id() == job) m.mutable_finished()->set_stage(c.assign().stage());
+      if (!c.has_assign() || c.assign().job_id() != job) continue;
+      m.mutable_finished()->set_stage(c.assign().stage());
+      m.mutable_finished()->set_attempt(c.assign().attempt());
+      at_end.mutable_progress()->set_stage(c.assign().stage());
+      at_end.mutable_progress()->set_attempt(c.assign().attempt());
+      at_end.mutable_progress()->set_step(c.assign().spec().steps());
     }
+    Send(at_end);
     Send(m);
   }
 };
@@ -473,6 +482,12 @@ TEST_F(SchedulingTest, ReplicatedStagesGetAWorkerPerReplicaAndTheirGroups) {
   EXPECT_EQ(Job(job).dp_raw_bytes_per_step(), 1600);
   for (int i = 0; i < 4; ++i) {
     FakeWorker* w = by_id.at(st.stages(i).worker_id());
+    v1::WorkerMessage at_end;  // the planned step reached (a stage that ends before it has failed)
+    at_end.mutable_progress()->set_job_id(job);
+    at_end.mutable_progress()->set_stage(i % 2);
+    at_end.mutable_progress()->set_replica(i / 2);
+    at_end.mutable_progress()->set_step(st.spec().steps());
+    w->Send(at_end);
     v1::WorkerMessage m;
     m.mutable_finished()->set_job_id(job);
     m.mutable_finished()->set_stage(i % 2);

@@ -225,7 +225,16 @@ class FakeStage : public FakeSession {
     r->set_replica_worker_id(to);
     Send(m);
   }
+  // The end of its stage; `ok` ends it at the planned step, which it reports first as the real
+  // worker does (the coordinator takes a stage that says it finished before that step as failed).
   void Finished(uint64_t job, int stage, int attempt, bool ok, bool retryable = true, const std::string& error = "") {
+    if (ok) {
+      if (std::optional<v1::StageAssignment> a = Assigned(job, attempt)) Progress(job, stage, a->spec().steps(), attempt);
+    }
+    SaysFinished(job, stage, attempt, ok, retryable, error);
+  }
+  // Only the JobFinished message, whatever step the stage reached (a lying or broken worker).
+  void SaysFinished(uint64_t job, int stage, int attempt, bool ok, bool retryable = true, const std::string& error = "") {
     v1::WorkerMessage m;
     v1::JobFinished* f = m.mutable_finished();
     f->set_job_id(job);

@@ -55,11 +55,18 @@ if [[ "$what" == dry-run ]]; then
   expect "$tmp/dry.log" "bootstrap: dry run done"
   [[ "$(state)" == "$before" ]] || fail "the dry run changed /etc: $(diff <(echo "$before") <(state))"
   [[ ! -e "$tmp/opt" ]] || fail "the dry run created $tmp/opt"
-  # The CLI's promises: --help exits 0 and names the token flag to come; the flag is refused today.
+  # The CLI's promises: --help exits 0 and names the token flags; a token needs the CA's
+  # fingerprint; the settings file takes both, and a dry run does not print the token.
   "$boot" --help >"$tmp/help.log" || fail "--help exited with $?"
-  expect "$tmp/help.log" "Join tokens come with"
-  if "$boot" --coordinator x:1 --join-token abc >"$tmp/token.log" 2>&1; then fail "--join-token was accepted"; fi
-  expect "$tmp/token.log" "join tokens do not exist yet"
+  expect "$tmp/help.log" "--join-token TOKEN"
+  expect "$tmp/help.log" "--ca-fingerprint sha256:HEX"
+  if "$boot" --coordinator x:1 --join-token abc >"$tmp/token.log" 2>&1; then fail "--join-token without a fingerprint was accepted"; fi
+  expect "$tmp/token.log" "--join-token needs --ca-fingerprint"
+  "$boot" --systemd --dry-run --coordinator coord.example.org:7400 --prefix "$prefix" --join-token s3cr3t-t0ken \
+    --ca-fingerprint sha256:00ff >"$tmp/dry-token.log" 2>&1 || fail "the dry run with a token exited with $?"
+  expect "$tmp/dry-token.log" "LONGHAUL_CA_FINGERPRINT=sha256:00ff"
+  expect "$tmp/dry-token.log" "LONGHAUL_JOIN_TOKEN=(the token, not shown)"
+  if grep -q s3cr3t-t0ken "$tmp/dry-token.log"; then fail "the dry run printed the join token"; fi
   if "$boot" --systemd --data-dir /x --coordinator x:1 --dry-run >"$tmp/dd.log" 2>&1; then fail "--systemd --data-dir was accepted"; fi
   expect "$tmp/dd.log" "--data-dir is for --foreground"
   echo "PASS: dry run of the systemd path"
@@ -73,9 +80,16 @@ for b in longhaul-coordinator longhaul-worker longhaulctl; do [[ -x "$bin/$b" ]]
 pids+=($!)
 wait_for 20 test -s "$tmp/port" || fail "the coordinator did not start"
 coord="127.0.0.1:$(cat "$tmp/port")"
+# TLS (the coordinator's default): this test is the cluster's admin (the coordinator's --pki-dir,
+# next to its state file), and the worker joins with a token and the CA's fingerprint.
+export LONGHAUL_PKI_DIR="$tmp/longhaul-pki"
 ctl() { "$bin/longhaulctl" --coordinator="$coord" "$@"; }
+token="$(ctl token create --uses=1 --ttl=10m 2>"$tmp/token.log")" || fail "token create: $(cat "$tmp/token.log")"
+fingerprint="$(sed -n 's/^CA fingerprint //p' "$tmp/token.log")"
+[[ -n "$token" && "$fingerprint" == sha256:* ]] || fail "no token or fingerprint: $(cat "$tmp/token.log")"
 common=(--foreground --bin-dir "$bin" --prefix "$tmp/prefix/bin" --data-dir "$tmp/data" --listen 127.0.0.1:0
-        --metrics-listen none --probe-listen none --name deploy-test-worker --device cpu --wait 60)
+        --metrics-listen none --probe-listen none --name deploy-test-worker --device cpu --wait 60
+        --join-token "$token" --ca-fingerprint "$fingerprint")
 
 # No coordinator there: a clear error naming the address, before anything is installed.
 if "$boot" "${common[@]}" --coordinator 127.0.0.1:1 >"$tmp/unreachable.log" 2>&1; then fail "ran without a coordinator"; fi
@@ -91,6 +105,7 @@ wait_for 90 registered || fail "no registration within 90 s"
 kill -0 "$boot_pid" 2>/dev/null || fail "the bootstrap script exited"
 cat "$tmp/bootstrap.log"
 expect "$tmp/bootstrap.log" "lists it as IDLE"
+if grep -q -- "$token" "$tmp/bootstrap.log"; then fail "the output shows the join token"; fi
 row="$(ctl workers | awk '$2 == "deploy-test-worker"')"
 echo "longhaulctl workers: $row"
 [[ "$(awk '{print $5}' <<<"$row")" == IDLE ]] || fail "longhaulctl workers does not list deploy-test-worker IDLE: '$row'"

@@ -57,6 +57,8 @@ class HfExportTest : public ::testing::Test {
   static void SetUpTestSuite() {
     cluster_ = new Cluster();
     absl::Status s = cluster_->StartCoordinator();
+    // RunningJobIsExportedFromItsLastCheckpoint's checkpoint.dir is outside the workers' data dirs.
+    cluster_->SetWorkerFlags({absl::StrCat("--allow-paths=", cluster_->dir())});
     if (s.ok()) s = cluster_->StartWorkers(2);
     absl::StatusOr<uint64_t> job = s.ok() ? cluster_->Submit(Spec()) : absl::StatusOr<uint64_t>(s);
     absl::StatusOr<v1::JobStatus> st = job.ok() ? cluster_->WaitForEnd(*job, absl::Minutes(3)) : job.status();

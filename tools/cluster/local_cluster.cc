@@ -29,6 +29,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/list_dir.h"
+#include "common/read_file.h"
+#include "security/pki.h"
+#include "security/tls.h"
 
 namespace longhaul::cluster {
 
@@ -138,6 +141,7 @@ absl::Status Cluster::StartCoordinator() {
                            "--heartbeat-timeout=3s", "--heartbeat-interval=300ms",
                            absl::StrCat("--metrics-listen=", Host("coordinator"), ":0"),
                            absl::StrCat("--metrics-port-file=", metrics_port_file)});
+  if (insecure_) argv.push_back("--insecure");
   argv.insert(argv.end(), coordinator_flags_.begin(), coordinator_flags_.end());
   absl::StatusOr<std::unique_ptr<Process>> p = Process::Spawn(argv, absl::StrCat(dir_, "/coordinator.log"));
   if (!p.ok()) return p.status();
@@ -159,8 +163,46 @@ absl::Status Cluster::StartCoordinator() {
 }
 
 absl::Status Cluster::Connect() {
-  stub_ = v1::Coordinator::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+  if (insecure_) {
+    stub_ = v1::Coordinator::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+    return absl::OkStatus();
+  }
+  security::KeyAndCert admin;
+  std::string ca;
+  for (auto [file, out] : {std::pair{"/ca.crt", &ca}, std::pair{"/admin.crt", &admin.cert_pem},
+                           std::pair{"/admin.key", &admin.key_pem}}) {
+    absl::StatusOr<std::string> text = common::ReadFile(pki_dir() + file);
+    if (!text.ok()) return text.status();
+    *out = *text;
+  }
+  stub_ = v1::Coordinator::NewStub(security::SecureChannel(address_, security::ChannelCredentials(ca, &admin),
+                                                           security::kCoordinatorServerName, grpc::ChannelArguments()));
+  absl::StatusOr<std::string> fp = security::Fingerprint(ca);
+  if (!fp.ok()) return fp.status();
+  ca_fingerprint_ = *fp;
+  // One token for every worker this cluster starts (it lives in the state file: a restarted
+  // coordinator still takes it).
+  if (join_token_.empty()) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    v1::CreateTokenRequest req;
+    req.set_uses(10000);
+    req.set_ttl_seconds(7 * 24 * 3600);
+    v1::CreateTokenResponse resp;
+    grpc::Status s = stub_->CreateToken(&ctx, req, &resp);
+    if (!s.ok()) return absl::UnavailableError(absl::StrCat("cannot make a join token: ", s.error_message()));
+    join_token_ = resp.token();
+  }
+  // For the test's own longhaulctl and longhaul-worker command lines (see the top of local_cluster.h).
+  setenv("LONGHAUL_PKI_DIR", pki_dir().c_str(), 1);
+  setenv("LONGHAUL_JOIN_TOKEN", join_token_.c_str(), 1);
+  setenv("LONGHAUL_CA_FINGERPRINT", ca_fingerprint_.c_str(), 1);
   return absl::OkStatus();
+}
+
+std::vector<std::string> Cluster::WorkerSecurityFlags() const {
+  if (insecure_) return {"--insecure"};
+  return {absl::StrCat("--join-token=", join_token_), absl::StrCat("--ca-fingerprint=", ca_fingerprint_)};
 }
 
 absl::Status Cluster::RestartCoordinator() {
@@ -185,6 +227,8 @@ absl::Status Cluster::StartWorkers(int n) {
                              absl::StrCat("--threads=", threads_), absl::StrCat("--data-dir=", dir_, "/", name),
                              absl::StrCat("--metrics-listen=", Host(name), ":0")});
     if (!devices_.empty()) argv.push_back(absl::StrCat("--device=", devices_[(before + i) % devices_.size()]));
+    for (const std::string& f : WorkerSecurityFlags()) argv.push_back(f);
+    argv.insert(argv.end(), worker_flags_.begin(), worker_flags_.end());
     absl::StatusOr<std::unique_ptr<Process>> p = Process::Spawn(argv, absl::StrCat(dir_, "/", name, ".log"));
     if (!p.ok()) return p.status();
     workers_[name] = std::move(*p);

@@ -7,6 +7,12 @@
 //   ASSERT_TRUE(c.StartWorkers(4).ok());
 //   auto job = c.Submit(yaml);  auto st = c.WaitForEnd(*job, absl::Minutes(3));
 //
+// TLS (docs/security.md) unless SetInsecure(true): the coordinator makes its CA in
+// <dir>/longhaul-pki, the cluster's stub uses the admin identity written there, and workers join
+// with a join token the cluster makes at start-up (JoinToken(), CaFingerprint()). So that ad-hoc
+// processes of a test find them too, StartCoordinator also sets LONGHAUL_PKI_DIR (longhaulctl),
+// LONGHAUL_JOIN_TOKEN and LONGHAUL_CA_FINGERPRINT (longhaul-worker) in this process's environment.
+//
 // Every process's stdout/stderr goes to <dir>/<name>.log (a temporary directory, removed at the end
 // unless LONGHAUL_KEEP_TEST_DIRS is set); DumpLogs() prints them.
 #ifndef LONGHAUL_TOOLS_CLUSTER_LOCAL_CLUSTER_H_
@@ -71,6 +77,19 @@ class Cluster {
   // not --listen, --port-file, --state or the heartbeat flags, which the cluster sets); kept for
   // restarts.
   void SetCoordinatorFlags(std::vector<std::string> flags) { coordinator_flags_ = std::move(flags); }
+  // Optional, before StartWorkers: more longhaul-worker flags (e.g. "--allow-paths=DIR"; not those
+  // the cluster sets: --coordinator, --listen, --name, --data-dir, --device, security).
+  void SetWorkerFlags(std::vector<std::string> flags) { worker_flags_ = std::move(flags); }
+  // Before StartCoordinator: plaintext with --insecure everywhere (loopback only) instead of TLS.
+  void SetInsecure(bool insecure) { insecure_ = insecure; }
+  bool insecure() const { return insecure_; }
+  // TLS: the coordinator's --pki-dir (ca.crt, admin.crt, admin.key), a join token good for many
+  // workers, and the CA's fingerprint.
+  std::string pki_dir() const { return dir_ + "/longhaul-pki"; }
+  const std::string& join_token() const { return join_token_; }
+  const std::string& ca_fingerprint() const { return ca_fingerprint_; }
+  // The flags a longhaul-worker of this cluster needs (--join-token and --ca-fingerprint, or --insecure).
+  std::vector<std::string> WorkerSecurityFlags() const;
   ~Cluster();
 
   absl::Status StartCoordinator();
@@ -124,6 +143,9 @@ class Cluster {
   Placement placement_;
   std::vector<std::string> devices_;
   std::vector<std::string> coordinator_flags_;
+  std::vector<std::string> worker_flags_;
+  bool insecure_ = false;
+  std::string join_token_, ca_fingerprint_;
   std::vector<std::string> Prefix(const std::string& role) const;
   std::string Host(const std::string& role) const;
 };

@@ -16,6 +16,7 @@
 #             packages, build, install into /var/tmp/longhaul/boot, worker in the foreground) until
 #             the coordinator lists the worker; run it first on a fresh machine to see every step
 #   test      ./longhaul.sh test -L gpu
+#   fuzz      the long fuzz runs of docs/security.md over every core (targets from tools/gpu/bundle-fuzzers.sh)
 #   bench     longhaul-bench stage: one gpt2-xl stage of 12 layers, bf16 (MFU)
 #   data      SentencePiece tokens of the fortunes corpus into /var/tmp/longhaul/fortunes-sp
 #   job       4 workers sharing cuda:0 train deploy/jobs/gpt2-small-fortunes.yaml for 50 steps
@@ -111,9 +112,18 @@ PY
       build/bin/longhaul-coordinator --listen=0.0.0.0:7400 --state="$b/coordinator.db" --metrics-listen=none \
         >"$OUT/boot-coordinator.log" 2>&1 &
       cp=$!
+      # The coordinator made its CA in $b/longhaul-pki: a join token and the CA fingerprint for the worker.
+      export LONGHAUL_PKI_DIR="$b/longhaul-pki"
+      token=""
+      for _ in $(seq 50); do
+        token=$(build/bin/longhaulctl --coordinator="$addr:7400" token create --ttl=1h 2>"$OUT/token.log") && break
+        sleep 0.2
+      done
+      fingerprint=$(sed -n 's/^CA fingerprint //p' "$OUT/token.log")
+      [[ -n "$token" && -n "$fingerprint" ]] || { echo "bootstrap: no join token: $(cat "$OUT/token.log")"; exit 1; }
       SECONDS=0
-      deploy/bootstrap.sh --coordinator "$addr:7400" --prefix "$b/bin" --data-dir "$b/data" --name gpu-bootstrap \
-        >"$OUT/bootstrap.log" 2>&1 &
+      LONGHAUL_JOIN_TOKEN="$token" deploy/bootstrap.sh --coordinator "$addr:7400" --ca-fingerprint "$fingerprint" \
+        --prefix "$b/bin" --data-dir "$b/data" --name gpu-bootstrap >"$OUT/bootstrap.log" 2>&1 &
       bp=$!
       until grep -q "worker registered" "$OUT/bootstrap.log" || ! kill -0 "$bp" 2>/dev/null || ((SECONDS > 480)); do
         sleep 2
@@ -124,6 +134,29 @@ PY
       wait "$bp" || echo "bootstrap exited with $?"
       kill "$cp"; wait "$cp" || true
       cat "$OUT/bootstrap.log" ;;
+    fuzz)
+      # docs/security.md's long fuzz runs on this machine's cores: the targets built on the
+      # development machine (tools/gpu/bundle-fuzzers.sh; carry .deps/fuzz), FUZZ_RUNS executions
+      # in all (default 10^7) split over one job per core, each with its own log.
+      [[ -d "$ROOT/.deps/fuzz" ]] || { echo "fuzz: no .deps/fuzz (tools/gpu/bundle-fuzzers.sh, then carry it)"; exit 1; }
+      tools/gpu/offline-setup.sh >"$OUT/offline-setup.log" 2>&1 || { tail -5 "$OUT/offline-setup.log"; exit 1; }
+      jobs=$(nproc)
+      per=$(( (${FUZZ_RUNS:-10000000} + jobs - 1) / jobs ))
+      for bin in "$ROOT"/.deps/fuzz/fuzz_*; do
+        t=${bin##*/fuzz_}
+        extra=()
+        [[ $t == job_spec ]] && extra=(-dict="$ROOT/.deps/fuzz/job_spec.dict")
+        [[ $t == state_file ]] && extra=(-close_fd_mask=2)
+        mkdir -p "$OUT/fuzz-$t"
+        SECONDS=0
+        (cd "$OUT/fuzz-$t" && "$bin" -jobs="$jobs" -workers="$jobs" -runs="$per" -rss_limit_mb=2048 "${extra[@]}" \
+          "$ROOT/.deps/fuzz/corpus_$t" >/dev/null 2>&1) || true
+        done_runs=$(cat "$OUT/fuzz-$t"/fuzz-*.log 2>/dev/null | sed -n 's/^Done \([0-9]*\) runs.*/\1/p' | awk '{s += $1} END {print s + 0}')
+        crashes=$(ls "$OUT/fuzz-$t" | grep -c -E '^(crash|leak|timeout|oom)-' || true)
+        echo "fuzz_$t: $jobs jobs x $per runs: $done_runs executions done in $SECONDS s, $crashes crash/leak/timeout/oom files"
+        grep -h -m1 -E "ERROR: libFuzzer|ERROR: AddressSanitizer|SUMMARY" "$OUT/fuzz-$t"/fuzz-*.log 2>/dev/null | head -3 || true
+        rm -rf "$OUT/fuzz-$t"/fuzz-*.log.gz
+      done ;;
     test) ./longhaul.sh test -L gpu 2>&1 | tee "$OUT/gpu-tests.log" | tail -15
           # The CUDA cases of the link's device hand-over (label worker, skipped without a GPU).
           build/tests/worker_test --gtest_filter='DeviceCopyTest.*' 2>&1 | tee "$OUT/device-copy-tests.log" | tail -4 ;;
