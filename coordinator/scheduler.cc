@@ -60,18 +60,6 @@ QueuePlan PlanQueue(const std::vector<QueuedJob>& queue, const std::vector<uint6
   return plan;
 }
 
-std::string PeerRateLimiter::PeerHost(const std::string& peer) {
-  absl::string_view p(peer);
-  if (absl::ConsumePrefix(&p, "ipv4:")) return std::string(p.substr(0, p.rfind(':')));
-  if (absl::ConsumePrefix(&p, "ipv6:")) {
-    p = p.substr(0, p.rfind(':'));
-    absl::ConsumePrefix(&p, "[");
-    absl::ConsumeSuffix(&p, "]");
-    return std::string(p);
-  }
-  return peer;
-}
-
 absl::Status PeerRateLimiter::Take(const std::string& grpc_peer) {
   if (limit_.per_second <= 0) return absl::OkStatus();
   const std::string host = PeerHost(grpc_peer);

@@ -35,6 +35,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/peer_host.h"
 
 namespace longhaul::coordinator {
 
@@ -90,7 +91,7 @@ class PeerRateLimiter {
       : what_(std::move(what)), limit_(limit), clock_(clock) {}
   absl::Status Take(const std::string& grpc_peer);
   // "ipv4:1.2.3.4:5" -> "1.2.3.4", "ipv6:[::1]:5" -> "::1", "unix:/path" -> "unix:/path".
-  static std::string PeerHost(const std::string& grpc_peer);
+  static std::string PeerHost(const std::string& grpc_peer) { return common::GrpcPeerHost(grpc_peer); }
 
  private:
   struct Bucket {

@@ -129,18 +129,6 @@ int64_t FrameLimitFor(int64_t micro_batch_size, int64_t context, int64_t hidden)
   return bytes >= static_cast<double>(kDefaultMaxFrameBytes) ? kDefaultMaxFrameBytes : static_cast<int64_t>(bytes);
 }
 
-std::string StreamAdmission::PeerHost(const std::string& peer) {
-  absl::string_view p(peer);
-  if (absl::ConsumePrefix(&p, "ipv4:")) return std::string(p.substr(0, p.rfind(':')));
-  if (absl::ConsumePrefix(&p, "ipv6:")) {
-    p = p.substr(0, p.rfind(':'));
-    absl::ConsumePrefix(&p, "[");
-    absl::ConsumeSuffix(&p, "]");
-    return std::string(p);
-  }
-  return peer;
-}
-
 void StreamAdmission::Refused(const std::string& host, const std::string& what) {
   ++refused_;
   const absl::Time now = absl::Now();

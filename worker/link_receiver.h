@@ -25,6 +25,7 @@
 #include "absl/time/time.h"
 #include "codec/codec.h"
 #include "common/bounded_queue.h"
+#include "common/peer_host.h"
 #include "stage_runtime/link.h"
 #include "worker/chunk_wire.h"
 #include "worker/link_wire.h"
@@ -172,7 +173,8 @@ class StreamAdmission {
   void EndWait();
   const Limits& limits() const { return limits_; }
 
-  static std::string PeerHost(const std::string& grpc_peer);  // "ipv4:1.2.3.4:5" -> "1.2.3.4"
+  // "ipv4:1.2.3.4:5" -> "1.2.3.4" (common/peer_host.h).
+  static std::string PeerHost(const std::string& grpc_peer) { return common::GrpcPeerHost(grpc_peer); }
 
  private:
   void Refused(const std::string& host, const std::string& what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
