@@ -28,34 +28,13 @@ std::string Ms(absl::Duration d) {
   return d == absl::ZeroDuration() ? "0s" : absl::FormatDuration(d);
 }
 
-// Makes the Store writes of one handler a single transaction, so a crash leaves all of them or
-// none (a job placed without its workers marked busy, ...).
-class Txn {
- public:
-  explicit Txn(Store& s) : s_(s) {
-    absl::Status st = s_.Begin();
-    begun_ = st.ok();
-    if (!begun_) Log(absl::StrCat("cannot begin a state file transaction: ", st.message()));
-  }
-  ~Txn() {
-    if (!begun_) return;
-    if (absl::Status st = s_.Commit(); !st.ok()) Log(absl::StrCat("cannot commit to the state file: ", st.message()));
-  }
-  Txn(const Txn&) = delete;
-  Txn& operator=(const Txn&) = delete;
-
- private:
-  Store& s_;
-  bool begun_ = false;
-};
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(std::unique_ptr<Store> store,
                                                                               CoordinatorOptions o) {
   std::unique_ptr<CoordinatorService> c(new CoordinatorService(std::move(store), o));
   absl::MutexLock l(&c->mu_);
-  Txn txn(*c->store_);
+  StoreTransaction txn(*c->store_);
   absl::StatusOr<std::vector<v1::WorkerStatus>> ws = c->store_->LoadWorkers();
   if (!ws.ok()) return ws.status();
   for (v1::WorkerStatus& w : *ws) {
@@ -300,7 +279,7 @@ void CoordinatorService::CheckHeartbeats() {
   Outbox out;
   {
     absl::MutexLock l(&mu_);
-    Txn txn(*store_);
+    StoreTransaction txn(*store_);
     const absl::Time now = opt_.clock->Now();
     std::vector<uint64_t> late;
     for (auto& [id, w] : workers_) {
@@ -343,7 +322,7 @@ grpc::Status CoordinatorService::Register(grpc::ServerContext* ctx, const v1::Re
   Outbox out;
   {
     absl::MutexLock l(&mu_);
-    Txn txn(*store_);
+    StoreTransaction txn(*store_);
     uint64_t id = 0;
     for (auto& [wid, w] : workers_) {
       if (w.status.info().name() != info.name()) continue;
@@ -390,7 +369,7 @@ grpc::Status CoordinatorService::Session(
   Outbox out;
   {
     absl::MutexLock l(&mu_);
-    Txn txn(*store_);
+    StoreTransaction txn(*store_);
     auto it = workers_.find(id);
     if (stopping_ || it == workers_.end() || it->second.status.state() == v1::WORKER_STATE_DEAD) {
       return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
@@ -420,19 +399,19 @@ grpc::Status CoordinatorService::Session(
       Worker& w = it->second;
       w.last_heartbeat = opt_.clock->Now();
       if (m.has_heartbeat()) {
-        Txn txn(*store_);  // (rarely) frees a worker and schedules
+        StoreTransaction txn(*store_);  // (rarely) frees a worker and schedules
         CheckRunning(w, m.heartbeat(), &out);
       } else if (m.has_progress()) {
-        Txn txn(*store_);
+        StoreTransaction txn(*store_);
         OnProgress(w, m.progress());
       } else if (m.has_finished()) {
-        Txn txn(*store_);
+        StoreTransaction txn(*store_);
         OnFinished(w, CheckFinishedStep(w, m.finished()), &out);
       } else if (m.has_link()) {
-        Txn txn(*store_);
+        StoreTransaction txn(*store_);
         OnLinkReport(w, m.link());
       } else if (m.has_replicated()) {
-        Txn txn(*store_);
+        StoreTransaction txn(*store_);
         OnReplicated(w, m.replicated());
       }
     }
@@ -440,7 +419,7 @@ grpc::Status CoordinatorService::Session(
   }
   {
     absl::MutexLock l(&mu_);
-    Txn txn(*store_);
+    StoreTransaction txn(*store_);
     auto it = workers_.find(id);
     if (it != workers_.end() && it->second.session == handle) {
       const std::string since = Ms(opt_.clock->Now() - it->second.last_heartbeat);
@@ -552,154 +531,6 @@ v1::JobFinished CoordinatorService::CheckFinishedStep(const Worker& w, v1::JobFi
   f.set_retryable(false);
   f.set_error(absl::StrCat("stage ", f.stage(), " reported finished at step ", reached, " of ", planned));
   return f;
-}
-
-grpc::Status CoordinatorService::SubmitJob(grpc::ServerContext* ctx, const v1::SubmitJobRequest* req,
-                                           v1::SubmitJobResponse* resp) {
-  security::Identity who;
-  if (grpc::Status s = Authorize(ctx, Access::kAdmin, &who, "SubmitJob"); !s.ok()) return s;
-  if (ctx != nullptr) {  // in-process callers (tests) have no quota
-    if (absl::Status q = submit_limiter_.Take(ctx->peer()); !q.ok()) return ToGrpc(q);
-  }
-  absl::StatusOr<v1::JobSpec> spec = ParseJobSpec(req->spec_yaml(), req->steps_override());
-  if (!spec.ok()) return ToGrpc(spec.status());
-  // A model no worker can hold would only fail on every worker it is given, after the queue.
-  if (const MemoryEstimate e = EstimateStageMemory(*spec);
-      opt_.worker_memory_bytes > 0 && e.total_bytes() > static_cast<double>(opt_.worker_memory_bytes)) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        absl::StrCat("the model does not fit a worker: ", e.ToString(spec->stages()),
-                                     " needed at least, a worker has ", opt_.worker_memory_bytes >> 20,
-                                     " MiB (use more stages or a smaller model)"));
-  }
-  Outbox out;
-  {
-    absl::MutexLock l(&mu_);
-    if (stopping_) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator shutting down");
-    // A replicated job the cluster cannot host is refused now rather than queued (a one-replica job
-    // with more stages than workers still waits for them to register: scheduler.h).
-    if (Replicas(*spec) > 1) {
-      int live = 0, idle = 0;
-      for (const auto& [wid, w] : workers_) {
-        live += w.status.state() != v1::WORKER_STATE_DEAD;
-        idle += w.status.state() == v1::WORKER_STATE_IDLE;
-      }
-      if (WorkersNeeded(*spec) > live) {
-        return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                            absl::StrCat("needs ", WorkersNeeded(*spec), " workers (", spec->stages(), " stages x ",
-                                         Replicas(*spec), " replicas), ", idle, " are idle, ", live, " registered"));
-      }
-    }
-    Txn txn(*store_);
-    const uint64_t id = next_job_id_++;
-    Job& job = jobs_[id];
-    job.status.set_job_id(id);
-    job.status.set_name(spec->name());
-    job.status.set_state(v1::JOB_STATE_PENDING);
-    job.status.set_steps(spec->steps());
-    job.status.set_submitted_unix(UnixNow());
-    *job.status.mutable_spec() = *spec;
-    job.status.set_spec_yaml(req->spec_yaml());
-    job.queued_at = opt_.clock->Now();
-    queue_.insert(id);
-    Persist(job);
-    Changed();
-    Log(absl::StrCat("job ", id, " (", spec->name(), ") submitted: ", spec->stages(), " stages",
-                     Replicas(*spec) > 1 ? absl::StrCat(" x ", Replicas(*spec), " replicas") : "", ", ", spec->steps(),
-                     " steps"));
-    resp->set_job_id(id);
-    Schedule(&out);
-  }
-  Deliver(out);
-  return grpc::Status::OK;
-}
-
-grpc::Status CoordinatorService::GetJob(grpc::ServerContext* ctx, const v1::GetJobRequest* req, v1::JobStatus* resp) {
-  security::Identity who;
-  if (grpc::Status s = Authorize(ctx, Access::kRead, &who, "GetJob"); !s.ok()) return s;
-  absl::MutexLock l(&mu_);
-  auto it = jobs_.find(req->job_id());
-  if (it == jobs_.end()) return grpc::Status(grpc::StatusCode::NOT_FOUND, absl::StrCat("no job ", req->job_id()));
-  *resp = it->second.status;
-  if (req->include_losses()) {
-    absl::StatusOr<std::vector<double>> losses = store_->Losses(req->job_id());
-    if (!losses.ok()) return ToGrpc(losses.status());
-    for (double v : *losses) resp->add_losses(v);
-  }
-  return grpc::Status::OK;
-}
-
-grpc::Status CoordinatorService::ListJobs(grpc::ServerContext* ctx, const v1::ListJobsRequest*, v1::ListJobsResponse* resp) {
-  security::Identity who;
-  if (grpc::Status s = Authorize(ctx, Access::kRead, &who, "ListJobs"); !s.ok()) return s;
-  absl::MutexLock l(&mu_);
-  for (const auto& [id, job] : jobs_) {
-    v1::JobStatus* s = resp->add_jobs();
-    *s = job.status;
-    s->clear_spec_yaml();
-  }
-  return grpc::Status::OK;
-}
-
-grpc::Status CoordinatorService::WatchJob(grpc::ServerContext* ctx, const v1::WatchJobRequest* req,
-                                          grpc::ServerWriter<v1::JobStatus>* writer) {
-  security::Identity who;
-  if (grpc::Status s = Authorize(ctx, Access::kRead, &who, "WatchJob"); !s.ok()) return s;
-  uint64_t seen = ~uint64_t{0};
-  for (;;) {
-    v1::JobStatus st;
-    {
-      absl::MutexLock l(&mu_);
-      auto changed = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return version_ != seen || stopping_; };
-      mu_.AwaitWithTimeout(absl::Condition(&changed), absl::Seconds(1));
-      if (ctx->IsCancelled()) return grpc::Status::CANCELLED;
-      auto it = jobs_.find(req->job_id());
-      if (it == jobs_.end()) return grpc::Status(grpc::StatusCode::NOT_FOUND, absl::StrCat("no job ", req->job_id()));
-      if (stopping_) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator shutting down");
-      if (version_ == seen) continue;
-      seen = version_;
-      st = it->second.status;
-      st.clear_spec_yaml();
-    }
-    if (!writer->Write(st)) return grpc::Status::CANCELLED;
-    if (IsTerminal(st.state())) return grpc::Status::OK;
-  }
-}
-
-grpc::Status CoordinatorService::CancelJob(grpc::ServerContext* ctx, const v1::CancelJobRequest* req, v1::CancelJobResponse*) {
-  security::Identity who;
-  if (grpc::Status s = Authorize(ctx, Access::kAdmin, &who, "CancelJob"); !s.ok()) return s;
-  Outbox out;
-  {
-    absl::MutexLock l(&mu_);
-    auto it = jobs_.find(req->job_id());
-    if (it == jobs_.end()) return grpc::Status(grpc::StatusCode::NOT_FOUND, absl::StrCat("no job ", req->job_id()));
-    if (IsTerminal(it->second.status.state())) {
-      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                          absl::StrCat("job ", req->job_id(), " already ", JobStateName(it->second.status.state())));
-    }
-    Txn txn(*store_);
-    FailJob(it->second, "cancelled by the user", v1::JOB_STATE_CANCELLED, &out);
-    // A cancelled pending job leaves the queue (FailJob): the jobs it held back may start now. A
-    // running one frees its workers when they report the end (OnFinished schedules then).
-    Schedule(&out);
-  }
-  Deliver(out);
-  return grpc::Status::OK;
-}
-
-grpc::Status CoordinatorService::ListWorkers(grpc::ServerContext* ctx, const v1::ListWorkersRequest*,
-                                             v1::ListWorkersResponse* resp) {
-  security::Identity who;
-  if (grpc::Status s = Authorize(ctx, Access::kRead, &who, "ListWorkers"); !s.ok()) return s;
-  absl::MutexLock l(&mu_);
-  for (auto& [id, w] : workers_) {
-    v1::WorkerStatus* s = resp->add_workers();
-    *s = w.status;
-    if (w.status.state() != v1::WORKER_STATE_DEAD) {
-      s->set_last_heartbeat_unix(absl::ToDoubleSeconds(w.last_heartbeat - absl::UnixEpoch()));
-    }
-  }
-  return grpc::Status::OK;
 }
 
 }  // namespace longhaul::coordinator

@@ -146,6 +146,7 @@ class CoordinatorService final : public v1::Coordinator::Service {
   grpc::Status Register(grpc::ServerContext*, const v1::RegisterRequest*, v1::RegisterResponse*) override;
   grpc::Status Session(grpc::ServerContext*,
                        grpc::ServerReaderWriter<v1::CoordinatorMessage, v1::WorkerMessage>*) override;
+  // The clients' job and worker RPCs (coordinator_jobs.cc).
   grpc::Status SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest*, v1::SubmitJobResponse*) override;
   grpc::Status GetJob(grpc::ServerContext*, const v1::GetJobRequest*, v1::JobStatus*) override;
   grpc::Status ListJobs(grpc::ServerContext*, const v1::ListJobsRequest*, v1::ListJobsResponse*) override;

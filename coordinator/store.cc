@@ -10,6 +10,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 
 namespace longhaul::coordinator {
 namespace {
@@ -283,6 +284,19 @@ absl::StatusOr<std::string> Store::UseToken(const std::string& hash, double now_
   sqlite3_bind_text(u.get(), 1, hash.c_str(), -1, SQLITE_TRANSIENT);
   if (absl::Status st = u.Done(); !st.ok()) return st;
   return role;
+}
+
+StoreTransaction::StoreTransaction(Store& s) : s_(s) {
+  absl::Status st = s_.Begin();
+  begun_ = st.ok();
+  if (!begun_) common::Log("coordinator", absl::StrCat("cannot begin a state file transaction: ", st.message()));
+}
+
+StoreTransaction::~StoreTransaction() {
+  if (!begun_) return;
+  if (absl::Status st = s_.Commit(); !st.ok()) {
+    common::Log("coordinator", absl::StrCat("cannot commit to the state file: ", st.message()));
+  }
 }
 
 absl::StatusOr<std::optional<Store::Issued>> Store::FindIssued(const std::string& name) {

@@ -88,6 +88,21 @@ class Store {
   int depth_ = 0;  // open Begin()s
 };
 
+// Makes the Store writes of one handler a single transaction, so a crash leaves all of them or
+// none (a job placed without its workers marked busy, ...): Begin when made, Commit when it goes
+// out of scope. A failure of either is logged (a handler has nobody to tell).
+class StoreTransaction {
+ public:
+  explicit StoreTransaction(Store& s);
+  ~StoreTransaction();
+  StoreTransaction(const StoreTransaction&) = delete;
+  StoreTransaction& operator=(const StoreTransaction&) = delete;
+
+ private:
+  Store& s_;
+  bool begun_ = false;
+};
+
 }  // namespace longhaul::coordinator
 
 #endif  // LONGHAUL_COORDINATOR_STORE_H_

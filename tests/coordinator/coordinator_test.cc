@@ -265,6 +265,16 @@ class FakeWorker : public FakeSession {
     m.mutable_finished()->set_ok(true);
     at_end.mutable_progress()->set_job_id(job);
     at_end.mutable_progress()->set_step_seconds(1);
+    // The assignment names the stage, attempt and planned steps: wait for it to have arrived (the
+    // coordinator may have sent it a moment ago).
+    WaitUntil(
+        [&](const std::vector<v1::CoordinatorMessage>& got) {
+          for (const auto& c : got) {
+            if (c.has_assign() && c.assign().job_id() == job) return true;
+          }
+          return false;
+        },
+        absl::Seconds(10));
     for (const auto& c : Received()) {
       if (!c.has_assign() || c.assign().job_id() != job) continue;
       m.mutable_finished()->set_stage(c.assign().stage());
