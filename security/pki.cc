@@ -295,6 +295,15 @@ absl::StatusOr<Req> ParseCsr(const std::string& csr_pem) {
   return r;
 }
 
+// Whether the certificate is of the key (its public key is the key's).
+bool KeyMatches(const KeyAndCert& kc) {
+  absl::StatusOr<Pkey> k = ParseKey(kc.key_pem);
+  absl::StatusOr<Cert> c = ParseCert(kc.cert_pem);
+  const bool ok = k.ok() && c.ok() && X509_check_private_key(c->get(), k->get()) == 1;
+  ERR_clear_error();
+  return ok;
+}
+
 }  // namespace
 
 absl::Status CheckCsr(const std::string& csr_pem) { return ParseCsr(csr_pem).status(); }
@@ -407,7 +416,8 @@ absl::StatusOr<ClusterPki> OpenClusterPki(const std::string& dir) {
   for (const Want& w : {Want{"coordinator", {"coordinator", Role::kCoordinator}, {kCoordinatorServerName}, &pki.server},
                         Want{"admin", {"admin", Role::kAdmin}, {}, &pki.admin}}) {
     absl::StatusOr<KeyAndCert> have = read_pair(w.base);
-    if (have.ok() && pki.ca.Verify(have->cert_pem).ok()) {
+    // Re-issued when missing, of another CA, or not of its key (a crash between the two writes).
+    if (have.ok() && pki.ca.Verify(have->cert_pem).ok() && KeyMatches(*have)) {
       *w.out = *have;
       continue;
     }

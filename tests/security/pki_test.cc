@@ -106,6 +106,15 @@ TEST(PkiTest, ClusterPkiIsMadeOnceWithPrivateKeys) {
   EXPECT_FALSE(again->created);
   EXPECT_EQ(again->ca.fingerprint(), first->ca.fingerprint());
   EXPECT_EQ(again->admin.cert_pem, first->admin.cert_pem);
+  // A key that is not the certificate's (a crash between writing the two): the pair is made anew.
+  ASSERT_TRUE(WriteFileAtomic(dir + "/admin.key", *NewPrivateKey(), 0600).ok());
+  absl::StatusOr<ClusterPki> repaired = OpenClusterPki(dir);
+  ASSERT_TRUE(repaired.ok()) << repaired.status();
+  EXPECT_NE(repaired->admin.cert_pem, first->admin.cert_pem);
+  EXPECT_EQ(repaired->ca.fingerprint(), first->ca.fingerprint());
+  absl::StatusOr<ClusterPki> stable = OpenClusterPki(dir);
+  ASSERT_TRUE(stable.ok());
+  EXPECT_EQ(stable->admin.cert_pem, repaired->admin.cert_pem);
   (void)common::RemoveTree(dir.substr(0, dir.rfind('/')));
 }
 
