@@ -10,12 +10,6 @@
 namespace longhaul::coordinator {
 namespace {
 
-grpc::Status ToGrpc(const absl::Status& s) {
-  // absl and gRPC status codes have the same numbering.
-  return s.ok() ? grpc::Status::OK
-                : grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-}
-
 void Log(const std::string& msg) { common::Log("coordinator", msg); }
 
 std::string Describe(const v1::WorkerStatus& w) {

@@ -108,6 +108,11 @@ struct CoordinatorOptions {
   int64_t worker_memory_bytes = int64_t{80} << 30;
 };
 
+// An absl status as the RPC's answer (the two have the same code numbering).
+inline grpc::Status ToGrpc(const absl::Status& s) {
+  return s.ok() ? grpc::Status::OK : grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
 class CoordinatorService final : public v1::Coordinator::Service {
  public:
   // Loads persisted state: all workers start as dead until they register again; jobs that were

@@ -58,9 +58,7 @@ grpc::Status CoordinatorService::Join(grpc::ServerContext* ctx, const v1::JoinRe
                         "this coordinator runs with --insecure (no CA): start the worker with --insecure too");
   }
   // Anyone who can connect may call Join: its cost is bounded per client host before anything else.
-  if (absl::Status q = join_limiter_.Take(ctx->peer()); !q.ok()) {
-    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, std::string(q.message()));
-  }
+  if (absl::Status q = join_limiter_.Take(ctx->peer()); !q.ok()) return ToGrpc(q);
   auto refuse = [&](grpc::StatusCode code, absl::string_view why) {
     Log(absl::StrCat("join of ", req->name(), " from ", ctx->peer(), " refused: ", why));
     return grpc::Status(code, std::string(why));

@@ -56,13 +56,8 @@ class HostileStreamTest : public ::testing::Test {
  protected:
   void SetUp() override {
     service_ = std::make_unique<StageLinkService>(&router_);  // the default 1 GiB service limit
-    grpc::ServerBuilder b;
-    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
-    ConfigureLonghaulServer(&b);
-    b.RegisterCallbackGenericService(service_.get());
-    server_ = b.BuildAndStart();
-    ASSERT_NE(port_, 0);
-    target_ = absl::StrCat("127.0.0.1:", port_);
+    server_ = ServeOnLoopback(service_.get(), &target_);
+    ASSERT_FALSE(target_.empty());
   }
   void TearDown() override { server_->Shutdown(); }
 
@@ -93,7 +88,6 @@ class HostileStreamTest : public ::testing::Test {
   LimitedRouter router_{4096};
   std::unique_ptr<StageLinkService> service_;
   std::unique_ptr<grpc::Server> server_;
-  int port_ = 0;
   std::string target_;
 };
 

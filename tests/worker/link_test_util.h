@@ -31,17 +31,25 @@ class OneInboxRouter : public InboxRouter {
   std::shared_ptr<Inbox> inbox;
 };
 
+// `service` on a plaintext loopback server with a free port; its address in `*target` ("" when it
+// did not start).
+inline std::unique_ptr<grpc::Server> ServeOnLoopback(StageLinkService* service, std::string* target) {
+  int port = 0;
+  grpc::ServerBuilder b;
+  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  ConfigureLonghaulServer(&b);
+  b.RegisterCallbackGenericService(service);
+  std::unique_ptr<grpc::Server> server = b.BuildAndStart();
+  *target = port != 0 ? absl::StrCat("127.0.0.1:", port) : "";
+  return server;
+}
+
 class LinkServerTest : public ::testing::Test {
  protected:
   void SetUp() override {
     service_ = std::make_unique<StageLinkService>(&router_, /*max_frame_bytes=*/8 << 20);
-    grpc::ServerBuilder b;
-    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
-    ConfigureLonghaulServer(&b);
-    b.RegisterCallbackGenericService(service_.get());
-    server_ = b.BuildAndStart();
-    ASSERT_NE(port_, 0);
-    target_ = absl::StrCat("127.0.0.1:", port_);
+    server_ = ServeOnLoopback(service_.get(), &target_);
+    ASSERT_FALSE(target_.empty());
   }
   // Waits for every stream's handler (a test must not leave one blocked on a full inbox).
   void TearDown() override { server_->Shutdown(); }
@@ -109,7 +117,6 @@ class LinkServerTest : public ::testing::Test {
   OneInboxRouter router_;
   std::unique_ptr<StageLinkService> service_;
   std::unique_ptr<grpc::Server> server_;
-  int port_ = 0;
   std::string target_;
 };
 
