@@ -138,7 +138,8 @@ PY
       # docs/security.md's long fuzz runs on this machine's cores: the targets built on the
       # development machine (tools/gpu/bundle-fuzzers.sh; carry .deps/fuzz), FUZZ_RUNS executions
       # in all (default 10^7) split over one job per core, each with its own log; FUZZ_TARGETS
-      # chooses (default: chunk_wire job_spec state_file).
+      # chooses (default: chunk_wire job_spec state_file); FUZZ_SECONDS caps each target's time
+      # (libFuzzer -max_total_time), so a run under a wall-clock limit still ends with its counts.
       [[ -d "$ROOT/.deps/fuzz" ]] || { echo "fuzz: no .deps/fuzz (tools/gpu/bundle-fuzzers.sh, then carry it)"; exit 1; }
       tools/gpu/offline-setup.sh >"$OUT/offline-setup.log" 2>&1 || { tail -5 "$OUT/offline-setup.log"; exit 1; }
       jobs=$(nproc)
@@ -147,8 +148,9 @@ PY
         bin="$ROOT/.deps/fuzz/fuzz_$t"
         [[ -x "$bin" ]] || { echo "fuzz: no $bin"; continue; }
         extra=()
-        [[ $t == job_spec ]] && extra=(-dict="$ROOT/.deps/fuzz/job_spec.dict")
-        [[ $t == state_file ]] && extra=(-close_fd_mask=2)
+        [[ -n ${FUZZ_SECONDS:-} ]] && extra+=(-max_total_time="$FUZZ_SECONDS")
+        [[ $t == job_spec ]] && extra+=(-dict="$ROOT/.deps/fuzz/job_spec.dict")
+        [[ $t == state_file ]] && extra+=(-close_fd_mask=2)
         mkdir -p "$OUT/fuzz-$t"
         SECONDS=0
         (cd "$OUT/fuzz-$t" && "$bin" -jobs="$jobs" -workers="$jobs" -runs="$per" -rss_limit_mb=2048 "${extra[@]}" \
