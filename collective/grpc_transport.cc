@@ -39,12 +39,17 @@ uint64_t CollectiveChunkCount(uint64_t total) {
 
 // ------------------------------------------------------------------------------------ service
 
-absl::Status CollectiveService::Register(const std::string& group, std::shared_ptr<Mailbox> box) {
+absl::Status CollectiveService::Register(const std::string& group, std::shared_ptr<Mailbox> box,
+                                         std::vector<std::string> names) {
+  if (!names.empty() && static_cast<int>(names.size()) != box->size()) {
+    return absl::InvalidArgumentError(absl::StrCat(names.size(), " worker names for ", box->size(), " ranks"));
+  }
   absl::MutexLock l(&mu_);
-  auto [it, inserted] = boxes_.emplace(std::make_pair(group, box->rank()), box);
+  const int rank = box->rank();
+  auto [it, inserted] = boxes_.emplace(std::make_pair(group, rank), Registered{box, std::move(names)});
   if (!inserted) {
     return absl::AlreadyExistsError(
-        absl::StrCat("rank ", box->rank(), " of collective group '", group, "' is already registered here"));
+        absl::StrCat("rank ", rank, " of collective group '", group, "' is already registered here"));
   }
   return absl::OkStatus();
 }
@@ -54,10 +59,10 @@ void CollectiveService::Unregister(const std::string& group, int rank) {
   boxes_.erase({group, rank});
 }
 
-std::shared_ptr<Mailbox> CollectiveService::Find(const std::string& group, int rank) {
+CollectiveService::Registered CollectiveService::Find(const std::string& group, int rank) {
   absl::MutexLock l(&mu_);
   auto it = boxes_.find({group, rank});
-  return it == boxes_.end() ? nullptr : it->second;
+  return it == boxes_.end() ? Registered{} : it->second;
 }
 
 grpc::Status CollectiveService::Send(grpc::ServerContext* ctx, grpc::ServerReader<v1::CollectiveChunk>* reader,
@@ -69,7 +74,8 @@ grpc::Status CollectiveService::Send(grpc::ServerContext* ctx, grpc::ServerReade
             absl::StrCat("group name of ", first.group().size(), " bytes (at most ", kMaxGroupNameBytes, ")")};
   }
   if (first.to_rank() > INT_MAX) return {grpc::StatusCode::INVALID_ARGUMENT, "to_rank out of range"};
-  const std::shared_ptr<Mailbox> box = Find(first.group(), static_cast<int>(first.to_rank()));
+  const Registered reg = Find(first.group(), static_cast<int>(first.to_rank()));
+  const std::shared_ptr<Mailbox>& box = reg.box;
   if (!box) {
     return {grpc::StatusCode::NOT_FOUND,
             absl::StrCat("no rank ", first.to_rank(), " of collective group '", first.group(), "' on this server")};
@@ -80,6 +86,16 @@ grpc::Status CollectiveService::Send(grpc::ServerContext* ctx, grpc::ServerReade
                          " cannot take a message from rank ", first.from_rank())};
   }
   const int from = static_cast<int>(first.from_rank());
+  // mTLS: only the worker that is rank `from` may speak as it (before anything can poison the box).
+  if (!reg.names.empty()) {
+    if (std::optional<security::Identity> who = security::PeerIdentity(*ctx->auth_context());
+        who && who->name != reg.names[from]) {
+      const std::string why = absl::StrCat("rank ", from, " of collective group '", first.group(), "' is worker ",
+                                           reg.names[from], ", not ", who->name);
+      refusals_.Warn(who->name, absl::StrCat("refused a message from ", ctx->peer(), ": ", why));
+      return {grpc::StatusCode::PERMISSION_DENIED, why};
+    }
+  }
   // From here the sender is known: a malformed message also fails the receiver's next receive
   // from it (a hostile or broken peer should not leave the receiver waiting out its deadline).
   auto refuse = [&](grpc::StatusCode code, const std::string& why) {
@@ -149,7 +165,7 @@ grpc::Status CollectiveService::Send(grpc::ServerContext* ctx, grpc::ServerReade
 
 grpc::Status CollectiveService::Ping(grpc::ServerContext*, const v1::CollectivePingRequest* req,
                                      v1::CollectivePingReply*) {
-  if (req->to_rank() > INT_MAX || !Find(req->group(), static_cast<int>(req->to_rank()))) {
+  if (req->to_rank() > INT_MAX || !Find(req->group(), static_cast<int>(req->to_rank())).box) {
     return {grpc::StatusCode::NOT_FOUND,
             absl::StrCat("no rank ", req->to_rank(), " of collective group '", req->group(), "' on this server")};
   }
@@ -171,7 +187,7 @@ absl::StatusOr<std::unique_ptr<GrpcTransport>> GrpcTransport::Create(CollectiveS
     return absl::InvalidArgumentError(absl::StrCat(o.links.size(), " link profiles for ", n, " ranks"));
   }
   auto box = std::make_shared<Mailbox>(o.rank, n, o.max_message_bytes, o.max_buffered_bytes);
-  if (absl::Status s = service->Register(o.group, box); !s.ok()) return s;
+  if (absl::Status s = service->Register(o.group, box, o.names); !s.ok()) return s;
   return std::unique_ptr<GrpcTransport>(new GrpcTransport(service, std::move(o), std::move(box)));
 }
 
@@ -182,7 +198,7 @@ GrpcTransport::GrpcTransport(CollectiveService* service, GrpcTransportOptions o,
       stubs_.push_back(nullptr);
     } else {
       stubs_.push_back(v1::Collective::NewStub(
-          security::DataPlaneChannel(o_.addresses[p], LonghaulChannelArgs())));
+          security::DataPlaneChannel(o_.addresses[p], LonghaulChannelArgs(), o_.names.empty() ? "" : o_.names[p])));
     }
     shapers_.push_back(std::make_unique<PeerShaper>(o_.links.empty() ? netem::LinkProfile{} : o_.links[p]));
   }
@@ -195,7 +211,8 @@ GrpcTransport::~GrpcTransport() {
 
 std::string GrpcTransport::PeerName(int peer) const {
   if (peer < 0 || peer >= size()) return absl::StrCat("rank ", peer);
-  return absl::StrCat("rank ", peer, " (", o_.addresses[peer], ")");
+  if (o_.names.empty()) return absl::StrCat("rank ", peer, " (", o_.addresses[peer], ")");
+  return absl::StrCat("rank ", peer, " (", o_.names[peer], " at ", o_.addresses[peer], ")");
 }
 
 absl::Status GrpcTransport::SendMessage(int peer, uint64_t tag, absl::string_view data, absl::Time deadline,

@@ -28,6 +28,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "collective/transport.h"
+#include "common/throttled_log.h"
 #include "longhaul/v1/collective.grpc.pb.h"
 
 namespace longhaul::collective {
@@ -43,8 +44,10 @@ class CollectiveService final : public v1::Collective::Service {
   CollectiveService() = default;
   ~CollectiveService() override = default;
 
-  // Routes messages for (group, rank) to `box`; AlreadyExists when taken.
-  absl::Status Register(const std::string& group, std::shared_ptr<Mailbox> box);
+  // Routes messages for (group, rank) to `box`; AlreadyExists when taken. `names` (empty, or one
+  // per rank): with TLS, a message from rank r is taken only from the certificate named names[r].
+  absl::Status Register(const std::string& group, std::shared_ptr<Mailbox> box,
+                        std::vector<std::string> names = {});
   void Unregister(const std::string& group, int rank);
 
   grpc::Status Send(grpc::ServerContext* ctx, grpc::ServerReader<v1::CollectiveChunk>* reader,
@@ -53,15 +56,23 @@ class CollectiveService final : public v1::Collective::Service {
                     v1::CollectivePingReply* reply) override;
 
  private:
-  std::shared_ptr<Mailbox> Find(const std::string& group, int rank);
+  struct Registered {
+    std::shared_ptr<Mailbox> box;
+    std::vector<std::string> names;
+  };
+  Registered Find(const std::string& group, int rank);
+  common::ThrottledLog refusals_{"collective"};  // messages from the wrong certificate
   absl::Mutex mu_;
-  std::map<std::pair<std::string, int>, std::shared_ptr<Mailbox>> boxes_ ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<std::string, int>, Registered> boxes_ ABSL_GUARDED_BY(mu_);
 };
 
 struct GrpcTransportOptions {
   std::string group;
   int rank = 0;
   std::vector<std::string> addresses;  // host:port of every rank's server (this rank's unused)
+  // Every rank's worker name (empty: not checked). With TLS, messages go only to, and are taken
+  // only from, the certificate of that name (security::DataPlaneChannel's peer_name).
+  std::vector<std::string> names;
   // The link from this rank to each peer (empty: unshaped; else one per rank).
   std::vector<netem::LinkProfile> links;
   int64_t max_message_bytes = kDefaultMaxMessageBytes;

@@ -51,7 +51,13 @@ absl::StatusOr<std::unique_ptr<CoordinatorService>> CoordinatorService::Create(s
     Job& job = c->jobs_[j.job_id()];
     job.status = std::move(j);
     if (job.status.state() == v1::JOB_STATE_RUNNING || job.status.state() == v1::JOB_STATE_RECOVERING) {
-      c->AfterRestart(job);  // its workers come back (coordinator_recovery.cc)
+      if (absl::Status s = CheckResumable(job.status); !s.ok()) {
+        Outbox none;
+        c->FailJob(job, absl::StrCat("the state file's record of this job is damaged: ", s.message()),
+                   v1::JOB_STATE_FAILED, &none);
+      } else {
+        c->AfterRestart(job);  // its workers come back (coordinator_recovery.cc)
+      }
     } else if (job.status.state() == v1::JOB_STATE_PENDING) {
       job.queued_at = absl::UnixEpoch() + absl::Seconds(job.status.submitted_unix());
       c->queue_.insert(job.status.job_id());
@@ -441,8 +447,7 @@ void CoordinatorService::OnProgress(Worker& w, const v1::StepProgress& p) {
   // Replicated stages: slot = replica * S + stage; the loss (the mean over the last stage's
   // replicas, which every one of them knows) is taken from replica 0.
   const int slot = Slot(job, p.stage(), p.replica());
-  if (p.stage() < 0 || p.stage() >= S || slot < 0 || slot >= job.status.stages_size() ||
-      job.status.stages(slot).worker_id() != w.status.worker_id()) {
+  if (slot < 0 || job.status.stages(slot).worker_id() != w.status.worker_id()) {
     return;
   }
   if (p.attempt() != job.status.attempt()) return;  // a stage of a failed attempt, still winding down
@@ -513,8 +518,7 @@ v1::JobFinished CoordinatorService::CheckFinishedStep(const Worker& w, v1::JobFi
   }
   const Job& job = it->second;
   const int slot = Slot(job, f.stage(), f.replica());
-  if (f.stage() < 0 || slot < 0 || slot >= job.status.stages_size() ||
-      job.status.stages(slot).worker_id() != w.status.worker_id()) {
+  if (slot < 0 || job.status.stages(slot).worker_id() != w.status.worker_id()) {
     return f;  // not this worker's stage: OnFinished does not count it
   }
   const int64_t reached = job.status.stages(slot).step(), planned = job.status.spec().steps();

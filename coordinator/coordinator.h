@@ -243,8 +243,17 @@ class CoordinatorService final : public v1::Coordinator::Service {
   // The slot of `job` that `worker_id` runs (its index in JobStatus.stages: replica r's stage s at
   // r * stages + s, so the stage itself with one replica), or -1.
   int StageOf(const Job& job, uint64_t worker_id) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // OK when a running or recovering job read from the state file can be resumed: a placement per
+  // slot naming that slot's stage and replica, a recovery record when recovering. A damaged or
+  // hand-edited file can say anything; such a job fails with the reason at start-up.
+  static absl::Status CheckResumable(const v1::JobStatus& job);
+  // Replica `replica`'s stage `stage` as a slot, or -1 when either is outside the job (numbers from
+  // a worker's report or a damaged state file: no overflow, no index past JobStatus.stages).
   static int Slot(const Job& job, int stage, int replica) {
-    return replica * job.status.spec().stages() + stage;
+    const int stages = job.status.spec().stages();
+    if (stages <= 0 || stage < 0 || stage >= stages || replica < 0) return -1;
+    const int64_t slot = int64_t{replica} * stages + stage;
+    return slot < job.status.stages_size() ? static_cast<int>(slot) : -1;
   }
   bool Alive(uint64_t worker_id) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Checkpoints and recovery progress from a step report of the current attempt.
@@ -307,6 +316,7 @@ class CoordinatorService final : public v1::Coordinator::Service {
   PeerRateLimiter submit_limiter_{"job submissions", opt_.limits.submit, opt_.clock};
   PeerRateLimiter register_limiter_{"worker registrations", opt_.limits.register_worker, opt_.clock};
   PeerRateLimiter join_limiter_{"joins", opt_.limits.join, opt_.clock};
+  common::ThrottledLog refusals_{"coordinator", absl::Seconds(10), opt_.clock};  // refused RPCs, per RPC and host
 };
 
 }  // namespace longhaul::coordinator

@@ -32,7 +32,8 @@ grpc::Status CoordinatorService::Authorize(grpc::ServerContext* ctx, Access need
   }
   std::optional<security::Identity> peer = security::PeerIdentity(*ctx->auth_context());
   if (!peer) {
-    Log(absl::StrCat(rpc, " from ", ctx->peer(), " refused: no client certificate"));
+    refusals_.Warn(absl::StrCat(rpc, " ", common::GrpcPeerHost(ctx->peer())),
+                   absl::StrCat(rpc, " from ", ctx->peer(), " refused: no client certificate"));
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
                         absl::StrCat(rpc, " needs a client certificate of this cluster (role ",
                                      AccessName(static_cast<int>(need)),
@@ -42,8 +43,9 @@ grpc::Status CoordinatorService::Authorize(grpc::ServerContext* ctx, Access need
   const bool ok = r == security::Role::kAdmin || (need == Access::kWorker && r == security::Role::kWorker) ||
                   (need == Access::kRead && r == security::Role::kReadOnly);
   if (!ok) {
-    Log(absl::StrCat(rpc, " from ", ctx->peer(), " refused: certificate ", peer->name, " has role ",
-                     security::RoleName(r)));
+    refusals_.Warn(absl::StrCat(rpc, " ", common::GrpcPeerHost(ctx->peer())),
+                   absl::StrCat(rpc, " from ", ctx->peer(), " refused: certificate ", peer->name, " has role ",
+                                security::RoleName(r)));
     return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
                         absl::StrCat(rpc, " needs role ", AccessName(static_cast<int>(need)), "; the certificate of ",
                                      peer->name, " has role ", security::RoleName(r)));
@@ -102,7 +104,7 @@ grpc::Status CoordinatorService::Join(grpc::ServerContext* ctx, const v1::JoinRe
   absl::StatusOr<security::Role> role = security::ParseRole(*role_name);
   if (!role.ok()) return grpc::Status(grpc::StatusCode::INTERNAL, std::string(role.status().message()));
   std::vector<std::string> dns;
-  if (*role == security::Role::kWorker) dns.push_back(security::kWorkerServerName);
+  if (*role == security::Role::kWorker) dns = security::WorkerDnsNames(req->name());
   absl::StatusOr<std::string> cert = opt_.ca->Sign(req->csr_pem(), {req->name(), *role}, kCertificateValidity, dns);
   if (!cert.ok()) return refuse(grpc::StatusCode::INTERNAL, cert.status().message());
   Log(absl::StrCat("joined: ", req->name(), " (role ", *role_name, ") from ", ctx->peer()));
@@ -161,7 +163,7 @@ grpc::Status CoordinatorService::CreateIdentity(grpc::ServerContext* ctx, const 
                         absl::StrCat("role \"", req->role(), "\": want admin, read-only or worker"));
   }
   std::vector<std::string> dns;
-  if (*role == security::Role::kWorker) dns.push_back(security::kWorkerServerName);
+  if (*role == security::Role::kWorker) dns = security::WorkerDnsNames(req->name());
   if (!(req->ttl_seconds() >= 0 && req->ttl_seconds() <= 10 * 365 * 24 * 3600.0)) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "ttl must be in (0, 10 years]");
   }

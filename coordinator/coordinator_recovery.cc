@@ -363,8 +363,7 @@ void CoordinatorService::OnReplicated(Worker& w, const v1::CheckpointReplicated&
   // Only the current attempt's copies count (a late report of a failed attempt would mix restore
   // points), and only onto a live worker.
   const int slot = Slot(job, r.stage(), r.replica());
-  if (r.stage() < 0 || slot < 0 || slot >= job.status.stages_size() ||
-      job.status.stages(slot).worker_id() != w.status.worker_id() || r.attempt() != job.status.attempt() ||
+  if (slot < 0 || job.status.stages(slot).worker_id() != w.status.worker_id() || r.attempt() != job.status.attempt() ||
       job.status.state() != v1::JOB_STATE_RUNNING) {
     return;
   }
@@ -454,7 +453,7 @@ void CoordinatorService::OnFinished(Worker& w, const v1::JobFinished& f, Outbox*
   auto it = jobs_.find(f.job_id());
   const int s = it == jobs_.end() ? -1 : StageOf(it->second, w.status.worker_id());
   const int fs = it == jobs_.end() ? f.stage() : Slot(it->second, f.stage(), f.replica());
-  if (it == jobs_.end() || IsTerminal(it->second.status.state()) || s != fs) {
+  if (it == jobs_.end() || IsTerminal(it->second.status.state()) || s < 0 || s != fs) {
     // A late end of a stage this worker no longer holds (it now holds stage s of the same job)
     // changes nothing; otherwise the worker is free.
     if (w.status.job_id() == f.job_id() && !(s >= 0 && s != fs && it != jobs_.end() &&
@@ -499,7 +498,7 @@ void CoordinatorService::Reattach(Worker& w, const v1::RunningStage& r) {
   if (it == jobs_.end()) return Drain(w, r, absl::StrCat("job ", r.job_id(), " is unknown here"));
   Job& job = it->second;
   const int s = Slot(job, r.stage(), r.replica());
-  if (r.stage() < 0 || s < 0 || s >= job.status.stages_size() || job.status.stages(s).worker_id() != w.status.worker_id()) {
+  if (s < 0 || job.status.stages(s).worker_id() != w.status.worker_id()) {
     return Drain(w, r, absl::StrCat("stage ", s, " of job ", r.job_id(), " has moved to another worker"));
   }
   if (job.status.state() == v1::JOB_STATE_RUNNING && r.attempt() == job.status.attempt()) {
@@ -515,6 +514,27 @@ void CoordinatorService::Reattach(Worker& w, const v1::RunningStage& r) {
   Log(absl::StrCat(Describe(w.status), " re-attached to job ", r.job_id(), " stage ", s, " (attempt ", r.attempt(),
                    ")"));
   Changed();
+}
+
+absl::Status CoordinatorService::CheckResumable(const v1::JobStatus& job) {
+  const int stages = job.spec().stages();
+  const int replicas = std::max(1, job.spec().replicas());
+  if (stages < 1) return absl::DataLossError(absl::StrCat("its spec has ", stages, " stages"));
+  if (int64_t{stages} * replicas != job.stages_size()) {
+    return absl::DataLossError(absl::StrCat("its spec asks for ", stages, " stages x ", replicas, " replicas but it has ",
+                                            job.stages_size(), " placements"));
+  }
+  for (int i = 0; i < job.stages_size(); ++i) {
+    const v1::StagePlacement& p = job.stages(i);
+    if (p.stage() != i % stages || p.replica() != i / stages) {
+      return absl::DataLossError(absl::StrCat("placement ", i, " names stage ", p.stage(), " replica ", p.replica(),
+                                              " (expected stage ", i % stages, " replica ", i / stages, ")"));
+    }
+  }
+  if (job.state() == v1::JOB_STATE_RECOVERING && job.recoveries_size() == 0) {
+    return absl::DataLossError("it is recovering but has no recovery record");
+  }
+  return absl::OkStatus();
 }
 
 void CoordinatorService::AfterRestart(Job& job) {

@@ -65,13 +65,18 @@ absl::Status PeerRateLimiter::Take(const std::string& grpc_peer) {
   const std::string host = PeerHost(grpc_peer);
   const absl::Time now = clock_->Now();
   absl::MutexLock l(&mu_);
-  if (buckets_.size() > kMaxTracked && buckets_.count(host) == 0) {
-    for (auto it = buckets_.begin(); it != buckets_.end();) {
-      const double refilled = it->second.tokens + absl::ToDoubleSeconds(now - it->second.at) * limit_.per_second;
-      it = refilled >= limit_.burst ? buckets_.erase(it) : std::next(it);
+  std::string key = host;
+  if (buckets_.size() >= kMaxTracked && buckets_.count(host) == 0) {
+    if (now - swept_ >= absl::Seconds(1)) {
+      swept_ = now;
+      for (auto it = buckets_.begin(); it != buckets_.end();) {
+        const double refilled = it->second.tokens + absl::ToDoubleSeconds(now - it->second.at) * limit_.per_second;
+        it = refilled >= limit_.burst ? buckets_.erase(it) : std::next(it);
+      }
     }
+    if (buckets_.size() >= kMaxTracked) key = "(hosts past the table's bound)";
   }
-  auto [it, fresh] = buckets_.try_emplace(host);
+  auto [it, fresh] = buckets_.try_emplace(key);
   Bucket& b = it->second;
   if (fresh) {
     b.tokens = limit_.burst;
@@ -83,14 +88,8 @@ absl::Status PeerRateLimiter::Take(const std::string& grpc_peer) {
     b.tokens -= 1;
     return absl::OkStatus();
   }
-  ++b.refused;
-  if (now - b.logged >= absl::Seconds(10)) {
-    common::LogWarning("coordinator", absl::StrCat("limit hit: ", what_, " from ", host, " (", grpc_peer, ") over ",
-                                                   limit_.burst, " at once, then ", limit_.per_second,
-                                                   "/s; refused ", b.refused, " since the last report"));
-    b.logged = now;
-    b.refused = 0;
-  }
+  refusals_.Warn(key, absl::StrCat("limit hit: ", what_, " from ", host, " (", grpc_peer, ") over ", limit_.burst,
+                                    " at once, then ", limit_.per_second, "/s; refused"));
   const double wait = (1 - b.tokens) / limit_.per_second;
   return absl::ResourceExhaustedError(absl::StrCat("too many ", what_, " from ", host, ": the limit is ", limit_.burst,
                                                    " at once, then ", limit_.per_second, " per second; try again in ",

@@ -36,6 +36,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/peer_host.h"
+#include "common/throttled_log.h"
 
 namespace longhaul::coordinator {
 
@@ -81,9 +82,10 @@ struct AdmissionLimits {
 // Token buckets per client host: the host of gRPC's peer string ("ipv4:10.0.0.5:40312" ->
 // "10.0.0.5"), so a client opening new connections (new ports) still draws on one bucket. A refusal
 // is RESOURCE_EXHAUSTED saying the limit and when a request will be accepted again, and is logged
-// with the peer: the first of a run, then at most every 10 s with the count refused meanwhile, so a
-// flood does not flood the log. Idle buckets (full again) are forgotten once more than 10,000 hosts
-// are tracked. Thread-safe.
+// with the peer (common::ThrottledLog: the first of a run, then at most every 10 s per host with the
+// count refused meanwhile). Past 10,000 hosts, idle buckets (full again) are forgotten, at most one
+// sweep a second; if none is idle, new hosts share one bucket, so a client with many addresses gets
+// no more than the others together, and the table stays bounded. Thread-safe.
 class PeerRateLimiter {
  public:
   // `what`: the requests limited, for messages ("job submissions").
@@ -96,16 +98,16 @@ class PeerRateLimiter {
  private:
   struct Bucket {
     double tokens = 0;
-    absl::Time at;               // when `tokens` was computed
-    int64_t refused = 0;         // since the last log line
-    absl::Time logged = absl::InfinitePast();
+    absl::Time at;  // when `tokens` was computed
   };
   static constexpr size_t kMaxTracked = 10000;
   const std::string what_;
   const RateLimit limit_;
   common::Clock* const clock_;
+  common::ThrottledLog refusals_{"coordinator", absl::Seconds(10), clock_};
   absl::Mutex mu_;
   std::map<std::string, Bucket> buckets_ ABSL_GUARDED_BY(mu_);
+  absl::Time swept_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
 
 }  // namespace longhaul::coordinator

@@ -237,6 +237,23 @@ absl::StatusOr<std::string> Fingerprint(const std::string& cert_pem) {
   return absl::StrCat("sha256:", absl::BytesToHexString(absl::string_view(reinterpret_cast<char*>(md), n)));
 }
 
+std::string WorkerServerName(absl::string_view worker_name) {
+  unsigned char md[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(worker_name.data()), worker_name.size(), md);
+  return absl::StrCat(absl::BytesToHexString(absl::string_view(reinterpret_cast<char*>(md), 16)), ".",
+                      kWorkerServerName);
+}
+
+std::vector<std::string> WorkerDnsNames(absl::string_view worker_name) {
+  return {kWorkerServerName, WorkerServerName(worker_name)};
+}
+
+bool CertificateHasDnsName(const std::string& cert_pem, absl::string_view dns_name) {
+  absl::StatusOr<Cert> c = ParseCert(cert_pem);
+  return c.ok() && X509_check_host(c->get(), dns_name.data(), dns_name.size(),
+                                   X509_CHECK_FLAG_NO_WILDCARDS | X509_CHECK_FLAG_NEVER_CHECK_SUBJECT, nullptr) == 1;
+}
+
 absl::StatusOr<std::string> NormalizeFingerprint(absl::string_view text) {
   std::string t = absl::AsciiStrToLower(text);
   if (absl::StartsWith(t, "sha256:")) t = t.substr(7);

@@ -10,7 +10,8 @@
 //
 // A certificate's identity: subject CN = name, OU = role. Server certificates also carry a DNS name
 // clients check instead of the address they dial (addresses change; see tls.h): the coordinator's
-// kCoordinatorServerName, every worker's kWorkerServerName. Keys are EC P-256.
+// kCoordinatorServerName, every worker's kWorkerServerName and its own WorkerServerName(name) (the
+// name a sender checks when it dials one particular worker). Keys are EC P-256.
 //
 // Thread-safe: every function; a CertificateAuthority is immutable after creation.
 #ifndef LONGHAUL_SECURITY_PKI_H_
@@ -41,6 +42,14 @@ struct Identity {
 // The DNS names in server certificates (the clients' target-name check).
 inline constexpr char kCoordinatorServerName[] = "coordinator.longhaul";
 inline constexpr char kWorkerServerName[] = "worker.longhaul";
+// One worker's own DNS name: the first 128 bits of SHA-256(name) in hex, then ".worker.longhaul".
+// A hash rather than the name: DNS matching ignores case (names differing only in case are two
+// workers) and a name need not be a valid DNS label.
+std::string WorkerServerName(absl::string_view worker_name);
+// The DNS names a worker's certificate carries: kWorkerServerName and WorkerServerName(name).
+std::vector<std::string> WorkerDnsNames(absl::string_view worker_name);
+// Whether `cert_pem` carries `dns_name` among its subject alternative names (exact match).
+bool CertificateHasDnsName(const std::string& cert_pem, absl::string_view dns_name);
 
 // A private key and its certificate, PEM.
 struct KeyAndCert {

@@ -225,11 +225,13 @@ bool DataPlaneTls() {
   return d.set;
 }
 
-std::shared_ptr<grpc::Channel> DataPlaneChannel(const std::string& target, grpc::ChannelArguments args) {
+std::shared_ptr<grpc::Channel> DataPlaneChannel(const std::string& target, grpc::ChannelArguments args,
+                                                const std::string& peer_name) {
   DataPlane& d = GetDataPlane();
   absl::MutexLock l(&d.mu);
   if (!d.set) return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
-  return SecureChannel(target, ChannelCredentials(d.ca_pem, &d.own), kWorkerServerName, args);
+  return SecureChannel(target, ChannelCredentials(d.ca_pem, &d.own),
+                       peer_name.empty() ? std::string(kWorkerServerName) : WorkerServerName(peer_name), args);
 }
 
 std::shared_ptr<grpc::ServerCredentials> DataPlaneServerCredentials() {

@@ -63,7 +63,11 @@ absl::StatusOr<std::string> FetchCa(const std::string& target, const std::string
 void SetDataPlaneIdentity(const std::string& ca_pem, const KeyAndCert& own);
 bool DataPlaneTls();
 // A channel to another worker's server: mTLS with the data-plane identity when set, else plaintext.
-std::shared_ptr<grpc::Channel> DataPlaneChannel(const std::string& target, grpc::ChannelArguments args);
+// With `peer_name` (the worker the caller means to reach) the handshake also checks that the server
+// is that worker (WorkerServerName), so frames never go to another worker of the cluster that took
+// over the address; without it, any worker of the cluster.
+std::shared_ptr<grpc::Channel> DataPlaneChannel(const std::string& target, grpc::ChannelArguments args,
+                                                const std::string& peer_name = "");
 // The worker server's credentials: mTLS (client certificates required) when set, else plaintext.
 std::shared_ptr<grpc::ServerCredentials> DataPlaneServerCredentials();
 

@@ -284,9 +284,10 @@ void CheckpointStoreService::Prune(uint64_t job_id, int64_t floor) {
   for (int s : stages) PruneStepFiles(dir, s, floor);
 }
 
-absl::StatusOr<int64_t> PushCheckpoint(const std::string& target, const std::string& path, uint64_t job_id, int stage,
-                                       int64_t step, grpc::ClientContext* ctx) {
-  auto channel = security::DataPlaneChannel(target, LonghaulChannelArgs());
+absl::StatusOr<int64_t> PushCheckpoint(const std::string& target, const std::string& peer_worker,
+                                       const std::string& path, uint64_t job_id, int stage, int64_t step,
+                                       grpc::ClientContext* ctx) {
+  auto channel = security::DataPlaneChannel(target, LonghaulChannelArgs(), peer_worker);
   auto stub = v1::CheckpointStore::NewStub(channel);
   v1::PutCheckpointResponse resp;
   std::unique_ptr<grpc::ClientWriter<v1::CheckpointChunk>> w = stub->Put(ctx, &resp);
@@ -312,9 +313,10 @@ absl::StatusOr<int64_t> PushCheckpoint(const std::string& target, const std::str
   return resp.bytes();
 }
 
-absl::StatusOr<int64_t> FetchCheckpoint(const std::string& target, uint64_t job_id, int stage, int64_t step,
-                                        const std::string& dest, int64_t max_bytes, absl::Duration timeout) {
-  auto channel = security::DataPlaneChannel(target, LonghaulChannelArgs());
+absl::StatusOr<int64_t> FetchCheckpoint(const std::string& target, const std::string& peer_worker, uint64_t job_id,
+                                        int stage, int64_t step, const std::string& dest, int64_t max_bytes,
+                                        absl::Duration timeout) {
+  auto channel = security::DataPlaneChannel(target, LonghaulChannelArgs(), peer_worker);
   auto stub = v1::CheckpointStore::NewStub(channel);
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
@@ -414,7 +416,7 @@ void CheckpointReplicator::Loop() {
       in_flight_ = &ctx;
     }
     const absl::Time t0 = absl::Now();
-    absl::StatusOr<int64_t> n = PushCheckpoint(target_.address, item.second, job_id_, stage_, item.first, &ctx);
+    absl::StatusOr<int64_t> n = PushCheckpoint(target_.address, target_.name, item.second, job_id_, stage_, item.first, &ctx);
     v1::CheckpointReplicated r;
     r.set_job_id(job_id_);
     r.set_stage(stage_);

@@ -92,13 +92,16 @@ class CheckpointStoreService final : public v1::CheckpointStore::Service {
 };
 
 // Sends the file at `path` to the CheckpointStore at `target` as stage `stage`'s checkpoint of
-// `step`. `ctx` may be cancelled from another thread. Returns the bytes sent.
-absl::StatusOr<int64_t> PushCheckpoint(const std::string& target, const std::string& path, uint64_t job_id, int stage,
-                                       int64_t step, grpc::ClientContext* ctx);
-// Gets stage `stage`'s checkpoint of `step` from the CheckpointStore at `target` into `dest`
-// (written whole and checked, then renamed into place). Refuses files larger than `max_bytes`.
-absl::StatusOr<int64_t> FetchCheckpoint(const std::string& target, uint64_t job_id, int stage, int64_t step,
-                                        const std::string& dest, int64_t max_bytes,
+// `step`. `ctx` may be cancelled from another thread. Returns the bytes sent. `peer_worker`: the
+// name of the worker at `target` (with TLS the handshake checks it; "": any worker of the cluster).
+absl::StatusOr<int64_t> PushCheckpoint(const std::string& target, const std::string& peer_worker,
+                                       const std::string& path, uint64_t job_id, int stage, int64_t step,
+                                       grpc::ClientContext* ctx);
+// Gets stage `stage`'s checkpoint of `step` from the CheckpointStore at `target` (worker
+// `peer_worker`, as above) into `dest` (written whole and checked, then renamed into place).
+// Refuses files larger than `max_bytes`.
+absl::StatusOr<int64_t> FetchCheckpoint(const std::string& target, const std::string& peer_worker, uint64_t job_id,
+                                        int stage, int64_t step, const std::string& dest, int64_t max_bytes,
                                         absl::Duration timeout = absl::Hours(2));
 
 // Copies a stage's checkpoints to its replica worker, one at a time and in order, on a thread of

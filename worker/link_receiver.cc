@@ -130,13 +130,7 @@ int64_t FrameLimitFor(int64_t micro_batch_size, int64_t context, int64_t hidden)
 }
 
 void StreamAdmission::Refused(const std::string& host, const std::string& what) {
-  ++refused_;
-  const absl::Time now = absl::Now();
-  if (now - logged_ < absl::Seconds(10)) return;
-  common::LogWarning("worker", absl::StrCat("limit hit: ", what, " from ", host, "; ", refused_,
-                                            " stream(s) refused since the last report"));
-  logged_ = now;
-  refused_ = 0;
+  refusals_.Warn(host, absl::StrCat("limit hit: ", what, " from ", host, "; stream refused"));
 }
 
 absl::StatusOr<std::unique_ptr<StreamAdmission::Ticket>> StreamAdmission::Open(const std::string& grpc_peer) {

@@ -26,6 +26,7 @@
 #include "codec/codec.h"
 #include "common/bounded_queue.h"
 #include "common/peer_host.h"
+#include "common/throttled_log.h"
 #include "stage_runtime/link.h"
 #include "worker/chunk_wire.h"
 #include "worker/link_wire.h"
@@ -179,11 +180,10 @@ class StreamAdmission {
  private:
   void Refused(const std::string& host, const std::string& what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   const Limits limits_;
+  common::ThrottledLog refusals_{"worker"};
   absl::Mutex mu_;
   std::map<std::string, int> open_ ABSL_GUARDED_BY(mu_);  // streams open per peer host
   int waiting_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t refused_ ABSL_GUARDED_BY(mu_) = 0;  // since the last log line
-  absl::Time logged_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
 
 }  // namespace longhaul::worker

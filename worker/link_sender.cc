@@ -30,10 +30,13 @@ absl::StatusOr<std::unique_ptr<LinkSender>> LinkSender::Start(const SenderOption
   const int n = o.streams;
   for (int i = 0; i < n; ++i) {
     auto st = std::make_unique<Stripe>();
-    st->channel = security::DataPlaneChannel(o.target, LonghaulChannelArgs());
+    st->channel = security::DataPlaneChannel(o.target, LonghaulChannelArgs(), o.peer_worker);
     if (!st->channel->WaitForConnected(absl::ToChronoTime(absl::Now() + o.connect_timeout))) {
-      return absl::UnavailableError(absl::StrCat("cannot connect to ", o.peer, " within ",
-                                                 absl::FormatDuration(o.connect_timeout)));
+      return absl::UnavailableError(absl::StrCat(
+          "cannot connect to ", o.peer, " within ", absl::FormatDuration(o.connect_timeout),
+          security::DataPlaneTls() && !o.peer_worker.empty()
+              ? absl::StrCat(" (down, or its TLS certificate is not worker ", o.peer_worker, "'s)")
+              : ""));
     }
     st->stream = std::make_unique<LinkStream>(st->channel, StageLinkStreamMethod(),
                                               std::vector<std::pair<std::string, std::string>>{

@@ -74,6 +74,9 @@ namespace longhaul::worker {
 struct SenderOptions {
   std::string target;  // host:port of the receiving worker
   std::string peer;    // for messages
+  // The receiving worker's name: with TLS the handshake checks that the server is that worker
+  // (security::DataPlaneChannel). "": any worker of the cluster.
+  std::string peer_worker;
   uint64_t job_id = 0;
   int attempt = 0;  // the job's attempt, sent as kAttemptMetadata
   int from_stage = 0;

@@ -35,6 +35,7 @@ absl::StatusOr<std::unique_ptr<ReplicaSync>> ReplicaSync::Create(collective::Col
     t.group = k == 0 ? ro.group : absl::StrCat(ro.group, "/scalars");
     t.rank = ro.rank;
     t.addresses = ro.addresses;
+    t.names = ro.names;
     if (k == 0) t.links = ro.links;  // the scalars are a few bytes: not shaped
     absl::StatusOr<std::unique_ptr<collective::GrpcTransport>> tr = collective::GrpcTransport::Create(service, t);
     if (!tr.ok()) return tr.status();

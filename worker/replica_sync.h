@@ -40,6 +40,9 @@ struct ReplicaSyncOptions {
   std::string group;                   // unique per job, stage and attempt
   int rank = 0;                        // this replica's index
   std::vector<std::string> addresses;  // every replica's gRPC server, in replica order
+  // Every replica's worker name, in replica order (TLS: each message is taken only from, and sent
+  // only to, the certificate of that name); empty: not checked.
+  std::vector<std::string> names;
   std::vector<std::string> regions;    // every replica's --region ("" counts as one region)
   collective::DpCodec codec = collective::DpCodec::kFp32;
   int weight_bits = 4;                 // sdp4bit qWD / zeropp qwZ

@@ -195,6 +195,7 @@ absl::StatusOr<std::unique_ptr<GrpcLink>> StageRunner::Connect(bool forward, con
   SenderOptions so;
   so.target = peer.address();
   so.peer = PeerName(peer, a_.stage() + (forward ? 1 : -1));
+  so.peer_worker = peer.name();
   so.job_id = a_.job_id();
   so.attempt = a_.attempt();
   so.from_stage = a_.stage();
@@ -327,6 +328,7 @@ absl::Status StageRunner::SetupReplicaSync() {
   ro.rank = a_.replica_index();
   for (const v1::StagePeer& p : a_.replica_group()) {
     ro.addresses.push_back(p.address());
+    ro.names.push_back(p.name());
     ro.regions.push_back(p.region());
   }
   ro.codec = *codec;
@@ -361,7 +363,7 @@ absl::Status StageRunner::Restore(const std::string& dir) {
     for (const v1::StagePeer& src : a_.restore_from()) {
       if (absl::Status c = Cancelled(); !c.ok()) return c;
       const absl::Time t0 = absl::Now();
-      absl::StatusOr<int64_t> n = FetchCheckpoint(src.address(), a_.job_id(), stage, step, dest, fetch_limit_);
+      absl::StatusOr<int64_t> n = FetchCheckpoint(src.address(), src.name(), a_.job_id(), stage, step, dest, fetch_limit_);
       if (n.ok()) {
         common::Log(who, absl::StrCat("fetched the checkpoint of step ", step, " (", *n, " bytes) from worker ",
                                       src.name(), " in ", absl::FormatDuration(absl::Now() - t0)));

@@ -79,7 +79,7 @@ TEST_F(CheckpointStoreTest, ACopyArrivesWholeAndComesBack) {
   const std::string src = absl::StrCat(dir_, "/src.safetensors");
   WriteAll(src, payload_);
   grpc::ClientContext ctx;
-  absl::StatusOr<int64_t> n = PushCheckpoint(target_, src, 3, 1, 40, &ctx);
+  absl::StatusOr<int64_t> n = PushCheckpoint(target_, "", src, 3, 1, 40, &ctx);
   ASSERT_TRUE(n.ok()) << n.status();
   EXPECT_EQ(*n, static_cast<int64_t>(payload_.size()));
   const std::string replica = ReplicaPath(absl::StrCat(dir_, "/data"), 3, 1, 40);
@@ -87,22 +87,22 @@ TEST_F(CheckpointStoreTest, ACopyArrivesWholeAndComesBack) {
   EXPECT_EQ(ReadAll(replica), payload_);
   // Fetched back (as a spare restoring the stage would).
   const std::string dest = absl::StrCat(dir_, "/restored.safetensors");
-  absl::StatusOr<int64_t> got = FetchCheckpoint(target_, 3, 1, 40, dest, 1 << 30);
+  absl::StatusOr<int64_t> got = FetchCheckpoint(target_, "", 3, 1, 40, dest, 1 << 30);
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(ReadAll(dest), payload_);
   // A checkpoint the worker wrote itself is found too; an unknown one is NOT_FOUND, nothing left.
   WriteAll(StepCheckpointPath(own_, 0, 5), "own");
-  ASSERT_TRUE(FetchCheckpoint(target_, 7, 0, 5, dest, 1 << 30).ok());
+  ASSERT_TRUE(FetchCheckpoint(target_, "", 7, 0, 5, dest, 1 << 30).ok());
   EXPECT_EQ(ReadAll(dest), "own");
   const std::string none = absl::StrCat(dir_, "/none.safetensors");
-  absl::StatusOr<int64_t> missing = FetchCheckpoint(target_, 3, 2, 40, none, 1 << 30);
+  absl::StatusOr<int64_t> missing = FetchCheckpoint(target_, "", 3, 2, 40, none, 1 << 30);
   ASSERT_FALSE(missing.ok());
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
   EXPECT_NE(missing.status().message().find("no checkpoint of job 3 stage 2 step 40"), std::string::npos)
       << missing.status();
   EXPECT_FALSE(Exists(none));
   // The fetching side's own limit.
-  absl::StatusOr<int64_t> big = FetchCheckpoint(target_, 3, 1, 40, none, 1 << 20);
+  absl::StatusOr<int64_t> big = FetchCheckpoint(target_, "", 3, 1, 40, none, 1 << 20);
   ASSERT_FALSE(big.ok());
   EXPECT_EQ(big.status().code(), absl::StatusCode::kResourceExhausted) << big.status();
   EXPECT_FALSE(Exists(none));
@@ -112,7 +112,7 @@ TEST_F(CheckpointStoreTest, TooLargeOrCorruptedCopiesAreRefusedAndLeaveNothing) 
   const std::string src = absl::StrCat(dir_, "/big.safetensors");
   WriteAll(src, std::string(9 << 20, 'x'));  // the server takes 8 MiB
   grpc::ClientContext ctx;
-  absl::StatusOr<int64_t> n = PushCheckpoint(target_, src, 3, 0, 10, &ctx);
+  absl::StatusOr<int64_t> n = PushCheckpoint(target_, "", src, 3, 0, 10, &ctx);
   ASSERT_FALSE(n.ok());
   EXPECT_EQ(n.status().code(), absl::StatusCode::kResourceExhausted) << n.status();
   EXPECT_NE(n.status().message().find("more than the limit"), std::string::npos) << n.status();
@@ -187,7 +187,7 @@ TEST_F(CheckpointStoreTest, StepFilesArePrunedToTheFloorKeepingTheNewest) {
     const std::string src = absl::StrCat(dir_, "/r.safetensors");
     WriteAll(src, "r");
     grpc::ClientContext ctx;
-    ASSERT_TRUE(PushCheckpoint(target_, src, 4, 0, step, &ctx).ok());
+    ASSERT_TRUE(PushCheckpoint(target_, "", src, 4, 0, step, &ctx).ok());
   }
   svc_->Prune(4, 10);
   EXPECT_FALSE(Exists(ReplicaPath(absl::StrCat(dir_, "/data"), 4, 0, 5)));
