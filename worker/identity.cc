@@ -34,14 +34,6 @@ absl::StatusOr<WorkerIdentity> Load(const std::string& dir) {
         absl::StrCat(dir, "/worker.crt has role ", security::RoleName(who->role), ", not worker"));
   }
   id.name = who->name;
-  // Senders check a worker's own DNS name (security::WorkerServerName); certificates of coordinators
-  // before it carry only the shared one.
-  if (!security::CertificateHasDnsName(id.own.cert_pem, security::WorkerServerName(id.name))) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        dir, "/worker.crt lacks this worker's own DNS name (", security::WorkerServerName(id.name),
-        "): it was issued by an older coordinator. Remove ", dir,
-        " and join again with a token, under a new --name (the CA certifies a name once)"));
-  }
   return id;
 }
 
@@ -83,6 +75,14 @@ absl::StatusOr<WorkerIdentity> LoadOrJoin(const JoinOptions& o) {
       return absl::PermissionDeniedError(absl::StrCat(
           "this worker's certificate (", dir, ") is from another cluster: ", theirs.status().message(),
           ". Remove ", dir, " and join with a token of this coordinator (longhaulctl token create)"));
+    }
+    // Senders check a worker's own DNS name (security::WorkerServerName); certificates of coordinators
+    // before it carry only the shared one.
+    if (!security::CertificateHasDnsName(id->own.cert_pem, security::WorkerServerName(id->name))) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          dir, "/worker.crt lacks this worker's own DNS name (", security::WorkerServerName(id->name),
+          "): it was issued by an older coordinator. Remove ", dir,
+          " and join again with a token, under a new --name (the CA certifies a name once)"));
     }
     return id;
   }

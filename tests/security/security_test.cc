@@ -172,7 +172,7 @@ TEST_F(SecurityTest, WorkersWithoutAValidTokenOrWithAnotherClustersCertificateAr
   absl::StatusOr<security::CertificateAuthority> other = security::CertificateAuthority::Create("other cluster");
   ASSERT_TRUE(other.ok());
   absl::StatusOr<security::KeyAndCert> foreign =
-      other->Issue({"foreign", security::Role::kWorker}, absl::Hours(1), {security::kWorkerServerName});
+      other->Issue({"foreign", security::Role::kWorker}, absl::Hours(1), security::WorkerDnsNames("foreign"));
   ASSERT_TRUE(foreign.ok());
   const std::string tls = c_.dir() + "/foreign/tls";
   ASSERT_EQ(system(absl::StrCat("mkdir -p ", tls).c_str()), 0);
