@@ -279,8 +279,14 @@ absl::Status GrpcTransport::Send(int peer, uint64_t tag, absl::string_view data,
   counters_.send_time += absl::Now() - t0;
   counters_.wire_bytes_sent += wire;
   if (!s.ok()) {
+    // A peer whose certificate is not the named worker's looks like one that never came up.
+    const bool name_checked = security::DataPlaneTls() && !o_.names.empty();
     return absl::Status(s.code(), absl::StrCat("sending ", data.size(), " bytes (tag ", tag, ") to ", PeerName(peer),
-                                               ": ", s.message()));
+                                               ": ", s.message(),
+                                               absl::IsDeadlineExceeded(s) && name_checked
+                                                   ? absl::StrCat(" (down, or its TLS certificate is not worker ",
+                                                                  o_.names[peer], "'s)")
+                                                   : ""));
   }
   ++counters_.messages_sent;
   counters_.bytes_sent += static_cast<int64_t>(data.size());

@@ -12,10 +12,13 @@ bool ThrottledLog::Warn(const std::string& key, const std::string& msg) {
     absl::MutexLock l(&mu_);
     auto it = keys_.find(key);
     if (it == keys_.end()) {
-      // Past the bound, keys not logged within `every` are forgotten; if none is, the new key
-      // shares the overflow entry.
-      if (keys_.size() >= kMaxKeys) {
-        for (auto k = keys_.begin(); k != keys_.end();) k = now - k->second.logged >= every_ ? keys_.erase(k) : std::next(k);
+      // Past the bound, keys not logged within `every` are forgotten (one sweep per `every`); if
+      // none is, the new key shares the overflow entry.
+      if (keys_.size() >= kMaxKeys && now - swept_ >= every_) {
+        swept_ = now;
+        for (auto k = keys_.begin(); k != keys_.end();) {
+          k = now - k->second.logged >= every_ && k->second.suppressed == 0 ? keys_.erase(k) : std::next(k);
+        }
       }
       it = keys_.size() >= kMaxKeys ? keys_.try_emplace("(other keys)").first : keys_.try_emplace(key).first;
     }

@@ -42,6 +42,7 @@ class ThrottledLog {
   Clock* const clock_;
   absl::Mutex mu_;
   std::map<std::string, Entry> keys_ ABSL_GUARDED_BY(mu_);
+  absl::Time swept_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
 
 }  // namespace longhaul::common

@@ -378,8 +378,9 @@ grpc::Status CoordinatorService::Session(
     // A session is bound to the certificate the worker registered with (taking over another
     // worker's id would lock it out and hand its stages to the caller).
     if (who.role == security::Role::kWorker && it->second.status.info().name() != who.name) {
-      Log(absl::StrCat("session for worker id ", id, " from ", ctx->peer(), " refused: certificate ", who.name,
-                       " is not worker ", it->second.status.info().name()));
+      refusals_.Warn(absl::StrCat("Session ", who.name),
+                     absl::StrCat("session for worker id ", id, " from ", ctx->peer(), " refused: certificate ",
+                                  who.name, " is not worker ", it->second.status.info().name()));
       return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
                           absl::StrCat("worker id ", id, " belongs to ", it->second.status.info().name(),
                                        ", not to this certificate's ", who.name));

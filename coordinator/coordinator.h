@@ -145,6 +145,7 @@ class CoordinatorService final : public v1::Coordinator::Service {
 
   // Identity (coordinator_auth.cc, docs/security.md).
   grpc::Status Join(grpc::ServerContext*, const v1::JoinRequest*, v1::JoinResponse*) override;
+  grpc::Status Renew(grpc::ServerContext*, const v1::RenewRequest*, v1::JoinResponse*) override;
   grpc::Status CreateToken(grpc::ServerContext*, const v1::CreateTokenRequest*, v1::CreateTokenResponse*) override;
   grpc::Status CreateIdentity(grpc::ServerContext*, const v1::CreateIdentityRequest*,
                               v1::CreateIdentityResponse*) override;

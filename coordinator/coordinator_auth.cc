@@ -54,6 +54,33 @@ grpc::Status CoordinatorService::Authorize(grpc::ServerContext* ctx, Access need
   return grpc::Status::OK;
 }
 
+grpc::Status CoordinatorService::Renew(grpc::ServerContext* ctx, const v1::RenewRequest* req,
+                                       v1::JoinResponse* resp) {
+  if (opt_.ca == nullptr) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "this coordinator runs with --insecure: no identities");
+  }
+  security::Identity who;
+  if (grpc::Status s = Authorize(ctx, Access::kWorker, &who, "Renew"); !s.ok()) return s;
+  if (who.role != security::Role::kWorker) {
+    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                        absl::StrCat("Renew issues worker certificates; ", who.name, " has role ",
+                                     security::RoleName(who.role)));
+  }
+  // Signing costs the CA a little: bounded per host as joins are.
+  if (absl::Status q = join_limiter_.Take(ctx->peer()); !q.ok()) return ToGrpc(q);
+  if (absl::Status s = security::CheckCsr(req->csr_pem()); !s.ok()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, std::string(s.message()));
+  }
+  absl::StatusOr<std::string> cert = opt_.ca->Sign(req->csr_pem(), who, kCertificateValidity,
+                                                   security::WorkerDnsNames(who.name));
+  if (!cert.ok()) return grpc::Status(grpc::StatusCode::INTERNAL, std::string(cert.status().message()));
+  Log(absl::StrCat("renewed the certificate of worker ", who.name, " (", ctx->peer(), ")"));
+  resp->set_certificate_pem(*cert);
+  resp->set_ca_pem(opt_.ca->cert_pem());
+  resp->set_role(security::RoleName(who.role));
+  return grpc::Status::OK;
+}
+
 grpc::Status CoordinatorService::Join(grpc::ServerContext* ctx, const v1::JoinRequest* req, v1::JoinResponse* resp) {
   if (opt_.ca == nullptr) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
@@ -62,6 +89,7 @@ grpc::Status CoordinatorService::Join(grpc::ServerContext* ctx, const v1::JoinRe
   // Anyone who can connect may call Join: its cost is bounded per client host before anything else.
   if (absl::Status q = join_limiter_.Take(ctx->peer()); !q.ok()) return ToGrpc(q);
   auto refuse = [&](grpc::StatusCode code, absl::string_view why) {
+    // One line each (joins are rate-limited per host, so these are too): the reasons differ.
     Log(absl::StrCat("join of ", req->name(), " from ", ctx->peer(), " refused: ", why));
     return grpc::Status(code, std::string(why));
   };

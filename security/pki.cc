@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 
 #include <openssl/bio.h>
 #include <openssl/err.h>
@@ -252,6 +253,14 @@ bool CertificateHasDnsName(const std::string& cert_pem, absl::string_view dns_na
   absl::StatusOr<Cert> c = ParseCert(cert_pem);
   return c.ok() && X509_check_host(c->get(), dns_name.data(), dns_name.size(),
                                    X509_CHECK_FLAG_NO_WILDCARDS | X509_CHECK_FLAG_NEVER_CHECK_SUBJECT, nullptr) == 1;
+}
+
+absl::StatusOr<absl::Time> CertificateExpiry(const std::string& cert_pem) {
+  absl::StatusOr<Cert> c = ParseCert(cert_pem);
+  if (!c.ok()) return c.status();
+  std::tm tm{};
+  if (ASN1_TIME_to_tm(X509_get0_notAfter(c->get()), &tm) != 1) return SslError("ASN1_TIME_to_tm");
+  return absl::FromTM(tm, absl::UTCTimeZone());
 }
 
 absl::StatusOr<std::string> NormalizeFingerprint(absl::string_view text) {

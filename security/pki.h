@@ -50,6 +50,8 @@ std::string WorkerServerName(absl::string_view worker_name);
 std::vector<std::string> WorkerDnsNames(absl::string_view worker_name);
 // Whether `cert_pem` carries `dns_name` among its subject alternative names (exact match).
 bool CertificateHasDnsName(const std::string& cert_pem, absl::string_view dns_name);
+// When `cert_pem` stops being valid (its notAfter).
+absl::StatusOr<absl::Time> CertificateExpiry(const std::string& cert_pem);
 
 // A private key and its certificate, PEM.
 struct KeyAndCert {

@@ -6,7 +6,7 @@
 //   worker side (server):  CheckpointStoreService svc({.data_dir = dir, .max_bytes = 64 << 30}, locate);
 //                          builder.RegisterService(&svc);     // on the worker's data-plane server
 //   stage side (client):   CheckpointReplicator r(target, ...);  r.Enqueue(step, path);  // in order
-//   restore:               FetchCheckpoint(peer_address, job, stage, step, dest, max_bytes);
+//   restore:               FetchCheckpoint(peer_address, peer_name, job, stage, step, dest, max_bytes);
 //
 // Files on a worker: its own checkpoints are <checkpoint dir>/stage-S.safetensors (the latest, as
 // before) plus a hard link per checkpointed step, stage-S.step-N.safetensors (StepCheckpointPath);

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/log.h"
 #include "common/read_file.h"
 #include "longhaul/v1/control_plane.grpc.pb.h"
 #include "proto/channel_config.h"
@@ -41,6 +42,60 @@ std::string HostName() {
   char hn[256] = {0};
   gethostname(hn, sizeof(hn) - 1);
   return hn;
+}
+
+// The certificate the coordinator sent back is a worker certificate for `name` with this worker's
+// own DNS name (a coordinator of an older version issues none: senders could not reach us).
+absl::Status CheckIssued(const v1::JoinResponse& resp, const std::string& name) {
+  absl::StatusOr<security::Identity> who = security::CertificateIdentity(resp.certificate_pem());
+  if (!who.ok() || who->name != name || who->role != security::Role::kWorker) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("the coordinator signed no worker certificate for ", name, " (token of role ", resp.role(), ")"));
+  }
+  if (!security::CertificateHasDnsName(resp.certificate_pem(), security::WorkerServerName(name))) {
+    return absl::FailedPreconditionError(absl::StrCat("the coordinator's certificate for ", name, " lacks its DNS name ",
+                                                      security::WorkerServerName(name), " (an older coordinator?)"));
+  }
+  return absl::OkStatus();
+}
+
+// Writes the identity into `dir` (DATA_DIR/tls), the key mode 0600.
+absl::Status Save(const std::string& data_dir, const std::string& dir, const WorkerIdentity& id) {
+  std::error_code ec;
+  std::filesystem::create_directories(data_dir, ec);
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    return absl::PermissionDeniedError(absl::StrCat("cannot create ", dir, ": ", std::strerror(errno)));
+  }
+  for (auto [file, text, mode] : {std::tuple{"ca.crt", &id.ca_pem, 0644u}, std::tuple{"worker.key", &id.own.key_pem, 0600u},
+                                  std::tuple{"worker.crt", &id.own.cert_pem, 0644u}}) {
+    if (absl::Status w = security::WriteFileAtomic(absl::StrCat(dir, "/", file), *text, mode); !w.ok()) return w;
+  }
+  return absl::OkStatus();
+}
+
+// A new key and certificate for the same name, from the coordinator's Renew over mTLS with the
+// current certificate; saved in `dir`.
+absl::StatusOr<WorkerIdentity> Renew(const JoinOptions& o, const std::string& dir, const WorkerIdentity& old) {
+  absl::StatusOr<std::string> key = security::NewPrivateKey();
+  if (!key.ok()) return key.status();
+  absl::StatusOr<std::string> csr = security::MakeCsr(*key, old.name);
+  if (!csr.ok()) return csr.status();
+  auto stub = v1::Coordinator::NewStub(security::SecureChannel(o.coordinator, security::ChannelCredentials(old.ca_pem, &old.own),
+                                                               security::kCoordinatorServerName, LonghaulChannelArgs()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(15)));
+  v1::RenewRequest req;
+  req.set_csr_pem(*csr);
+  v1::JoinResponse resp;
+  if (grpc::Status s = stub->Renew(&ctx, req, &resp); !s.ok()) {
+    return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                        absl::StrCat("the coordinator at ", o.coordinator, " did not renew it: ", s.error_message()));
+  }
+  if (absl::Status s = CheckIssued(resp, old.name); !s.ok()) return s;
+  WorkerIdentity id = old;
+  id.own = {*key, resp.certificate_pem()};
+  if (absl::Status s = Save(o.data_dir, dir, id); !s.ok()) return s;
+  return id;
 }
 
 }  // namespace
@@ -76,14 +131,25 @@ absl::StatusOr<WorkerIdentity> LoadOrJoin(const JoinOptions& o) {
           "this worker's certificate (", dir, ") is from another cluster: ", theirs.status().message(),
           ". Remove ", dir, " and join with a token of this coordinator (longhaulctl token create)"));
     }
-    // Senders check a worker's own DNS name (security::WorkerServerName); certificates of coordinators
-    // before it carry only the shared one.
-    if (!security::CertificateHasDnsName(id->own.cert_pem, security::WorkerServerName(id->name))) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          dir, "/worker.crt lacks this worker's own DNS name (", security::WorkerServerName(id->name),
-          "): it was issued by an older coordinator. Remove ", dir,
-          " and join again with a token, under a new --name (the CA certifies a name once)"));
+    // Renewed when it lacks this worker's own DNS name (security::WorkerServerName, which senders
+    // check; an older coordinator issued it) or expires within kRenewBefore.
+    const bool lacks_name = !security::CertificateHasDnsName(id->own.cert_pem, security::WorkerServerName(id->name));
+    absl::StatusOr<absl::Time> expiry = security::CertificateExpiry(id->own.cert_pem);
+    const bool expiring = expiry.ok() && *expiry - absl::Now() < kRenewBefore;
+    if (!lacks_name && !expiring) return id;
+    absl::StatusOr<WorkerIdentity> renewed = Renew(o, dir, *id);
+    const std::string why = lacks_name ? absl::StrCat("lacks this worker's own DNS name ", security::WorkerServerName(id->name))
+                                       : absl::StrCat("expires ", absl::FormatTime("%Y-%m-%d %H:%M UTC", *expiry, absl::UTCTimeZone()));
+    if (renewed.ok()) {
+      common::Log(absl::StrCat("worker ", id->name), absl::StrCat("renewed its certificate (the old one ", why, ")"));
+      return renewed;
     }
+    if (lacks_name) {
+      return absl::FailedPreconditionError(absl::StrCat(dir, "/worker.crt ", why, " and could not be renewed: ",
+                                                        renewed.status().message()));
+    }
+    common::LogWarning(absl::StrCat("worker ", id->name), absl::StrCat("its certificate ", why, "; renewal failed (",
+                                                                       renewed.status().message(), "), tried again at the next start"));
     return id;
   }
   if (o.token.empty()) {
@@ -121,23 +187,11 @@ absl::StatusOr<WorkerIdentity> LoadOrJoin(const JoinOptions& o) {
     return absl::PermissionDeniedError(absl::StrCat("join refused by the coordinator at ", o.coordinator, ": ",
                                                     s.error_message()));
   }
-  absl::StatusOr<security::Identity> who = security::CertificateIdentity(resp.certificate_pem());
-  if (!who.ok() || who->name != id.name || who->role != security::Role::kWorker) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("the coordinator signed no worker certificate for ", id.name, " (token of role ", resp.role(), ")"));
-  }
+  if (absl::Status c = CheckIssued(resp, id.name); !c.ok()) return c;
   id.ca_pem = *ca;
   id.own = {*key, resp.certificate_pem()};
   id.joined = true;
-  std::error_code ec;
-  std::filesystem::create_directories(o.data_dir, ec);
-  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
-    return absl::PermissionDeniedError(absl::StrCat("cannot create ", dir, ": ", std::strerror(errno)));
-  }
-  for (auto [file, text, mode] : {std::tuple{"ca.crt", &id.ca_pem, 0644u}, std::tuple{"worker.key", &id.own.key_pem, 0600u},
-                                  std::tuple{"worker.crt", &id.own.cert_pem, 0644u}}) {
-    if (absl::Status w = security::WriteFileAtomic(absl::StrCat(dir, "/", file), *text, mode); !w.ok()) return w;
-  }
+  if (absl::Status w = Save(o.data_dir, dir, id); !w.ok()) return w;
   return id;
 }
 

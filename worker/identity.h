@@ -8,16 +8,21 @@
 // coordinator's chain by its fingerprint (security::FetchCa); then, trusting only that CA, the
 // worker sends a certificate request and the token over the Join RPC. The key never leaves it.
 // A stored certificate is checked against the coordinator's CA at start-up (a worker of another
-// cluster is told so, rather than failing TLS handshakes without a word).
+// cluster is told so, rather than failing TLS handshakes without a word), and renewed (a new key,
+// the same name; the coordinator's Renew over mTLS with the current certificate) when it expires
+// within kRenewBefore or lacks the worker's own DNS name (issued by an older coordinator).
 #ifndef LONGHAUL_WORKER_IDENTITY_H_
 #define LONGHAUL_WORKER_IDENTITY_H_
 
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "security/pki.h"
 
 namespace longhaul::worker {
+
+inline constexpr absl::Duration kRenewBefore = absl::Hours(24 * 30);
 
 struct JoinOptions {
   std::string data_dir;

@@ -462,7 +462,7 @@ absl::Status Worker::CheckSender(uint64_t job_id, int from_stage, const std::str
   }
   const v1::StagePeer* p = from_stage == job_stage_ - 1 ? &job_prev_ : from_stage == job_stage_ + 1 ? &job_next_ : nullptr;
   if (p != nullptr && !p->name().empty() && p->name() == sender) return absl::OkStatus();
-  refusals_.Warn(sender, absl::StrCat("refused a stream of job ", job_id, " from stage ", from_stage, " sent by ",
+  refusals_.Warn(sender, absl::StrCat(opt_.name, " refused a stream of job ", job_id, " from stage ", from_stage, " sent by ",
                                      sender,
                                      p != nullptr ? absl::StrCat(" (its sender is ", p->name(), ")") : " (not a neighbour)"));
   return absl::PermissionDeniedError(absl::StrCat(

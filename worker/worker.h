@@ -42,7 +42,6 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/metrics.h"
 #include "common/throttled_log.h"
@@ -112,8 +111,7 @@ class Worker : public InboxRouter {
   absl::Status CheckSender(uint64_t job_id, int from_stage, const std::string& sender) override;
 
  private:
-  Worker(const WorkerOptions& o, torch::Device device)
-      : opt_(o), refusals_(absl::StrCat("worker ", o.name)), device_(device) {}
+  Worker(const WorkerOptions& o, torch::Device device) : opt_(o), device_(device) {}
   bool RunSession();  // one registration + session; false when the coordinator was unreachable
   void StartJob(const v1::StageAssignment& a);
   void CancelJob(uint64_t job_id, int attempt, const std::string& reason);
@@ -127,7 +125,7 @@ class Worker : public InboxRouter {
   void StopProbing();  // idempotent
 
   WorkerOptions opt_;
-  common::ThrottledLog refusals_;  // data-plane streams refused (CheckSender), per sender
+  common::ThrottledLog refusals_{"worker"};  // data-plane streams refused (CheckSender), per sender
   const torch::Device device_;  // where stages compute (opt_.device, parsed)
   std::string address_;
   std::string metrics_address_;

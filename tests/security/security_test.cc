@@ -213,6 +213,57 @@ TEST_F(SecurityTest, WorkersWithoutAValidTokenOrWithAnotherClustersCertificateAr
   EXPECT_EQ(ws->at(0).info().name(), "first");
 }
 
+TEST_F(SecurityTest, AStoredCertificateWithoutTheWorkersOwnNameIsRenewedAtStartUp) {
+  ASSERT_TRUE(c_.StartCoordinator().ok());
+  // A certificate as an older coordinator issued them: the shared worker name only.
+  absl::StatusOr<security::ClusterPki> pki = security::OpenClusterPki(c_.pki_dir());
+  ASSERT_TRUE(pki.ok()) << pki.status();
+  absl::StatusOr<security::KeyAndCert> old =
+      pki->ca.Issue({"veteran", security::Role::kWorker}, absl::Hours(1), {security::kWorkerServerName});
+  ASSERT_TRUE(old.ok());
+  const std::string tls = c_.dir() + "/veteran/tls";
+  ASSERT_EQ(system(absl::StrCat("mkdir -p ", tls).c_str()), 0);
+  ASSERT_TRUE(security::WriteFileAtomic(tls + "/ca.crt", pki->ca.cert_pem(), 0644).ok());
+  ASSERT_TRUE(security::WriteFileAtomic(tls + "/worker.crt", old->cert_pem, 0644).ok());
+  ASSERT_TRUE(security::WriteFileAtomic(tls + "/worker.key", old->key_pem, 0600).ok());
+  unsetenv("LONGHAUL_JOIN_TOKEN");  // no token: the stored certificate is all it has
+  const std::string log = c_.dir() + "/veteran.log";
+  absl::StatusOr<std::unique_ptr<Process>> p = Process::Spawn(
+      {Cluster::Bin("longhaul-worker"), absl::StrCat("--coordinator=", c_.address()), "--listen=127.0.0.1:0",
+       "--name=veteran", absl::StrCat("--data-dir=", c_.dir(), "/veteran"), "--metrics-listen=none",
+       "--probe-listen=none", "--threads=1"},
+      log);
+  ASSERT_TRUE(p.ok());
+  bool registered = false;
+  for (const absl::Time end = absl::Now() + absl::Seconds(20); !registered && absl::Now() < end;
+       absl::SleepFor(absl::Milliseconds(100))) {
+    absl::StatusOr<std::vector<v1::WorkerStatus>> ws = c_.Workers();
+    for (const auto& w : ws.ok() ? *ws : std::vector<v1::WorkerStatus>{}) registered |= w.info().name() == "veteran";
+  }
+  EXPECT_TRUE(registered) << ReadAll(log);
+  EXPECT_NE(ReadAll(log).find("renewed its certificate (the old one lacks this worker's own DNS name"), std::string::npos)
+      << ReadAll(log);
+  const std::string renewed = ReadAll(tls + "/worker.crt");
+  EXPECT_TRUE(security::CertificateHasDnsName(renewed, security::WorkerServerName("veteran")));
+  EXPECT_NE(ReadAll(tls + "/worker.key"), old->key_pem);  // a new key
+  EXPECT_NE(ReadAll(c_.dir() + "/coordinator.log").find("renewed the certificate of worker veteran"), std::string::npos);
+
+  // Renew gives worker certificates only, to the holder of one: a read-only identity is refused.
+  const security::KeyAndCert viewer = [&] {
+    absl::StatusOr<security::KeyAndCert> v = pki->ca.Issue({"viewer-r", security::Role::kReadOnly}, absl::Hours(1));
+    return v.ok() ? *v : security::KeyAndCert{};
+  }();
+  v1::RenewRequest req;
+  req.set_csr_pem(*security::MakeCsr(*security::NewPrivateKey(), "any"));
+  v1::JoinResponse resp;
+  grpc::ClientContext ctx;
+  grpc::Status s = Stub(&viewer)->Renew(Deadline(&ctx), req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+  grpc::ClientContext ctx2;
+  s = Stub(nullptr)->Renew(Deadline(&ctx2), req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << s.error_message();
+}
+
 TEST_F(SecurityTest, ClientsWithoutCredentialsOrTheRightRoleAreRefused) {
   ASSERT_TRUE(c_.StartCoordinator().ok());
   ASSERT_TRUE(c_.StartWorkers(1).ok());
