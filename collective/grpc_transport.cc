@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "codec/crc32c.h"
 #include "proto/channel_config.h"
+#include "proto/grpc_status.h"
 #include "security/tls.h"
 
 namespace longhaul::collective {
@@ -16,14 +17,6 @@ namespace {
 
 // gRPC prefixes every message with a 1-byte flag and a 4-byte length.
 constexpr int64_t kGrpcMessagePrefixBytes = 5;
-
-absl::Status FromGrpc(const grpc::Status& s) {
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
-}
-
-grpc::Status ToGrpc(const absl::Status& s) {
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-}
 
 bool SameHeader(const v1::CollectiveChunk& a, const v1::CollectiveChunk& b) {
   return a.group() == b.group() && a.from_rank() == b.from_rank() && a.to_rank() == b.to_rank() &&

@@ -72,6 +72,7 @@
 #include "coordinator/states.h"  // JobStateName, WorkerStateName, IsTerminal
 #include "coordinator/store.h"
 #include "longhaul/v1/control_plane.grpc.pb.h"
+#include "proto/grpc_status.h"
 #include "common/clock.h"
 #include "security/pki.h"
 
@@ -107,11 +108,6 @@ struct CoordinatorOptions {
   // memory yet: the default is one 80 GiB accelerator's, the largest commonly rented.
   int64_t worker_memory_bytes = int64_t{80} << 30;
 };
-
-// An absl status as the RPC's answer (the two have the same code numbering).
-inline grpc::Status ToGrpc(const absl::Status& s) {
-  return s.ok() ? grpc::Status::OK : grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-}
 
 class CoordinatorService final : public v1::Coordinator::Service {
  public:

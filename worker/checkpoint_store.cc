@@ -21,6 +21,7 @@
 #include "codec/crc32c.h"
 #include "common/list_dir.h"
 #include "proto/channel_config.h"
+#include "proto/grpc_status.h"
 #include "security/tls.h"
 
 namespace longhaul::worker {
@@ -229,21 +230,18 @@ grpc::Status CheckpointStoreService::Put(grpc::ServerContext* ctx, grpc::ServerR
     tmp_id = next_tmp_++;
   }
   FileSink sink(dest, absl::StrCat(dest, ".tmp", tmp_id));
-  auto fail = [](const absl::Status& s) {
-    return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-  };
-  if (absl::Status s = sink.Open(total, opt_.max_bytes, from); !s.ok()) return fail(s);
+  if (absl::Status s = sink.Open(total, opt_.max_bytes, from); !s.ok()) return ToGrpc(s);
   uint32_t crc = 0;
   bool more = true;
   while (more) {
     if (c.job_id() != job || c.stage() != stage || c.step() != step || static_cast<int64_t>(c.total_bytes()) != total) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "a checkpoint transfer changed files midway");
     }
-    if (absl::Status s = sink.Write(c.offset(), c.data()); !s.ok()) return fail(s);
+    if (absl::Status s = sink.Write(c.offset(), c.data()); !s.ok()) return ToGrpc(s);
     crc = c.crc32c();
     more = sink.written() < total && reader->Read(&c);
   }
-  if (absl::Status s = sink.Commit(crc); !s.ok()) return fail(s);
+  if (absl::Status s = sink.Commit(crc); !s.ok()) return ToGrpc(s);
   resp->set_bytes(total);
   PruneStepFiles(ReplicaDir(opt_.data_dir, job), stage, -1);  // the kKeepCheckpoints cap
   return grpc::Status::OK;
@@ -263,8 +261,7 @@ grpc::Status CheckpointStoreService::Get(grpc::ServerContext*, const v1::GetChec
   header.set_stage(req->stage());
   header.set_step(req->step());
   absl::Status s = SendFile(path, header, [&](const v1::CheckpointChunk& c) { return writer->Write(c); });
-  if (!s.ok()) return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-  return grpc::Status::OK;
+  return ToGrpc(s);
 }
 
 void CheckpointStoreService::Prune(uint64_t job_id, int64_t floor) {
