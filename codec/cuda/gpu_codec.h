@@ -81,11 +81,18 @@ class Workspace {
   // A small pinned host area (kPinnedBytes) for results read back after a synchronisation.
   static constexpr size_t kPinnedBytes = 256;
   absl::StatusOr<void*> Pinned();
+  // Copies n bytes of host memory to dst_dev on `s` and returns without waiting for the copy or
+  // for earlier work on `s` (as a copy from pageable memory would): the bytes go through this
+  // workspace's pinned staging buffer, which the next call reuses once this copy has read it.
+  absl::Status UploadAsync(void* dst_dev, const void* src_host, size_t n, Stream s);
 
  private:
   void* scratch_[kSlots] = {};
   size_t scratch_size_[kSlots] = {};
   void* pinned_ = nullptr;
+  void* staging_ = nullptr;
+  size_t staging_size_ = 0;
+  void* staging_read_ = nullptr;  // cudaEvent_t: the last copy out of staging_ is done
 };
 
 // A payload in device memory (inside a Workspace: valid until that workspace's next encode).

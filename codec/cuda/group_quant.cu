@@ -12,20 +12,15 @@
 //    the outlier flags, so
 //      1. TokenStatsKernel: statistics, the entropy (adaptive TAH-Quant) and the token's number
 //         of flagged groups (the outlier test of every group), the input read once;
-//      2. bit allocation: a stable radix sort (CUB) of the tokens by entropy (descending) or by
-//         the fixed hash (ascending), ties by token index, exactly the set nth_element picks on
-//         the CPU; AssignSizes gives each token its bits and block size;
-//      3. an inclusive scan (CUB) of the sizes into block ends;
-//      4. EncodeTokens: the tokens again, last first (the statistics pass's last rows are still in
+//      2. AllocateBits (group_quant_alloc.cuh), one block: the set of bits_hi tokens nth_element
+//         picks on the CPU (a radix select), each token's bits and block size, the block ends;
+//      3. EncodeTokens: the tokens again, last first (the statistics pass's last rows are still in
 //         L2), the outlier test again (same bits), the flagged groups' ordinals by a block-wide
 //         count, header, params, pivots and codes.
 // The host synchronises once, to read the payload size and the error word.
 //
 // Decoding: group_quant_decode.cu.
 #include <cuda_runtime.h>
-
-#include <cub/device/device_radix_sort.cuh>
-#include <cub/device/device_scan.cuh>
 
 #include <algorithm>
 #include <climits>
@@ -37,6 +32,7 @@
 #include "codec/cpu/kernels_common.h"
 #include "codec/cuda/cuda_util.cuh"
 #include "codec/cuda/gpu_codec.h"
+#include "codec/cuda/group_quant_alloc.cuh"
 #include "codec/cuda/group_quant_group.h"
 #include "codec/cuda/group_quant_tokens.cuh"
 #include "codec/int_util.h"
@@ -48,7 +44,6 @@ namespace {
 // As in group_quant.cc.
 constexpr float kEntropyL1Eps = 1e-12f;
 constexpr float kEntropyLogEps = 1e-12f;
-constexpr int kWarpsPerBlock = 8;
 
 // Results the host reads after the one synchronisation.
 struct Results {
@@ -73,6 +68,13 @@ __device__ __forceinline__ void SumMaxChunk(const float* row, int len, int lane,
   }
 }
 
+// The token exponent from the maximum of |x| (as group_quant.cc's phase 1).
+__device__ __forceinline__ int TokenExp(float mx) {
+  int e2 = 0;
+  if (mx > 0.0f) frexpf(mx, &e2);
+  return min(max(e2 + 4, kMinTokenExp), kMaxTokenExp);
+}
+
 // Warp 0 after the chunks: the token's check and exponent (as group_quant.cc's phase 1). False for a
 // NaN/Inf/huge token, recorded in res->first_bad.
 __device__ __forceinline__ bool TokenExponent(float acc, float mx_lane, int64_t t, int lane, float* sum_out,
@@ -85,9 +87,7 @@ __device__ __forceinline__ bool TokenExponent(float acc, float mx_lane, int64_t 
     }
     return false;
   }
-  int e2 = 0;
-  if (mx > 0.0f) frexpf(mx, &e2);
-  *exp_out = min(max(e2 + 4, kMinTokenExp), kMaxTokenExp);
+  *exp_out = TokenExp(mx);
   *sum_out = sum;
   return true;
 }
@@ -125,25 +125,43 @@ __global__ void __launch_bounds__(kThreads)
     if (warp == 0) SumMaxChunk(sm.row, len, lane, acc, mx);
   }
   if (lane == 0) sm.warp_count[0][warp] = wcount;
-  __syncthreads();
-  if (warp != 0) return;
   float sum = 0.0f;
   int e2 = 0;
-  if (!TokenExponent(acc, mx, t, lane, &sum, &e2, res)) {
+  if (warp == 0) {
+    const bool ok = TokenExponent(acc, mx, t, lane, &sum, &e2, res);
+    if (lane == 0) {
+      sm.ok = ok ? 1 : 0;
+      sm.exp = e2;
+      sm.sum = sum;
+    }
+  }
+  __syncthreads();
+  const bool ok = sm.ok != 0;
+  // The entropy -sum p log2 p, p = |x| / (l1 + eps): warp 0's lane j adds the terms of elements j,
+  // j + 32, ... in order (the CPU's lane accumulators). With the row in shared memory (one chunk)
+  // every thread first turns its elements into their terms in place, so warp 0 only adds.
+  const bool staged = nch == 1;
+  if (ok && entropy && staged) {
+    const float inv_l1 = 1.0f / (sm.sum + kEntropyL1Eps);
+    for (int i = tid; i < dim; i += kThreads) {
+      const float p = fabsf(sm.row[i]) * inv_l1;
+      sm.row[i] = p * FastLog2(p + kEntropyLogEps);
+    }
+    __syncthreads();
+  }
+  if (warp != 0) return;
+  if (!ok) {
     if (lane == 0) info[t] = TokenInfo{0.0f, 0, 0, 0, 0, 0};
     return;
   }
   float h = 0.0f;
   if (entropy) {
-    const float inv_l1 = 1.0f / (sum + kEntropyL1Eps);
     float e = 0.0f;
-    if (nch == 1) {  // the row is still in shared memory
+    if (staged) {
 #pragma unroll 8
-      for (int i = lane; i < dim; i += kWarp) {
-        const float p = fabsf(sm.row[i]) * inv_l1;
-        e = e + p * FastLog2(p + kEntropyLogEps);
-      }
+      for (int i = lane; i < dim; i += kWarp) e = e + sm.row[i];
     } else {
+      const float inv_l1 = 1.0f / (sum + kEntropyL1Eps);
       for (int64_t i = lane; i < dim; i += kWarp) {
         const float p = fabsf(LoadF(row, i)) * inv_l1;
         e = e + p * FastLog2(p + kEntropyLogEps);
@@ -225,7 +243,10 @@ __device__ __forceinline__ void EncodeRow(gqt::TokenSmem& sm, const T* __restric
         }
         ordinal_base += total;
         if (lead_flag) a.payload[pivots_at + before + __popc(m & ((1u << lane) - 1u))] = static_cast<uint8_t>(piv);
-        if (__any_sync(kFullMask, piv >= 0)) gqt::SwapAndFwht<G>(v, lane, piv, a.norm);
+        if (__any_sync(kFullMask, piv >= 0)) {
+          gqt::SegmentSwap<G>(v, lane, piv);
+          gqt::SegmentFwht<G>(v, lane, piv >= 0, a.norm);
+        }
       }
       float lo, hi;
       gqt::SegmentMinMax<G>(v, lane, cnt, &lo, &hi);
@@ -268,7 +289,11 @@ __global__ void __launch_bounds__(kThreads) EncodeTokens(const T* __restrict__ x
   EncodeRow<G>(sm, x + t * a.dim, a, ti.exp, ti.bits, ti.flagged, blk_off, false);
 }
 
-// int<k>: statistics and payload of token blockIdx.x in one pass.
+// int<k>: statistics and payload of token blockIdx.x in one pass. An int<k> token needs only the
+// maximum of |x| (its exponent) and the CPU's check (the sum of |x| in lane order finite, the
+// maximum at most 2^100), so every thread takes its share of the maximum and of the finiteness
+// test; the sum in the CPU's order is computed only where it could decide the error's kind (no
+// NaN/Inf element, but a maximum large enough for the sum to overflow).
 template <int G, typename T>
 __global__ void __launch_bounds__(kThreads) FusedEncode(const T* __restrict__ x, EncArgs a) {
   __shared__ gqt::TokenSmem sm;
@@ -276,94 +301,65 @@ __global__ void __launch_bounds__(kThreads) FusedEncode(const T* __restrict__ x,
   const int64_t t = blockIdx.x;
   const T* row = x + t * a.dim;
   const int nch = NumChunks(a.dim);
-  float acc = 0.0f, mx = 0.0f;
+  float mx = 0.0f;
+  bool finite = true;
   for (int c = 0; c < nch; ++c) {
     const int64_t c0 = static_cast<int64_t>(c) * kChunk;
     const int len = static_cast<int>(a.dim - c0 < kChunk ? a.dim - c0 : kChunk);
     if (c > 0) __syncthreads();
     gqt::LoadChunk(sm.row, row + c0, len, tid);
     __syncthreads();
-    if (warp == 0) SumMaxChunk(sm.row, len, lane, acc, mx);
-  }
-  if (warp == 0) {
-    float sum = 0.0f;
-    int e2 = 0;
-    const bool ok = TokenExponent(acc, mx, t, lane, &sum, &e2, a.res);
-    if (lane == 0) {
-      sm.ok = ok ? 1 : 0;
-      sm.exp = e2;
+    for (int i = tid; i < len; i += kThreads) {
+      const float v = fabsf(sm.row[i]);
+      finite = finite && isfinite(v);
+      mx = v > mx ? v : mx;
     }
   }
-  __syncthreads();  // also: warp 0 is done reading the staged row
-  if (sm.ok == 0) return;
-  EncodeRow<G>(sm, row, a, sm.exp, a.fused_bits, 0, t * a.fused_block, nch == 1);
+  mx = WarpMax(mx);
+  finite = __all_sync(kFullMask, finite);
+  if (lane == 0) {
+    sm.warp_max[warp] = mx;
+    sm.warp_count[0][warp] = finite ? 1 : 0;
+  }
+  __syncthreads();  // also: every thread is done reading the staged row
+  mx = sm.warp_max[0];
+  finite = sm.warp_count[0][0] != 0;
+#pragma unroll
+  for (int w = 1; w < gqt::kWarps; ++w) {
+    mx = sm.warp_max[w] > mx ? sm.warp_max[w] : mx;
+    finite = finite && sm.warp_count[0][w] != 0;
+  }
+  bool sum_finite = finite;
+  if (finite && (mx > 0x1p100f || static_cast<double>(mx) * static_cast<double>(a.dim) >= 0x1p127)) {
+    if (warp == 0) {  // (the same in every thread: the block takes this branch together)
+      float acc = 0.0f;
+      for (int64_t i = lane; i < a.dim; i += kWarp) acc = acc + fabsf(LoadF(row, i));
+      const float sum = WarpSumLanes32(acc);
+      if (lane == 0) sm.ok = isfinite(sum) ? 1 : 0;
+    }
+    __syncthreads();
+    sum_finite = sm.ok != 0;
+  }
+  if (!sum_finite || mx > 0x1p100f) {
+    if (tid == 0) atomicMin(&a.res->first_bad, (static_cast<unsigned long long>(t) << 1) | (sum_finite ? 1ull : 0ull));
+    return;
+  }
+  EncodeRow<G>(sm, row, a, TokenExp(mx), a.fused_bits, 0, t * a.fused_block, nch == 1);
 }
 
-__global__ void InitKeys(const TokenInfo* __restrict__ info, int64_t tokens, bool adaptive, float* fkeys,
-                         unsigned long long* hkeys, int* idx) {
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (t >= tokens) return;
-  if (adaptive) {
-    fkeys[t] = info[t].key;
-  } else {
-    hkeys[t] = SplitMix64(static_cast<uint64_t>(t));
-  }
-  idx[t] = static_cast<int>(t);
-}
-
-// The token i-th in `order` (null: token i) gets bits hi when i < n_hi, else lo; its block size
-// into sizes; the flagged groups are summed into res->transformed. 256 threads a block.
-__global__ void AssignSizes(const int* __restrict__ order, int64_t tokens, int64_t n_hi, int hi, int lo,
-                            int64_t fixed_bytes, int64_t dim, TokenInfo* __restrict__ info,
-                            unsigned long long* __restrict__ sizes, Results* __restrict__ res) {
-  __shared__ int warp_sum[kWarpsPerBlock];
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  int flagged = 0;
-  if (i < tokens) {
-    const int64_t t = order != nullptr ? order[i] : i;
-    const int bits = i < n_hi ? hi : lo;
-    info[t].bits = bits;
-    flagged = info[t].flagged;
-    sizes[t] = static_cast<unsigned long long>(fixed_bytes + flagged + (dim * bits + 7) / 8);
-  }
-  flagged = WarpSumInt(flagged);
-  if (threadIdx.x % kWarp == 0) warp_sum[threadIdx.x / kWarp] = flagged;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int s = 0;
-    for (int w = 0; w < kWarpsPerBlock; ++w) s += warp_sum[w];
-    if (s != 0) atomicAdd(&res->transformed, static_cast<unsigned long long>(s));
-  }
-}
-
-int Blocks(int64_t n, int per_block) { return static_cast<int>((n + per_block - 1) / per_block); }
+// The results word before the kernels (a kernel, not a copy from pageable host memory).
+__global__ void InitResults(Results* res) { *res = Results{ULLONG_MAX, 0, 0}; }
 
 // Scratch slots of the workspace, and what they hold during an encode (the decoder, in
-// group_quant_decode.cu, uses kOffsets only; the fused int<k> encode only kTemp and kPayload):
+// group_quant_decode.cu, uses kOffsets only; the fused int<k> encode only kTemp and kPayload; the
+// other slots are the symmetric and BitDP codecs'):
 //   kInfo        TokenInfo per token
-//   kKeys        the sort's keys (fp32 entropy or 64-bit hash), then the block sizes
-//   kSortedKeys  the sorted keys
-//   kIdx         the sort's token indices
-//   kSortedIdx   the sorted token indices (read by AssignSizes)
 //   kOffsets     the block ends (inclusive scan of the sizes)
-//   kTemp        the Results word, then CUB's temporary storage
+//   kTemp        the Results word
 //   kPayload     the payload (worst case: every group flagged, every token at bits_hi)
-enum Slot { kInfo, kKeys, kSortedKeys, kIdx, kSortedIdx, kOffsets, kTemp, kPayload };
+enum Slot { kInfo = 0, kOffsets = 5, kTemp = 6, kPayload = 7 };
 static_assert(kOffsets == 5, "group_quant_decode.cu names the offsets slot 5");
-
-// Calls f(std::integral_constant<int, G>) for the group size.
-template <typename F>
-absl::Status WithGroup(int g, F&& f) {
-  switch (g) {
-    case 8: return f(std::integral_constant<int, 8>{});
-    case 16: return f(std::integral_constant<int, 16>{});
-    case 32: return f(std::integral_constant<int, 32>{});
-    case 64: return f(std::integral_constant<int, 64>{});
-    case 128: return f(std::integral_constant<int, 128>{});
-    case 256: return f(std::integral_constant<int, 256>{});
-  }
-  return absl::InvalidArgumentError(absl::StrCat("group size ", g, " is not supported on the GPU"));
-}
+static_assert(kPayload == Workspace::kSlots - 1, "the payload slot is the last, as the other codecs'");
 
 }  // namespace
 
@@ -395,55 +391,26 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
   const int64_t fixed_bytes = PivotsOffset(ng);
   const int64_t max_block = 2 + 4 * static_cast<int64_t>(ng) + PackedBytes(dim, p.bits_hi);
   const int64_t n_hi = two_widths ? std::llround(static_cast<double>(p.ratio) * static_cast<double>(tokens)) : tokens;
-  const bool sort = two_widths && n_hi < tokens;
-  const int n = static_cast<int>(tokens);
-
-  // CUB's temporary storage: the largest of the sort's and the scan's.
-  size_t temp_bytes = 0;
-  if (sort) {
-    if (p.adaptive) {
-      LONGHAUL_CUDA_OK(cub::DeviceRadixSort::SortPairsDescending(
-          nullptr, temp_bytes, static_cast<const float*>(nullptr), static_cast<float*>(nullptr),
-          static_cast<const int*>(nullptr), static_cast<int*>(nullptr), n, 0, 32, st));
-    } else {
-      LONGHAUL_CUDA_OK(cub::DeviceRadixSort::SortPairs(
-          nullptr, temp_bytes, static_cast<const unsigned long long*>(nullptr), static_cast<unsigned long long*>(nullptr),
-          static_cast<const int*>(nullptr), static_cast<int*>(nullptr), n, 0, 64, st));
-    }
-  }
-  if (!fused) {
-    size_t b = 0;
-    LONGHAUL_CUDA_OK(cub::DeviceScan::InclusiveSum(nullptr, b, static_cast<const unsigned long long*>(nullptr),
-                                                   static_cast<unsigned long long*>(nullptr), n, st));
-    temp_bytes = std::max(temp_bytes, b);
-  }
   // Every slot before the first launch: growing one synchronises the device.
-  constexpr size_t kResultsBytes = 256;  // the results word first, CUB's storage after it (aligned)
   const size_t tok = static_cast<size_t>(tokens);
   auto maybe = [&](int slot, size_t bytes) -> absl::StatusOr<void*> {
     if (bytes == 0) return static_cast<void*>(nullptr);
     return ws.Scratch(slot, bytes);
   };
   absl::StatusOr<void*> info = maybe(kInfo, fused ? 0 : sizeof(TokenInfo) * tok);
-  absl::StatusOr<void*> keys = maybe(kKeys, fused ? 0 : sizeof(unsigned long long) * tok);
   absl::StatusOr<void*> offsets = maybe(kOffsets, fused ? 0 : sizeof(unsigned long long) * tok);
   absl::StatusOr<void*> payload = ws.Scratch(kPayload, static_cast<size_t>(max_block) * tok);
-  absl::StatusOr<void*> temp = ws.Scratch(kTemp, kResultsBytes + temp_bytes);
+  absl::StatusOr<void*> temp = ws.Scratch(kTemp, sizeof(Results));
   absl::StatusOr<void*> pinned = ws.Pinned();
-  absl::StatusOr<void*> sorted_keys = maybe(kSortedKeys, sort ? sizeof(unsigned long long) * tok : 0);
-  absl::StatusOr<void*> idx = maybe(kIdx, sort ? sizeof(int) * tok : 0);
-  absl::StatusOr<void*> sorted_idx = maybe(kSortedIdx, sort ? sizeof(int) * tok : 0);
-  for (const auto* r : {&info, &keys, &offsets, &payload, &temp, &pinned, &sorted_keys, &idx, &sorted_idx}) {
+  for (const auto* r : {&info, &offsets, &payload, &temp, &pinned}) {
     if (!r->ok()) return r->status();
   }
   auto* ti = static_cast<TokenInfo*>(*info);
   auto* res = static_cast<Results*>(*pinned);
   auto* dres = static_cast<Results*>(*temp);
-  void* cub_temp = static_cast<char*>(*temp) + kResultsBytes;
   auto* out = static_cast<uint8_t*>(*payload);
-  const Results init{ULLONG_MAX, 0, 0};
-  // From pageable memory: the call returns once `init` has been read.
-  LONGHAUL_CUDA_OK(cudaMemcpyAsync(dres, &init, sizeof(init), cudaMemcpyHostToDevice, st));
+  InitResults<<<1, 1, 0, st>>>(dres);
+  LONGHAUL_CUDA_OK(cudaGetLastError());
 
   EncArgs args{};
   args.tokens = tokens;
@@ -461,7 +428,7 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
     args.fused_bits = p.bits_hi;
     args.fused_block = block;
     total = static_cast<uint64_t>(block) * static_cast<uint64_t>(tokens);
-    absl::Status launched = WithGroup(g, [&](auto gc) {
+    absl::Status launched = gqt::WithGroup(g, [&](auto gc) {
       return WithInputType(x, dtype, [&](const auto* xt) -> absl::Status {
         FusedEncode<decltype(gc)::value><<<grid, kThreads, 0, st>>>(xt, args);
         return CudaStatus(cudaGetLastError(), "fused encode kernel");
@@ -469,52 +436,26 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
     });
     if (!launched.ok()) return launched;
   } else {
-    absl::Status stats_launched = WithGroup(g, [&](auto gc) {
+    absl::Status stats_launched = gqt::WithGroup(g, [&](auto gc) {
       return WithInputType(x, dtype, [&](const auto* xt) -> absl::Status {
         TokenStatsKernel<decltype(gc)::value><<<grid, kThreads, 0, st>>>(xt, dim, entropy, flags, p.tau, ti, dres);
         return CudaStatus(cudaGetLastError(), "token statistics kernel");
       });
     });
     if (!stats_launched.ok()) return stats_launched;
-    const int elem_blocks = Blocks(tokens, 256);
-    const int* order = nullptr;
-    if (sort) {
-      InitKeys<<<elem_blocks, 256, 0, st>>>(ti, tokens, p.adaptive, static_cast<float*>(*keys),
-                                             static_cast<unsigned long long*>(*keys), static_cast<int*>(*idx));
-      LONGHAUL_CUDA_OK(cudaGetLastError());
-      size_t b = temp_bytes;
-      if (p.adaptive) {
-        LONGHAUL_CUDA_OK(cub::DeviceRadixSort::SortPairsDescending(
-            cub_temp, b, static_cast<const float*>(*keys), static_cast<float*>(*sorted_keys),
-            static_cast<const int*>(*idx), static_cast<int*>(*sorted_idx), n, 0, 32, st));
-      } else {
-        LONGHAUL_CUDA_OK(cub::DeviceRadixSort::SortPairs(
-            cub_temp, b, static_cast<const unsigned long long*>(*keys), static_cast<unsigned long long*>(*sorted_keys),
-            static_cast<const int*>(*idx), static_cast<int*>(*sorted_idx), n, 0, 64, st));
-      }
-      order = static_cast<const int*>(*sorted_idx);
-    }
-    // The keys' slot is free from here on (stream order): the block sizes.
-    auto* sz = static_cast<unsigned long long*>(*keys);
+    gqa::AllocArgs alloc{tokens, n_hi, p.adaptive, p.bits_hi, p.bits_lo, fixed_bytes, dim};
     auto* ends = static_cast<unsigned long long*>(*offsets);  // ends[t]: the end of token t's block
-    AssignSizes<<<elem_blocks, 256, 0, st>>>(order, tokens, sort ? n_hi : tokens, p.bits_hi, p.bits_lo, fixed_bytes,
-                                              dim, ti, sz, dres);
+    gqa::AllocateBits<<<1, gqa::kAllocThreads, 0, st>>>(alloc, ti, ends, &dres->transformed, &dres->total);
     LONGHAUL_CUDA_OK(cudaGetLastError());
-    {
-      size_t b = temp_bytes;
-      LONGHAUL_CUDA_OK(cub::DeviceScan::InclusiveSum(cub_temp, b, sz, ends, n, st));
-    }
     args.info = ti;
     args.ends = ends;
-    absl::Status encode_launched = WithGroup(g, [&](auto gc) {
+    absl::Status encode_launched = gqt::WithGroup(g, [&](auto gc) {
       return WithInputType(x, dtype, [&](const auto* xt) -> absl::Status {
         EncodeTokens<decltype(gc)::value><<<grid, kThreads, 0, st>>>(xt, args);
         return CudaStatus(cudaGetLastError(), "encode kernel");
       });
     });
     if (!encode_launched.ok()) return encode_launched;
-    LONGHAUL_CUDA_OK(cudaMemcpyAsync(&dres->total, ends + tokens - 1, sizeof(unsigned long long),
-                                     cudaMemcpyDeviceToDevice, st));
   }
   LONGHAUL_CUDA_OK(cudaMemcpyAsync(res, dres, sizeof(Results), cudaMemcpyDeviceToHost, st));
   LONGHAUL_CUDA_OK(cudaStreamSynchronize(st));

@@ -11,12 +11,12 @@
 #include "codec/cuda/cuda_util.cuh"
 #include "codec/cuda/gpu_codec.h"
 #include "codec/cuda/group_quant_group.h"
+#include "codec/cuda/group_quant_tokens.cuh"
 #include "codec/minifloat.h"
 
 namespace longhaul::codec::gpu {
 namespace {
 
-constexpr int kMaxGroup = 256;
 constexpr int kWarpsPerBlock = 8;
 // group_quant.cu's kOffsets: the token offsets, never the payload's slot (a decode may read a
 // payload an encode left in the workspace).
@@ -24,132 +24,79 @@ constexpr int kOffsetsSlot = 5;
 
 int Blocks(int64_t n, int per_block) { return static_cast<int>((n + per_block - 1) / per_block); }
 
-// The decoder's warp geometry. A chunk: C = max(G, 32) elements, `per` = C / 32 elements per lane; lanes form
-// segments of U = min(G, 32) lanes that each hold one group. Element k * 32 + lane of the chunk is
-// the lane's k-th; its group in the chunk is e / G and its index in the group e % G.
-// kPer is a template parameter (1, 2, 4 or 8) so the per-lane arrays stay in registers.
-template <int kPer>
-struct Geo {
-  static constexpr int c = 32 * kPer;
-  int g, u;
-  __device__ explicit Geo(int group) : g(group), u(group < 32 ? group : 32) {}
-};
-
-// The orthonormal Walsh-Hadamard transform of each flagged group in `buf` (a warp's chunk), in the
-// CPU's butterfly order; every lane runs the same loop (the __syncwarp calls), lanes of unflagged
-// groups only skip the arithmetic.
-template <int kPer>
-__device__ void FwhtChunk(float* buf, const Geo<kPer>& geo, int lane, bool flagged, float norm) {
-  const int seg_base = (lane / geo.u) * geo.g;  // the lane's group in the chunk
-  const int li = lane % geo.u;
-  for (int h = 1; h < geo.g; h *= 2) {
-    __syncwarp();
-    if (flagged) {
-      for (int q = li; q < geo.g / 2; q += geo.u) {
-        const int i = seg_base + (q / h) * 2 * h + q % h;
-        const float a = buf[i], b = buf[i + h];
-        buf[i] = a + b;
-        buf[i + h] = a - b;
-      }
-    }
-  }
-  __syncwarp();
-  if (flagged) {
-    for (int q = li; q < geo.g; q += geo.u) buf[seg_base + q] *= norm;
-  }
-  __syncwarp();
-}
-
-template <int kPer>
-__global__ void DecodeTokens(const uint8_t* __restrict__ payload, const unsigned long long* __restrict__ offsets,
-                             int64_t tokens, int64_t dim, int g, float norm, float* __restrict__ out) {
-  __shared__ float s_buf[kWarpsPerBlock][kMaxGroup];
-  const int lane = threadIdx.x % 32, w = threadIdx.x / 32;
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + w;
+// One warp per token, in rounds: lane l of round r decodes the octet o = 32 r + l (elements 8 o ..
+// 8 o + 7, whose codes are the `bits` bytes at o * bits), so a group of G elements is a segment of
+// L = G / 8 lanes, as in the encoder (group_quant_tokens.cuh). Per octet: its group's parameters,
+// the codes, q * scale + lo; for a flagged group the transform (its own inverse) across the segment
+// and the pivot swapped back; 32 bytes stored (two 16-byte stores where `vec`).
+template <int G>
+__global__ void __launch_bounds__(kWarp * kWarpsPerBlock)
+    DecodeOctets(const uint8_t* __restrict__ payload, const unsigned long long* __restrict__ offsets, int64_t stride,
+                 int64_t tokens, int64_t dim, float norm, bool vec, float* __restrict__ out) {
+  constexpr int L = G / 8;
+  const int lane = threadIdx.x % kWarp;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
   if (t >= tokens) return;
-  const uint8_t* blk = payload + offsets[t];
+  const uint8_t* blk = payload + (offsets != nullptr ? static_cast<int64_t>(offsets[t]) : t * stride);
   const int bits = blk[0];
-  const int exp = static_cast<int8_t>(blk[1]);
-  const float from_rel = Pow2(exp);
-  const int ng = static_cast<int>((dim + g - 1) / g);
+  const float from_rel = Pow2(static_cast<int8_t>(blk[1]));
+  const int ng = static_cast<int>((dim + G - 1) / G);
   const uint8_t* params = blk + 2;
   int flagged_total = 0;
-  for (int gi = lane; gi < ng; gi += 32) flagged_total += params[3 * gi + 2] >> 7;
+  for (int gi = lane; gi < ng; gi += kWarp) flagged_total += params[3 * gi + 2] >> 7;
   flagged_total = WarpSumInt(flagged_total);
   const uint8_t* pivots = params + 3 * ng;
   const uint8_t* codes = pivots + flagged_total;
-  const int64_t code_bytes = (dim * bits + 7) / 8;
   const uint32_t mask = (1u << bits) - 1;
   float* orow = out + t * dim;
-  const Geo<kPer> geo(g);
-  float* buf = s_buf[w];
-  int flag_ordinal = 0;
-  for (int64_t base = 0; base < dim; base += geo.c) {
-    const int seg = (lane % geo.c) / geo.g;
-    const int64_t group_start = base + static_cast<int64_t>(seg) * geo.g;
-    const int64_t gi = group_start / geo.g;
-    const bool has_group = group_start < dim;
+  const int64_t noct = (dim + 7) / 8;
+  const bool leader = (lane & (L - 1)) == 0;
+  int ordinal_base = 0;
+  for (int64_t ob = 0; ob < noct; ob += kWarp) {
+    const int64_t o = ob + lane;
+    const int64_t e0 = 8 * o;
+    const int cnt = e0 >= dim ? 0 : (dim - e0 < 8 ? static_cast<int>(dim - e0) : 8);
+    const int64_t gi = e0 / G;
     uint32_t word = 0;
-    if (has_group) {
+    uint64_t w = 0;
+    if (cnt > 0) {
       word = params[3 * gi] | (params[3 * gi + 1] << 8) | (static_cast<uint32_t>(params[3 * gi + 2]) << 16);
+      const uint8_t* c = codes + o * bits;
+      const int nb = (cnt * bits + 7) / 8;
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        if (k < nb) w |= static_cast<uint64_t>(c[k]) << (8 * k);
+      }
     }
     const float lo = Mf12Decode(word & 0xFFF) * from_rel;
     const float scale = Mf12Decode((word >> 12) & 0x7FF) * from_rel;
-    const bool flagged = has_group && (word >> 23) != 0;
-    const bool leader = lane % geo.u == 0;
-    const unsigned flag_mask = __ballot_sync(kFullMask, flagged && leader);
-    const int ordinal = flag_ordinal + __popc(flag_mask & ((1u << (lane - lane % geo.u)) - 1));
-    flag_ordinal += __popc(flag_mask);
-    float v[kPer];
+    float v[8];
 #pragma unroll
-    for (int k = 0; k < kPer; ++k) {
-      const int64_t e = base + k * 32 + lane;
-      v[k] = 0.0f;
-      if (e < dim) {
-        const int64_t bit = e * bits;
-        const int64_t byte = bit >> 3;
-        uint32_t word2 = codes[byte];
-        if (byte + 1 < code_bytes) word2 |= static_cast<uint32_t>(codes[byte + 1]) << 8;
-        const uint32_t q = (word2 >> (bit & 7)) & mask;
-        v[k] = static_cast<float>(q) * scale + lo;
-      }
+    for (int j = 0; j < 8; ++j) {
+      const uint32_t q = static_cast<uint32_t>(w >> (j * bits)) & mask;
+      v[j] = static_cast<float>(q) * scale + lo;
     }
-    if (__any_sync(kFullMask, flagged)) {
-#pragma unroll
-      for (int k = 0; k < kPer; ++k) buf[k * 32 + lane] = v[k];
-      FwhtChunk(buf, geo, lane, flagged, norm);
-      if (flagged && leader) {
-        const int s0 = seg * geo.g;
-        const int piv = pivots[ordinal];
-        const float tmp = buf[s0];
-        buf[s0] = buf[s0 + piv];
-        buf[s0 + piv] = tmp;
-      }
-      __syncwarp();
-      if (flagged) {
-#pragma unroll
-        for (int k = 0; k < kPer; ++k) v[k] = buf[k * 32 + lane];
-      }
-      __syncwarp();
+    const bool flagged = cnt > 0 && (word >> 23) != 0;
+    const unsigned m = __ballot_sync(kFullMask, flagged && leader);
+    if (m != 0) {
+      int piv = -1;
+      if (flagged && leader) piv = pivots[ordinal_base + __popc(m & ((1u << lane) - 1u))];
+      piv = __shfl_sync(kFullMask, piv, lane & ~(L - 1));
+      gqt::SegmentFwht<G>(v, lane, flagged, norm);
+      gqt::SegmentSwap<G>(v, lane, piv);
+      ordinal_base += __popc(m);
     }
+    float* dst = orow + e0;
+    if (vec && cnt == 8) {
+      reinterpret_cast<float4*>(dst)[0] = make_float4(v[0], v[1], v[2], v[3]);
+      reinterpret_cast<float4*>(dst)[1] = make_float4(v[4], v[5], v[6], v[7]);
+    } else {
 #pragma unroll
-    for (int k = 0; k < kPer; ++k) {
-      const int64_t e = base + k * 32 + lane;
-      if (e < dim) orow[e] = v[k];
+      for (int j = 0; j < 8; ++j) {
+        if (j < cnt) dst[j] = v[j];
+      }
     }
   }
-}
-
-// Calls f(std::integral_constant<int, kPer>) for the group size's elements per lane.
-template <typename F>
-absl::Status WithPer(int g, F&& f) {
-  switch (g > 32 ? g / 32 : 1) {
-    case 1: return f(std::integral_constant<int, 1>{});
-    case 2: return f(std::integral_constant<int, 2>{});
-    case 4: return f(std::integral_constant<int, 4>{});
-    case 8: return f(std::integral_constant<int, 8>{});
-  }
-  return absl::InvalidArgumentError(absl::StrCat("group size ", g, " is not supported on the GPU"));
 }
 
 }  // namespace
@@ -163,16 +110,29 @@ absl::Status GroupQuantDecode(const uint8_t* payload, const GroupQuantLayout& la
   }
   if (tokens > INT_MAX / 2) return absl::InvalidArgumentError(absl::StrCat(tokens, " tokens: more than the GPU decoder takes"));
   const cudaStream_t st = AsStream(s);
-  absl::StatusOr<void*> off = ws.Scratch(kOffsetsSlot, sizeof(uint64_t) * (tokens + 1));
-  if (!off.ok()) return off.status();
-  static_assert(sizeof(unsigned long long) == sizeof(uint64_t), "offsets are 64-bit");
-  // From pageable memory: returns once the host vector has been read, so it may go away.
-  LONGHAUL_CUDA_OK(cudaMemcpyAsync(*off, layout.token_offset.data(), sizeof(uint64_t) * (tokens + 1),
-                                   cudaMemcpyHostToDevice, st));
   const int g = p.group_size;
-  return WithPer(g, [&](auto per) {
-    DecodeTokens<decltype(per)::value><<<Blocks(tokens, kWarpsPerBlock), 32 * kWarpsPerBlock, 0, st>>>(
-        payload, static_cast<const unsigned long long*>(*off), tokens, dim, g, HadamardNorm(g), out);
+  // One width and no pivots: every block has the same size and the kernel computes the offsets.
+  // Otherwise the host's (from the validation) go up through pinned memory, without a synchronisation.
+  const int64_t ng = (dim + g - 1) / g;
+  const bool fixed = p.bits_hi == p.bits_lo && !p.hadamard;
+  const int64_t stride = PivotsOffset(static_cast<int>(ng)) + PackedBytes(dim, p.bits_hi);
+  const unsigned long long* offsets = nullptr;
+  if (!fixed) {
+    absl::StatusOr<void*> off = ws.Scratch(kOffsetsSlot, sizeof(uint64_t) * (tokens + 1));
+    if (!off.ok()) return off.status();
+    static_assert(sizeof(unsigned long long) == sizeof(uint64_t), "offsets are 64-bit");
+    if (absl::Status up = ws.UploadAsync(*off, layout.token_offset.data(), sizeof(uint64_t) * (tokens + 1), s);
+        !up.ok()) {
+      return up;
+    }
+    offsets = static_cast<const unsigned long long*>(*off);
+  }
+  // Two 16-byte stores per octet where every row starts 16-byte aligned.
+  const bool vec = reinterpret_cast<uintptr_t>(out) % 16 == 0 && dim % 4 == 0;
+  return gqt::WithGroup(g, [&](auto gc) {
+    constexpr int G = decltype(gc)::value;
+    DecodeOctets<G><<<Blocks(tokens, kWarpsPerBlock), kWarp * kWarpsPerBlock, 0, st>>>(
+        payload, offsets, stride, tokens, dim, HadamardNorm(G), vec, out);
     return CudaStatus(cudaGetLastError(), "decode kernel");
   });
 }

@@ -29,6 +29,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "codec/cpu/kernels_common.h"
 #include "codec/cuda/cuda_util.cuh"
 #include "codec/cuda/group_quant_group.h"
@@ -45,7 +47,9 @@ struct alignas(16) TokenSmem {
   float row[kChunk];
   alignas(4) uint8_t stage[kWarps][kStage];
   int warp_count[2][kWarps];
+  float warp_max[kWarps];
   int exp, ok;
+  float sum;
 };
 
 // dst[0, len) = src[0, len) as floats, by the whole block (16-byte loads when src is aligned, four
@@ -136,10 +140,11 @@ __device__ __forceinline__ int OctetPivot(const float (&v)[8], int lane, int n, 
   return n == G && m1 / (m2 + kGroupRhoEps) > tau ? piv : -1;
 }
 
-// The pivot swap and the orthonormal Walsh-Hadamard transform of the flagged segments (piv >= 0,
-// the same in every lane of a segment, complete groups only). Every lane of the warp calls it.
+// Swaps elements 0 and piv of each flagged segment (piv >= 0, the same in every lane of a segment):
+// the encoder's pivot swap before the transform, and the decoder's swap back after it. Every lane of
+// the warp calls it.
 template <int G>
-__device__ __forceinline__ void SwapAndFwht(float (&v)[8], int lane, int piv, float norm) {
+__device__ __forceinline__ void SegmentSwap(float (&v)[8], int lane, int piv) {
   constexpr int L = G / 8;
   const bool flagged = piv >= 0;
   const int p = flagged ? piv : 0;
@@ -156,6 +161,16 @@ __device__ __forceinline__ void SwapAndFwht(float (&v)[8], int lane, int piv, fl
 #pragma unroll
       for (int j = 0; j < 8; ++j) v[j] = (p & 7) == j ? val0 : v[j];
     }
+  }
+}
+
+// The orthonormal Walsh-Hadamard transform of the flagged segments (complete groups only), as the
+// scalar Fwht: stages h = 1, 2, 4 inside the lane, then 8 .. G / 2 across lanes, then the norm.
+// The transform is its own inverse, so the decoder runs the same steps. Every lane of the warp calls it.
+template <int G>
+__device__ __forceinline__ void SegmentFwht(float (&v)[8], int lane, bool flagged, float norm) {
+  constexpr int L = G / 8;
+  if (flagged) {
 #pragma unroll
     for (int h = 1; h < 8; h *= 2) {
 #pragma unroll
@@ -244,6 +259,20 @@ __device__ __forceinline__ void WriteWarpCodes(uint8_t* stage, int lane, uint64_
     }
   }
   __syncwarp();  // the stage is reused by the next round
+}
+
+// Calls f(std::integral_constant<int, G>) for the group size.
+template <typename F>
+absl::Status WithGroup(int g, F&& f) {
+  switch (g) {
+    case 8: return f(std::integral_constant<int, 8>{});
+    case 16: return f(std::integral_constant<int, 16>{});
+    case 32: return f(std::integral_constant<int, 32>{});
+    case 64: return f(std::integral_constant<int, 64>{});
+    case 128: return f(std::integral_constant<int, 128>{});
+    case 256: return f(std::integral_constant<int, 256>{});
+  }
+  return absl::InvalidArgumentError(absl::StrCat("group size ", g, " is not supported on the GPU"));
 }
 
 }  // namespace longhaul::codec::gpu::gqt

@@ -1,6 +1,8 @@
 // Device memory, workspaces and copies for the GPU codecs (gpu_codec.h).
 #include <cuda_runtime.h>
 
+#include <cstring>
+
 #include <string>
 #include <utility>
 
@@ -54,6 +56,8 @@ Workspace::~Workspace() {
     if (p != nullptr) cudaFree(p);
   }
   if (pinned_ != nullptr) cudaFreeHost(pinned_);
+  if (staging_ != nullptr) cudaFreeHost(staging_);
+  if (staging_read_ != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(staging_read_));
 }
 
 absl::StatusOr<void*> Workspace::Scratch(int slot, size_t bytes) {
@@ -78,6 +82,28 @@ absl::StatusOr<void*> Workspace::Scratch(int slot, size_t bytes) {
 absl::StatusOr<void*> Workspace::Pinned() {
   if (pinned_ == nullptr) LONGHAUL_CUDA_OK(cudaMallocHost(&pinned_, kPinnedBytes));
   return pinned_;
+}
+
+absl::Status Workspace::UploadAsync(void* dst_dev, const void* src_host, size_t n, Stream s) {
+  if (n == 0) return absl::OkStatus();
+  if (staging_read_ == nullptr) {
+    cudaEvent_t e = nullptr;
+    LONGHAUL_CUDA_OK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    staging_read_ = e;
+  } else {
+    LONGHAUL_CUDA_OK(cudaEventSynchronize(static_cast<cudaEvent_t>(staging_read_)));
+  }
+  if (staging_size_ < n) {
+    if (staging_ != nullptr) LONGHAUL_CUDA_OK(cudaFreeHost(staging_));
+    staging_ = nullptr;
+    staging_size_ = 0;
+    const size_t want = n + n / 2;
+    LONGHAUL_CUDA_OK(cudaMallocHost(&staging_, want));
+    staging_size_ = want;
+  }
+  std::memcpy(staging_, src_host, n);
+  LONGHAUL_CUDA_OK(cudaMemcpyAsync(dst_dev, staging_, n, cudaMemcpyHostToDevice, AsStream(s)));
+  return CudaStatus(cudaEventRecord(static_cast<cudaEvent_t>(staging_read_), AsStream(s)), "staging event");
 }
 
 absl::Status Upload(void* dst, const void* src, size_t n, Stream s) {

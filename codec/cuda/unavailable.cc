@@ -31,6 +31,7 @@ Workspace::Workspace() = default;
 Workspace::~Workspace() = default;
 absl::StatusOr<void*> Workspace::Scratch(int, size_t) { return NotBuilt(); }
 absl::StatusOr<void*> Workspace::Pinned() { return NotBuilt(); }
+absl::Status Workspace::UploadAsync(void*, const void*, size_t, Stream) { return NotBuilt(); }
 
 absl::Status Upload(void*, const void*, size_t, Stream) { return NotBuilt(); }
 absl::Status Download(void*, const void*, size_t, Stream) { return NotBuilt(); }

@@ -5,6 +5,9 @@
 #   build     ./longhaul.sh build (offline or apt, see docs/gpu.md)
 #   codec     only the GPU codec tests (byte identity with the CPU reference): build and run them
 #   codecbench  longhaul-bench codec --device=cuda:0 for each codec family, 8192 x 4096 fp32 and bf16
+#             (CODECS to name fewer families)
+#   codecprof where the grouped codecs' time goes: Nsight Compute's duration, throughput, occupancy
+#             and stall figures for each kernel of one tahquant and one int8 encode and decode
 #   sweep     docs/gpu-sweep.md: 4 workers sharing cuda:0, each in its own network namespace with tc
 #             tbf access links, a gpt2-xl-shaped pipeline (SWEEP_LAYERS, default 48, over 4 stages,
 #             bf16), fp32 vs tahquant/int8 links at 1000, 500, 300 and 100 Mbit/s (SWEEP_RATES;
@@ -48,7 +51,7 @@ for step in "${steps[@]}"; do
     codec) ./longhaul.sh build gpu_codec_test >"$OUT/build-codec.log" 2>&1 || { tail -40 "$OUT/build-codec.log"; exit 1; }
            build/tests/gpu_codec_test 2>&1 | tee "$OUT/gpu-codec-test.log" | grep -E "^\[  (FAILED|PASSED|SKIPPED)|Failure|first differing|Expected|Which is|actual" | head -60 ;;
     codecbench)
-      for codec in tahquant int8 int4 sdp4bit-tlqhs zeropp-qw bitdp2 bf16; do
+      for codec in ${CODECS:-tahquant int8 int4 sdp4bit-tlqhs zeropp-qw bitdp2 bf16}; do
         for dtype in fp32 bf16; do
           build/bin/longhaul-bench codec --device=cuda:0 --codec="$codec" --dtype="$dtype" --tokens=8192 \
             --hidden=4096 --json >"$OUT/codec-$codec-$dtype.json" 2>"$OUT/codec-$codec-$dtype.log" \
@@ -67,6 +70,18 @@ for f in sorted(glob.glob(os.path.join(sys.argv[1], "codec-*.json"))):
     print(os.path.basename(f), {k: r.get(k) for k in keys})
 PY
       ;;
+    codecprof)
+      ncu_bin="$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1 || true)"
+      if [[ -z "$ncu_bin" ]]; then echo "codecprof: no Nsight Compute (ncu) on this machine"; continue; fi
+      for codec in tahquant int8; do
+        # The first 8 launches of the codec's kernels: the check calls, then the timed ones.
+        "$ncu_bin" --target-processes all -k 'regex:Encode|Decode|Stats|Allocate|Init' -c 8 \
+          --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+          build/bin/longhaul-bench codec --device=cuda:0 --codec="$codec" --tokens=8192 --hidden=4096 --iters=1 --json \
+          >"$OUT/ncu-$codec.txt" 2>&1 || { echo "ncu $codec failed:"; tail -5 "$OUT/ncu-$codec.txt"; }
+        echo "-- $codec"
+        grep -E "^  [A-Za-z_].*\(|Duration|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Issue Slots|Block Limit (Reg|Shared|Warps)|Grid Size|stalled|Stall" "$OUT/ncu-$codec.txt" | cut -c1-170 | head -90
+      done ;;
     sweep)
       ./longhaul.sh build longhaul-bench longhaul-worker longhaul-coordinator >"$OUT/build-sweep.log" 2>&1 \
         || { tail -40 "$OUT/build-sweep.log"; exit 1; }

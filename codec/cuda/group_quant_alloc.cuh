@@ -1,0 +1,161 @@
+// TAH-Quant's bit allocation on the device, in one block (group_quant.cu, between the statistics
+// and the encode): the n_hi tokens first in the CPU's order get bits_hi, the rest bits_lo; then
+// every token's block size and the inclusive scan of the sizes (the block ends), the flagged groups'
+// total and the payload size. One launch in place of a key set-up, a device-wide radix sort, the
+// sizes and a device-wide scan.
+//
+// The CPU's order (group_quant.cc, phase 2: nth_element with ties by token index): entropy
+// descending (adaptive) or SplitMix64(token) ascending. Both become an unsigned key that ascends in
+// that order, ties by index. The selection is a radix select over the keys, 8 bits a pass from the
+// top: it finds kth, the n_hi-th smallest key, and `less`, the keys below it; a token is hi when its
+// key is below kth, or equal to it and among the first n_hi - less such tokens by index.
+#ifndef LONGHAUL_CODEC_CUDA_GROUP_QUANT_ALLOC_CUH_
+#define LONGHAUL_CODEC_CUDA_GROUP_QUANT_ALLOC_CUH_
+
+#include <cub/block/block_scan.cuh>
+
+#include <cstdint>
+
+#include "codec/cuda/cuda_util.cuh"
+#include "codec/cuda/group_quant_group.h"
+#include "codec/int_util.h"
+
+namespace longhaul::codec::gpu::gqa {
+
+inline constexpr int kAllocThreads = 1024;
+
+struct AllocArgs {
+  int64_t tokens;
+  int64_t n_hi;  // 0..tokens
+  bool adaptive;
+  int hi, lo;
+  int64_t fixed_bytes;  // a block's bytes before its pivots (header and parameters)
+  int64_t dim;
+};
+
+// Token t's key: ascending in the CPU's order. The entropy's bits (+0 for -0, see TokenStatsKernel)
+// mapped so unsigned order is float order, then inverted for descending.
+__device__ __forceinline__ uint64_t AllocKey(const TokenInfo* info, int64_t t, bool adaptive) {
+  if (!adaptive) return SplitMix64(static_cast<uint64_t>(t));
+  const uint32_t b = __float_as_uint(info[t].key);
+  const uint32_t ordered = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+  return static_cast<uint64_t>(~ordered);
+}
+
+// The n_hi-th smallest key (1-based; n_hi in 1..tokens) into *kth, the keys below it into *less.
+// Every thread of the block calls it and gets the answer.
+__device__ inline void RadixSelect(const TokenInfo* info, const AllocArgs& a, uint64_t* kth, int64_t* less) {
+  __shared__ unsigned hist[256];
+  __shared__ uint64_t s_prefix;
+  __shared__ int64_t s_need, s_less;
+  const int tid = threadIdx.x, lane = tid % kWarp;
+  if (tid == 0) {
+    s_prefix = 0;
+    s_need = a.n_hi;  // rank still sought among the keys that match the prefix
+    s_less = 0;
+  }
+  const int top = a.adaptive ? 24 : 56;  // the highest digit's shift (32- or 64-bit keys)
+  for (int shift = top; shift >= 0; shift -= 8) {
+    for (int i = tid; i < 256; i += kAllocThreads) hist[i] = 0;
+    __syncthreads();
+    const uint64_t prefix = s_prefix;
+    const uint64_t hi_mask = shift + 8 >= 64 ? 0 : ~((uint64_t{1} << (shift + 8)) - 1);
+    for (int64_t t0 = 0; t0 < a.tokens; t0 += kAllocThreads) {
+      const int64_t t = t0 + tid;
+      const bool in = t < a.tokens;
+      const uint64_t k = in ? AllocKey(info, t, a.adaptive) : 0;
+      const bool match = in && (k & hi_mask) == prefix;
+      const unsigned digit = static_cast<unsigned>(k >> shift) & 255u;
+      // Lanes with the same digit add once (most keys share their top digits).
+      const unsigned active = __ballot_sync(kFullMask, match);
+      if (match) {
+        const unsigned peers = __match_any_sync(active, digit);
+        if (lane == __ffs(peers) - 1) atomicAdd(&hist[digit], static_cast<unsigned>(__popc(peers)));
+      }
+    }
+    __syncthreads();
+    if (tid < kWarp) {  // warp 0: lane l owns digits 8l .. 8l + 7
+      unsigned c[8], own = 0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        c[j] = hist[8 * lane + j];
+        own += c[j];
+      }
+      unsigned incl = own;
+#pragma unroll
+      for (int h = 1; h < kWarp; h *= 2) {
+        const unsigned o = __shfl_up_sync(kFullMask, incl, h);
+        if (lane >= h) incl += o;
+      }
+      const int64_t need = s_need;
+      const unsigned before = incl - own;
+      // The lane whose digits hold the need-th key picks the digit.
+      if (static_cast<int64_t>(before) < need && need <= static_cast<int64_t>(incl)) {
+        unsigned run = before;
+        int d = 0;
+        for (; d < 7 && static_cast<int64_t>(run + c[d]) < need; ++d) run += c[d];
+        s_prefix = prefix | (static_cast<uint64_t>(8 * lane + d) << shift);
+        s_need = need - run;
+        s_less += run;
+      }
+    }
+    __syncthreads();
+  }
+  *kth = s_prefix;
+  *less = s_less;
+}
+
+// Bits, sizes and ends of every token, in tiles of kAllocThreads tokens in index order. Launched
+// with one block of kAllocThreads threads.
+__global__ void __launch_bounds__(kAllocThreads)
+    AllocateBits(AllocArgs a, TokenInfo* __restrict__ info, unsigned long long* __restrict__ ends,
+                 unsigned long long* __restrict__ transformed, unsigned long long* __restrict__ total) {
+  using IntScan = cub::BlockScan<int, kAllocThreads>;
+  using SizeScan = cub::BlockScan<unsigned long long, kAllocThreads>;
+  __shared__ typename IntScan::TempStorage int_tmp;
+  __shared__ typename SizeScan::TempStorage size_tmp;
+  uint64_t kth = 0;
+  int64_t less = 0;
+  const bool select = a.n_hi > 0 && a.n_hi < a.tokens;
+  if (select) RadixSelect(info, a, &kth, &less);
+  const int64_t take_equal = a.n_hi - less;  // keys equal to kth that are hi, lowest indices first
+  int64_t equal_before = 0;
+  unsigned long long carry = 0, flagged_sum = 0;
+  const int tid = threadIdx.x;
+  for (int64_t t0 = 0; t0 < a.tokens; t0 += kAllocThreads) {
+    const int64_t t = t0 + tid;
+    const bool in = t < a.tokens;
+    bool hi_token = a.n_hi >= a.tokens;
+    int equal = 0;
+    if (select && in) {
+      const uint64_t k = AllocKey(info, t, a.adaptive);
+      equal = k == kth ? 1 : 0;
+      hi_token = k < kth;
+    }
+    int equal_rank = 0, equal_tile = 0;
+    IntScan(int_tmp).ExclusiveSum(equal, equal_rank, equal_tile);
+    if (equal != 0) hi_token = equal_before + equal_rank < take_equal;
+    equal_before += equal_tile;
+    unsigned long long size = 0;
+    int flagged = 0;
+    if (in) {
+      const int bits = hi_token ? a.hi : a.lo;
+      info[t].bits = bits;
+      flagged = info[t].flagged;
+      size = static_cast<unsigned long long>(a.fixed_bytes + flagged + (a.dim * bits + 7) / 8);
+    }
+    unsigned long long end = 0, tile_total = 0;
+    SizeScan(size_tmp).InclusiveSum(size, end, tile_total);
+    if (in) ends[t] = carry + end;
+    carry += tile_total;
+    flagged_sum += static_cast<unsigned long long>(flagged);
+    __syncthreads();  // the scans' storage is reused by the next tile
+  }
+  flagged_sum = WarpSumLanes32(flagged_sum);
+  if (tid % kWarp == 0 && flagged_sum != 0) atomicAdd(transformed, flagged_sum);
+  if (tid == 0) *total = carry;
+}
+
+}  // namespace longhaul::codec::gpu::gqa
+
+#endif  // LONGHAUL_CODEC_CUDA_GROUP_QUANT_ALLOC_CUH_
