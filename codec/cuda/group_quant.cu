@@ -192,7 +192,13 @@ struct EncArgs {
 };
 
 // Token t's groups, from chunk 0 (staged: chunk 0 is already in shared memory and is the row's only
-// one), its block at blk_off.
+// one), its block at blk_off. Per chunk, three phases:
+//  A. each lane's octet: the outlier test, the flagged groups' pivots (ordinals by a block-wide
+//     count), the swap and transform (written back to the staged row), the group's range by its
+//     segment, kept in shared memory;
+//  B. one thread per group: its parameters (two divisions: once per group, not once per lane),
+//     written to the payload and kept in shared memory;
+//  C. each lane's octet again from the staged row: codes against its group's parameters, packed.
 template <int G, typename T>
 __device__ __forceinline__ void EncodeRow(gqt::TokenSmem& sm, const T* __restrict__ row, const EncArgs& a, int exp,
                                           int bits, int flagged_total, int64_t blk_off, bool staged) {
@@ -208,16 +214,18 @@ __device__ __forceinline__ void EncodeRow(gqt::TokenSmem& sm, const T* __restric
   const int maxq = (1 << bits) - 1;
   const float fmaxq = static_cast<float>(maxq);
   const int nch = NumChunks(a.dim);
+  const bool leader = (lane & (L - 1)) == 0;
   int ordinal_base = 0, round = 0;
   for (int c = 0; c < nch; ++c) {
     const int64_t c0 = static_cast<int64_t>(c) * kChunk;
     const int len = static_cast<int>(a.dim - c0 < kChunk ? a.dim - c0 : kChunk);
+    const int noct = (len + 7) / 8;
     if (!staged) {
-      if (c > 0) __syncthreads();
+      if (c > 0) __syncthreads();  // phase C of the previous chunk is done with the row
       gqt::LoadChunk(sm.row, row + c0, len, tid);
       __syncthreads();
     }
-    const int noct = (len + 7) / 8;
+    // A.
     for (int ob = 0; ob < noct; ob += kThreads, ++round) {
       const int o = ob + tid;
       float v[8];
@@ -225,7 +233,6 @@ __device__ __forceinline__ void EncodeRow(gqt::TokenSmem& sm, const T* __restric
       const int e0 = 8 * o;
       const int gs = e0 & ~(G - 1);
       const int cnt = len - e0 < 0 ? 0 : (len - e0 < 8 ? len - e0 : 8);
-      const bool leader = (lane & (L - 1)) == 0;
       int piv = -1;
       if (a.flags) {
         piv = gqt::OctetPivot<G>(v, lane, min(G, len - gs), a.tau);
@@ -246,29 +253,54 @@ __device__ __forceinline__ void EncodeRow(gqt::TokenSmem& sm, const T* __restric
         if (__any_sync(kFullMask, piv >= 0)) {
           gqt::SegmentSwap<G>(v, lane, piv);
           gqt::SegmentFwht<G>(v, lane, piv >= 0, a.norm);
+          if (piv >= 0) gqt::StoreOctet(sm.row, o, v);  // flagged groups are complete
         }
       }
       float lo, hi;
-      gqt::SegmentMinMax<G>(v, lane, cnt, &lo, &hi);
+      gqt::SegmentMinMax<G>(v, lane, cnt, 8 * (o - lane) + 8 * kWarp <= len, &lo, &hi);
+      if (leader && cnt > 0) sm.group[gs / G] = gqt::GroupRange{lo, hi, piv >= 0 ? 1 : 0};
+    }
+    __syncthreads();
+    // B.
+    const int ngc = (len + G - 1) / G;
+    for (int gi = tid; gi < ngc; gi += kThreads) {
+      const gqt::GroupRange r = sm.group[gi];
+      const GroupParams gp = MakeGroupParams(r.lo, r.hi, exp, maxq, r.flagged != 0);
+      uint8_t* p3 = blk + ParamsOffset(static_cast<int>(c0 / G) + gi);
+      p3[0] = static_cast<uint8_t>(gp.word & 0xFF);
+      p3[1] = static_cast<uint8_t>((gp.word >> 8) & 0xFF);
+      p3[2] = static_cast<uint8_t>((gp.word >> 16) & 0xFF);
+      sm.group[gi].lo = gp.lo_q;
+      sm.group[gi].hi = gp.inv_scale;
+    }
+    __syncthreads();
+    // C.
+    for (int ob = 0; ob < noct; ob += kThreads) {
+      const int o = ob + tid;
+      float v[8];
+      gqt::LoadOctet(sm.row, o, len, v);
+      const int e0 = 8 * o;
+      const int cnt = len - e0 < 0 ? 0 : (len - e0 < 8 ? len - e0 : 8);
       uint64_t w = 0;
       int nb = 0;
       if (cnt > 0) {
-        const GroupParams gp = MakeGroupParams(lo, hi, exp, maxq, piv >= 0);
-        if (leader) {
-          uint8_t* p3 = blk + ParamsOffset(static_cast<int>((c0 + gs) / G));
-          p3[0] = static_cast<uint8_t>(gp.word & 0xFF);
-          p3[1] = static_cast<uint8_t>((gp.word >> 8) & 0xFF);
-          p3[2] = static_cast<uint8_t>((gp.word >> 16) & 0xFF);
-        }
+        const gqt::GroupRange gp = sm.group[e0 / G];  // lo: the decoded lo; hi: 1 / the decoded scale
+        uint32_t w_lo = 0, w_hi = 0;
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
           if (j < cnt) {
-            float q = RoundHalfEven((v[j] - gp.lo_q) * gp.inv_scale);
+            float q = RoundHalfEven((v[j] - gp.lo) * gp.hi);
             q = q >= 0.0f ? q : 0.0f;  // NaN (0 * inf when the scale underflows) -> 0, as on the CPU
             q = q > fmaxq ? fmaxq : q;
-            w |= static_cast<uint64_t>(static_cast<int>(q)) << (j * bits);
+            const uint32_t qi = static_cast<uint32_t>(static_cast<int>(q));
+            if (j < 4) {
+              w_lo |= qi << (j * bits);
+            } else {
+              w_hi |= qi << ((j - 4) * bits);
+            }
           }
         }
+        w = static_cast<uint64_t>(w_lo) | (static_cast<uint64_t>(w_hi) << (4 * bits));
         nb = (cnt * bits + 7) / 8;
       }
       const int64_t at = codes_at + (c0 / 8 + (o - lane)) * bits;

@@ -23,6 +23,8 @@
 namespace longhaul::codec::gpu::gqa {
 
 inline constexpr int kAllocThreads = 1024;
+inline constexpr int kPer = 8;                         // tokens per thread in a tile
+inline constexpr int kTile = kAllocThreads * kPer;     // tokens per tile, and keys kept in shared memory
 
 struct AllocArgs {
   int64_t tokens;
@@ -35,16 +37,27 @@ struct AllocArgs {
 
 // Token t's key: ascending in the CPU's order. The entropy's bits (+0 for -0, see TokenStatsKernel)
 // mapped so unsigned order is float order, then inverted for descending.
-__device__ __forceinline__ uint64_t AllocKey(const TokenInfo* info, int64_t t, bool adaptive) {
-  if (!adaptive) return SplitMix64(static_cast<uint64_t>(t));
-  const uint32_t b = __float_as_uint(info[t].key);
+__device__ __forceinline__ uint64_t EntropyKey(float h) {
+  const uint32_t b = __float_as_uint(h);
   const uint32_t ordered = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
   return static_cast<uint64_t>(~ordered);
 }
 
+// The keys: the hash computed, the entropy's from shared memory for the first kTile tokens (read
+// from the token statistics once), from global memory after them.
+struct Keys {
+  const TokenInfo* info;
+  const uint32_t* cached;
+  bool adaptive;
+  __device__ uint64_t operator()(int64_t t) const {
+    if (!adaptive) return SplitMix64(static_cast<uint64_t>(t));
+    return t < kTile ? cached[t] : EntropyKey(info[t].key);
+  }
+};
+
 // The n_hi-th smallest key (1-based; n_hi in 1..tokens) into *kth, the keys below it into *less.
 // Every thread of the block calls it and gets the answer.
-__device__ inline void RadixSelect(const TokenInfo* info, const AllocArgs& a, uint64_t* kth, int64_t* less) {
+__device__ inline void RadixSelect(const Keys& key, const AllocArgs& a, uint64_t* kth, int64_t* less) {
   __shared__ unsigned hist[256];
   __shared__ uint64_t s_prefix;
   __shared__ int64_t s_need, s_less;
@@ -60,17 +73,24 @@ __device__ inline void RadixSelect(const TokenInfo* info, const AllocArgs& a, ui
     __syncthreads();
     const uint64_t prefix = s_prefix;
     const uint64_t hi_mask = shift + 8 >= 64 ? 0 : ~((uint64_t{1} << (shift + 8)) - 1);
-    for (int64_t t0 = 0; t0 < a.tokens; t0 += kAllocThreads) {
-      const int64_t t = t0 + tid;
-      const bool in = t < a.tokens;
-      const uint64_t k = in ? AllocKey(info, t, a.adaptive) : 0;
-      const bool match = in && (k & hi_mask) == prefix;
-      const unsigned digit = static_cast<unsigned>(k >> shift) & 255u;
-      // Lanes with the same digit add once (most keys share their top digits).
-      const unsigned active = __ballot_sync(kFullMask, match);
-      if (match) {
-        const unsigned peers = __match_any_sync(active, digit);
-        if (lane == __ffs(peers) - 1) atomicAdd(&hist[digit], static_cast<unsigned>(__popc(peers)));
+    for (int64_t t0 = 0; t0 < a.tokens; t0 += kTile) {
+      uint64_t k[kPer];
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) {
+        const int64_t t = t0 + j * kAllocThreads + tid;
+        k[j] = t < a.tokens ? key(t) : 0;
+      }
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) {
+        const int64_t t = t0 + j * kAllocThreads + tid;
+        const bool match = t < a.tokens && (k[j] & hi_mask) == prefix;
+        const unsigned digit = static_cast<unsigned>(k[j] >> shift) & 255u;
+        // Lanes with the same digit add once (most keys share their top digits).
+        const unsigned active = __ballot_sync(kFullMask, match);
+        if (match) {
+          const unsigned peers = __match_any_sync(active, digit);
+          if (lane == __ffs(peers) - 1) atomicAdd(&hist[digit], static_cast<unsigned>(__popc(peers)));
+        }
       }
     }
     __syncthreads();
@@ -105,8 +125,8 @@ __device__ inline void RadixSelect(const TokenInfo* info, const AllocArgs& a, ui
   *less = s_less;
 }
 
-// Bits, sizes and ends of every token, in tiles of kAllocThreads tokens in index order. Launched
-// with one block of kAllocThreads threads.
+// Bits, sizes and ends of every token, in tiles of kTile tokens in index order (thread i takes
+// kPer consecutive tokens of a tile). Launched with one block of kAllocThreads threads.
 __global__ void __launch_bounds__(kAllocThreads)
     AllocateBits(AllocArgs a, TokenInfo* __restrict__ info, unsigned long long* __restrict__ ends,
                  unsigned long long* __restrict__ transformed, unsigned long long* __restrict__ total) {
@@ -114,41 +134,57 @@ __global__ void __launch_bounds__(kAllocThreads)
   using SizeScan = cub::BlockScan<unsigned long long, kAllocThreads>;
   __shared__ typename IntScan::TempStorage int_tmp;
   __shared__ typename SizeScan::TempStorage size_tmp;
+  __shared__ uint32_t cached[kTile];
+  const int tid = threadIdx.x;
+  const bool select = a.n_hi > 0 && a.n_hi < a.tokens;
+  if (select && a.adaptive) {
+    for (int64_t t = tid; t < a.tokens && t < kTile; t += kAllocThreads) {
+      cached[t] = static_cast<uint32_t>(EntropyKey(info[t].key));
+    }
+    __syncthreads();
+  }
+  const Keys key{info, cached, a.adaptive};
   uint64_t kth = 0;
   int64_t less = 0;
-  const bool select = a.n_hi > 0 && a.n_hi < a.tokens;
-  if (select) RadixSelect(info, a, &kth, &less);
+  if (select) RadixSelect(key, a, &kth, &less);
   const int64_t take_equal = a.n_hi - less;  // keys equal to kth that are hi, lowest indices first
   int64_t equal_before = 0;
   unsigned long long carry = 0, flagged_sum = 0;
-  const int tid = threadIdx.x;
-  for (int64_t t0 = 0; t0 < a.tokens; t0 += kAllocThreads) {
-    const int64_t t = t0 + tid;
-    const bool in = t < a.tokens;
-    bool hi_token = a.n_hi >= a.tokens;
-    int equal = 0;
-    if (select && in) {
-      const uint64_t k = AllocKey(info, t, a.adaptive);
-      equal = k == kth ? 1 : 0;
-      hi_token = k < kth;
+  for (int64_t t0 = 0; t0 < a.tokens; t0 += kTile) {
+    const int64_t first = t0 + static_cast<int64_t>(tid) * kPer;
+    int equal[kPer], flagged[kPer];
+    bool below[kPer];
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int64_t t = first + j;
+      const bool in = t < a.tokens;
+      const uint64_t k = select && in ? key(t) : 0;
+      equal[j] = select && in && k == kth ? 1 : 0;
+      below[j] = select ? k < kth : a.n_hi >= a.tokens;
+      flagged[j] = in ? info[t].flagged : 0;
     }
-    int equal_rank = 0, equal_tile = 0;
+    int equal_rank[kPer], equal_tile = 0;
     IntScan(int_tmp).ExclusiveSum(equal, equal_rank, equal_tile);
-    if (equal != 0) hi_token = equal_before + equal_rank < take_equal;
-    equal_before += equal_tile;
-    unsigned long long size = 0;
-    int flagged = 0;
-    if (in) {
+    unsigned long long size[kPer], end[kPer], tile_total = 0;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int64_t t = first + j;
+      const bool hi_token = equal[j] != 0 ? equal_before + equal_rank[j] < take_equal : below[j];
       const int bits = hi_token ? a.hi : a.lo;
-      info[t].bits = bits;
-      flagged = info[t].flagged;
-      size = static_cast<unsigned long long>(a.fixed_bytes + flagged + (a.dim * bits + 7) / 8);
+      size[j] = 0;
+      if (t < a.tokens) {
+        info[t].bits = bits;
+        size[j] = static_cast<unsigned long long>(a.fixed_bytes + flagged[j] + (a.dim * bits + 7) / 8);
+        flagged_sum += static_cast<unsigned long long>(flagged[j]);
+      }
     }
-    unsigned long long end = 0, tile_total = 0;
     SizeScan(size_tmp).InclusiveSum(size, end, tile_total);
-    if (in) ends[t] = carry + end;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      if (first + j < a.tokens) ends[first + j] = carry + end[j];
+    }
+    equal_before += equal_tile;
     carry += tile_total;
-    flagged_sum += static_cast<unsigned long long>(flagged);
     __syncthreads();  // the scans' storage is reused by the next tile
   }
   flagged_sum = WarpSumLanes32(flagged_sum);

@@ -43,8 +43,16 @@ inline constexpr int kWarps = kThreads / kWarp;
 inline constexpr int kChunk = 4096;  // elements staged at a time: a multiple of every G and of 32
 inline constexpr int kStage = 264;   // a warp's codes of one round: 3 + 32 * 8 bytes, rounded up
 
+// A group's range after phase A of the encode (group_quant.cu EncodeRow), then its decoded lo and
+// 1 / decoded scale after phase B.
+struct GroupRange {
+  float lo, hi;
+  int flagged;
+};
+
 struct alignas(16) TokenSmem {
   float row[kChunk];
+  GroupRange group[kChunk / 8];  // the chunk's groups (G >= 8)
   alignas(4) uint8_t stage[kWarps][kStage];
   int warp_count[2][kWarps];
   float warp_max[kWarps];
@@ -101,6 +109,12 @@ __device__ __forceinline__ void LoadOctet(const float* row, int o, int len, floa
 #pragma unroll
     for (int j = 0; j < 8; ++j) v[j] = e0 + j < len ? row[e0 + j] : 0.0f;
   }
+}
+
+// The lane's octet o of the staged chunk back (a complete octet).
+__device__ __forceinline__ void StoreOctet(float* row, int o, const float (&v)[8]) {
+  reinterpret_cast<float4*>(row + 8 * o)[0] = make_float4(v[0], v[1], v[2], v[3]);
+  reinterpret_cast<float4*>(row + 8 * o)[1] = make_float4(v[4], v[5], v[6], v[7]);
 }
 
 // The outlier test of the lane's group (n: its elements, G when complete): the pivot, or -1. Every
@@ -200,9 +214,11 @@ __device__ __forceinline__ void SegmentFwht(float (&v)[8], int lane, bool flagge
 }
 
 // min and max of the segment's first `cnt` elements of each lane (cnt: 0..8, valid elements a
-// prefix of the group), as MinMax's left-to-right fold. Every lane of the warp calls it.
+// prefix of the group), as MinMax's left-to-right fold. all_valid: every lane of the warp has 8
+// (the same in every lane; the combination then needs no validity). Every lane of the warp calls it.
 template <int G>
-__device__ __forceinline__ void SegmentMinMax(const float (&v)[8], int lane, int cnt, float* lo_out, float* hi_out) {
+__device__ __forceinline__ void SegmentMinMax(const float (&v)[8], int lane, int cnt, bool all_valid, float* lo_out,
+                                              float* hi_out) {
   constexpr int L = G / 8;
   float lo = v[0], hi = v[0];
 #pragma unroll
@@ -211,6 +227,20 @@ __device__ __forceinline__ void SegmentMinMax(const float (&v)[8], int lane, int
       lo = v[j] < lo ? v[j] : lo;
       hi = v[j] > hi ? v[j] : hi;
     }
+  }
+  if (all_valid) {
+#pragma unroll
+    for (int h = 1; h < L; h *= 2) {
+      const float olo = __shfl_xor_sync(kFullMask, lo, h), ohi = __shfl_xor_sync(kFullMask, hi, h);
+      const bool mine_lower = (lane & h) == 0;
+      const float llo = mine_lower ? lo : olo, lhi = mine_lower ? hi : ohi;
+      const float ulo = mine_lower ? olo : lo, uhi = mine_lower ? ohi : hi;
+      lo = ulo < llo ? ulo : llo;
+      hi = uhi > lhi ? uhi : lhi;
+    }
+    *lo_out = lo;
+    *hi_out = hi;
+    return;
   }
   bool valid = cnt > 0;
 #pragma unroll

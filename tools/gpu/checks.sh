@@ -73,14 +73,15 @@ PY
     codecprof)
       ncu_bin="$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1 || true)"
       if [[ -z "$ncu_bin" ]]; then echo "codecprof: no Nsight Compute (ncu) on this machine"; continue; fi
-      for codec in tahquant int8; do
+      for codec in ${PROF_CODECS:-tahquant int8}; do
         # The first 8 launches of the codec's kernels: the check calls, then the timed ones.
         "$ncu_bin" --target-processes all -k 'regex:Encode|Decode|Stats|Allocate|Init' -c 8 \
           --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
           build/bin/longhaul-bench codec --device=cuda:0 --codec="$codec" --tokens=8192 --hidden=4096 --iters=1 --json \
           >"$OUT/ncu-$codec.txt" 2>&1 || { echo "ncu $codec failed:"; tail -5 "$OUT/ncu-$codec.txt"; }
         echo "-- $codec"
-        grep -E "^  [A-Za-z_].*\(|Duration|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Issue Slots|Block Limit (Reg|Shared|Warps)|Grid Size|stalled|Stall" "$OUT/ncu-$codec.txt" | cut -c1-170 | head -90
+        grep -E "^  [A-Za-z_].*\(|Duration|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Warp Cycles Per Issued" "$OUT/ncu-$codec.txt" \
+          | sed -E 's/^  (void )?([^(]*)\(.*/  \2/' | cut -c1-120 | head -"${PROF_LINES:-48}"
       done ;;
     sweep)
       ./longhaul.sh build longhaul-bench longhaul-worker longhaul-coordinator >"$OUT/build-sweep.log" 2>&1 \
