@@ -85,11 +85,15 @@ __device__ inline void RadixSelect(const Keys& key, const AllocArgs& a, uint64_t
         const int64_t t = t0 + j * kAllocThreads + tid;
         const bool match = t < a.tokens && (k[j] & hi_mask) == prefix;
         const unsigned digit = static_cast<unsigned>(k[j] >> shift) & 255u;
-        // Lanes with the same digit add once (most keys share their top digits).
+        // The lanes with the first matching lane's digit add once (most keys share their top
+        // digits), the others one by one.
         const unsigned active = __ballot_sync(kFullMask, match);
-        if (match) {
-          const unsigned peers = __match_any_sync(active, digit);
-          if (lane == __ffs(peers) - 1) atomicAdd(&hist[digit], static_cast<unsigned>(__popc(peers)));
+        if (active != 0) {
+          const int src = __ffs(active) - 1;
+          const unsigned d0 = __shfl_sync(kFullMask, digit, src);
+          const unsigned same = __ballot_sync(kFullMask, match && digit == d0);
+          if (lane == src) atomicAdd(&hist[d0], static_cast<unsigned>(__popc(same)));
+          if (match && digit != d0) atomicAdd(&hist[digit], 1u);
         }
       }
     }
@@ -138,9 +142,14 @@ __global__ void __launch_bounds__(kAllocThreads)
   const int tid = threadIdx.x;
   const bool select = a.n_hi > 0 && a.n_hi < a.tokens;
   if (select && a.adaptive) {
-    for (int64_t t = tid; t < a.tokens && t < kTile; t += kAllocThreads) {
-      cached[t] = static_cast<uint32_t>(EntropyKey(info[t].key));
+    float h[kPer];
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {  // every load issued before the first store
+      const int64_t t = j * kAllocThreads + tid;
+      h[j] = t < a.tokens ? info[t].key : 0.0f;
     }
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) cached[j * kAllocThreads + tid] = static_cast<uint32_t>(EntropyKey(h[j]));
     __syncthreads();
   }
   const Keys key{info, cached, a.adaptive};
