@@ -32,6 +32,21 @@ inline cudaStream_t AsStream(Stream s) { return static_cast<cudaStream_t>(s); }
 inline constexpr unsigned kFullMask = 0xffffffffu;
 inline constexpr int kWarp = 32;
 
+// Calls f(std::integral_constant<int, G>) for a group size G of the octet kernels (8..256, a power
+// of two: a group is a segment of G / 8 lanes of a warp); an error for any other size.
+template <typename F>
+absl::Status WithGroupSize(int g, F&& f) {
+  switch (g) {
+    case 8: return f(std::integral_constant<int, 8>{});
+    case 16: return f(std::integral_constant<int, 16>{});
+    case 32: return f(std::integral_constant<int, 32>{});
+    case 64: return f(std::integral_constant<int, 64>{});
+    case 128: return f(std::integral_constant<int, 128>{});
+    case 256: return f(std::integral_constant<int, 256>{});
+  }
+  return absl::InvalidArgumentError(absl::StrCat("group size ", g, " is not supported on the GPU"));
+}
+
 // Exact conversion of one input element to float (as the CPU path's x.to(float32)).
 __device__ __forceinline__ float LoadF(const float* x, int64_t i) { return x[i]; }
 __device__ __forceinline__ float LoadF(const __half* x, int64_t i) { return __half2float(x[i]); }

@@ -460,7 +460,7 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
     args.fused_bits = p.bits_hi;
     args.fused_block = block;
     total = static_cast<uint64_t>(block) * static_cast<uint64_t>(tokens);
-    absl::Status launched = gqt::WithGroup(g, [&](auto gc) {
+    absl::Status launched = WithGroupSize(g, [&](auto gc) {
       return WithInputType(x, dtype, [&](const auto* xt) -> absl::Status {
         FusedEncode<decltype(gc)::value><<<grid, kThreads, 0, st>>>(xt, args);
         return CudaStatus(cudaGetLastError(), "fused encode kernel");
@@ -468,7 +468,7 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
     });
     if (!launched.ok()) return launched;
   } else {
-    absl::Status stats_launched = gqt::WithGroup(g, [&](auto gc) {
+    absl::Status stats_launched = WithGroupSize(g, [&](auto gc) {
       return WithInputType(x, dtype, [&](const auto* xt) -> absl::Status {
         TokenStatsKernel<decltype(gc)::value><<<grid, kThreads, 0, st>>>(xt, dim, entropy, flags, p.tau, ti, dres);
         return CudaStatus(cudaGetLastError(), "token statistics kernel");
@@ -481,7 +481,7 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
     LONGHAUL_CUDA_OK(cudaGetLastError());
     args.info = ti;
     args.ends = ends;
-    absl::Status encode_launched = gqt::WithGroup(g, [&](auto gc) {
+    absl::Status encode_launched = WithGroupSize(g, [&](auto gc) {
       return WithInputType(x, dtype, [&](const auto* xt) -> absl::Status {
         EncodeTokens<decltype(gc)::value><<<grid, kThreads, 0, st>>>(xt, args);
         return CudaStatus(cudaGetLastError(), "encode kernel");

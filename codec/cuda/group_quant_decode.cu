@@ -129,7 +129,7 @@ absl::Status GroupQuantDecode(const uint8_t* payload, const GroupQuantLayout& la
   }
   // Two 16-byte stores per octet where every row starts 16-byte aligned.
   const bool vec = reinterpret_cast<uintptr_t>(out) % 16 == 0 && dim % 4 == 0;
-  return gqt::WithGroup(g, [&](auto gc) {
+  return WithGroupSize(g, [&](auto gc) {
     constexpr int G = decltype(gc)::value;
     DecodeOctets<G><<<Blocks(tokens, kWarpsPerBlock), kWarp * kWarpsPerBlock, 0, st>>>(
         payload, offsets, stride, tokens, dim, HadamardNorm(G), vec, out);

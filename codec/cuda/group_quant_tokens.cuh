@@ -29,8 +29,6 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "absl/status/status.h"
-#include "absl/strings/str_cat.h"
 #include "codec/cpu/kernels_common.h"
 #include "codec/cuda/cuda_util.cuh"
 #include "codec/cuda/group_quant_group.h"
@@ -289,20 +287,6 @@ __device__ __forceinline__ void WriteWarpCodes(uint8_t* stage, int lane, uint64_
     }
   }
   __syncwarp();  // the stage is reused by the next round
-}
-
-// Calls f(std::integral_constant<int, G>) for the group size.
-template <typename F>
-absl::Status WithGroup(int g, F&& f) {
-  switch (g) {
-    case 8: return f(std::integral_constant<int, 8>{});
-    case 16: return f(std::integral_constant<int, 16>{});
-    case 32: return f(std::integral_constant<int, 32>{});
-    case 64: return f(std::integral_constant<int, 64>{});
-    case 128: return f(std::integral_constant<int, 128>{});
-    case 256: return f(std::integral_constant<int, 256>{});
-  }
-  return absl::InvalidArgumentError(absl::StrCat("group size ", g, " is not supported on the GPU"));
 }
 
 }  // namespace longhaul::codec::gpu::gqt

@@ -320,20 +320,6 @@ __global__ void __launch_bounds__(kThreads) SymEncodeOctets(const T* __restrict_
   for (int r = 0; r < kOctRounds; ++r) EncodeOctet<L>(v[r], 8 * (first + r * kThreads), lane, a);
 }
 
-// Calls f(std::integral_constant<int, G / 8>) for G in 8..256.
-template <typename F>
-absl::Status WithLanesPerGroup(int g, F&& f) {
-  switch (g) {
-    case 8: return f(std::integral_constant<int, 1>{});
-    case 16: return f(std::integral_constant<int, 2>{});
-    case 32: return f(std::integral_constant<int, 4>{});
-    case 64: return f(std::integral_constant<int, 8>{});
-    case 128: return f(std::integral_constant<int, 16>{});
-    case 256: return f(std::integral_constant<int, 32>{});
-  }
-  return absl::InvalidArgumentError(absl::StrCat("group size ", g, " has no octet kernel"));
-}
-
 // A float stored little-endian at any byte offset (payloads received from the network need not be
 // aligned).
 __device__ __forceinline__ float LoadScale(const uint8_t* b, int64_t i, bool aligned) {
@@ -436,8 +422,8 @@ absl::StatusOr<DeviceBytes> SymQuantEncode(const void* x, FrameDtype dtype, int6
   const bool aligned = reinterpret_cast<uintptr_t>(x) % 16 == 0;
   absl::Status st = WithInputType(x, dtype, [&](auto* xt) -> absl::Status {
     if (octets) {
-      return WithLanesPerGroup(p.group_size, [&](auto lanes) {
-        SymEncodeOctets<decltype(lanes)::value><<<static_cast<unsigned>(blocks), kThreads, 0, AsStream(s)>>>(xt, a, aligned);
+      return WithGroupSize(p.group_size, [&](auto gc) {
+        SymEncodeOctets<decltype(gc)::value / 8><<<static_cast<unsigned>(blocks), kThreads, 0, AsStream(s)>>>(xt, a, aligned);
         return CudaStatus(cudaGetLastError(), "symmetric-quant encode launch");
       });
     }
