@@ -289,10 +289,7 @@ __device__ __forceinline__ void EncodeRow(gqt::TokenSmem& sm, const T* __restric
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
           if (j < cnt) {
-            float q = RoundHalfEven((v[j] - gp.lo) * gp.hi);
-            q = q >= 0.0f ? q : 0.0f;  // NaN (0 * inf when the scale underflows) -> 0, as on the CPU
-            q = q > fmaxq ? fmaxq : q;
-            const uint32_t qi = static_cast<uint32_t>(static_cast<int>(q));
+            const uint32_t qi = gqt::QuantCode((v[j] - gp.lo) * gp.hi, fmaxq);
             if (j < 4) {
               w_lo |= qi << (j * bits);
             } else {

@@ -74,7 +74,7 @@ __global__ void __launch_bounds__(kWarp * kWarpsPerBlock)
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const uint32_t q = static_cast<uint32_t>(w >> (j * bits)) & mask;
-      v[j] = static_cast<float>(q) * scale + lo;
+      v[j] = gqt::CodeToFloat(q) * scale + lo;
     }
     const bool flagged = cnt > 0 && (word >> 23) != 0;
     const unsigned m = __ballot_sync(kFullMask, flagged && leader);

@@ -109,6 +109,22 @@ __device__ __forceinline__ void LoadOctet(const float* row, int o, int len, floa
   }
 }
 
+// The code of y = (v - lo) * inv_scale: round half to even, clamped to [0, maxq], NaN -> 0, as the
+// CPU's Quantize (which rounds, then clamps: the same codes, since rounding is monotonic and 0 and
+// maxq are integers). The rounding is an add of 1.5 * 2^23, exact for the clamped values and
+// rounded to nearest even by the add itself, the integer then read from the mantissa: two
+// full-rate instructions instead of a round and a conversion, which run at a quarter of the rate.
+__device__ __forceinline__ uint32_t QuantCode(float y, float fmaxq) {
+  y = y >= 0.0f ? y : 0.0f;
+  y = y > fmaxq ? fmaxq : y;
+  return __float_as_uint(__fadd_rn(y, 12582912.0f)) - 0x4B400000u;
+}
+
+// A code (below 2^23) as a float, exactly as static_cast<float>, without the conversion instruction.
+__device__ __forceinline__ float CodeToFloat(uint32_t q) {
+  return __fsub_rn(__uint_as_float(0x4B000000u | q), 8388608.0f);
+}
+
 // The lane's octet o of the staged chunk back (a complete octet).
 __device__ __forceinline__ void StoreOctet(float* row, int o, const float (&v)[8]) {
   reinterpret_cast<float4*>(row + 8 * o)[0] = make_float4(v[0], v[1], v[2], v[3]);
