@@ -92,92 +92,88 @@ __device__ __forceinline__ bool TokenExponent(float acc, float mx_lane, int64_t 
   return true;
 }
 
-// Each token's TokenInfo{entropy, exp, bits 0 (AllocateBits), ok, flagged groups, 0}; a block takes
-// tokens blockIdx.x, + gridDim.x, ... (gqt::ForEachToken).
+// Token blockIdx.x's TokenInfo{entropy, exp, bits 0 (AssignSizes), ok, flagged groups, 0}.
 template <int G, typename T>
 __global__ void __launch_bounds__(kThreads)
-    TokenStatsKernel(const T* __restrict__ x, int64_t tokens, int64_t dim, bool entropy, bool flags, float tau,
+    TokenStatsKernel(const T* __restrict__ x, int64_t dim, bool entropy, bool flags, float tau,
                      TokenInfo* __restrict__ info, Results* __restrict__ res) {
   __shared__ gqt::TokenSmem sm;
   constexpr int L = G / 8;
   const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
+  const int64_t t = blockIdx.x;
+  const T* row = x + t * dim;
   const int nch = NumChunks(dim);
-  gqt::ForEachToken(sm, x, tokens, dim, false, [&](int64_t t, bool prefetched) {
-    const T* row = x + t * dim;
-    float acc = 0.0f, mx = 0.0f;
-    int wcount = 0;  // lane 0: flagged groups the warp saw
-    for (int c = 0; c < nch; ++c) {
-      const int64_t c0 = static_cast<int64_t>(c) * kChunk;
-      const int len = static_cast<int>(dim - c0 < kChunk ? dim - c0 : kChunk);
-      if (!prefetched) {
-        if (c > 0) __syncthreads();  // the previous chunk's readers are done
-        gqt::LoadChunk(sm.row, row + c0, len, tid);
-        __syncthreads();
+  float acc = 0.0f, mx = 0.0f;
+  int wcount = 0;  // lane 0: flagged groups the warp saw
+  for (int c = 0; c < nch; ++c) {
+    const int64_t c0 = static_cast<int64_t>(c) * kChunk;
+    const int len = static_cast<int>(dim - c0 < kChunk ? dim - c0 : kChunk);
+    if (c > 0) __syncthreads();  // the previous chunk's readers are done
+    gqt::LoadChunk(sm.row, row + c0, len, tid);
+    __syncthreads();
+    if (flags) {
+      const int noct = (len + 7) / 8;
+      for (int ob = 0; ob < noct; ob += kThreads) {
+        const int o = ob + tid;
+        float v[8];
+        gqt::LoadOctet(sm.row, o, len, v);
+        const int gs = (8 * o) & ~(G - 1);
+        const int piv = gqt::OctetPivot<G>(v, lane, min(G, len - gs), tau);
+        wcount += __popc(__ballot_sync(kFullMask, piv >= 0 && (lane & (L - 1)) == 0));
       }
-      if (flags) {
-        const int noct = (len + 7) / 8;
-        for (int ob = 0; ob < noct; ob += kThreads) {
-          const int o = ob + tid;
-          float v[8];
-          gqt::LoadOctet(sm.row, o, len, v);
-          const int gs = (8 * o) & ~(G - 1);
-          const int piv = gqt::OctetPivot<G>(v, lane, min(G, len - gs), tau);
-          wcount += __popc(__ballot_sync(kFullMask, piv >= 0 && (lane & (L - 1)) == 0));
-        }
-      }
-      if (warp == 0) SumMaxChunk(sm.row, len, lane, acc, mx);
     }
-    if (lane == 0) sm.warp_count[0][warp] = wcount;
-    float sum = 0.0f;
-    int e2 = 0;
-    if (warp == 0) {
-      const bool ok = TokenExponent(acc, mx, t, lane, &sum, &e2, res);
-      if (lane == 0) {
-        sm.ok = ok ? 1 : 0;
-        sm.exp = e2;
-        sm.sum = sum;
-      }
+    if (warp == 0) SumMaxChunk(sm.row, len, lane, acc, mx);
+  }
+  if (lane == 0) sm.warp_count[0][warp] = wcount;
+  float sum = 0.0f;
+  int e2 = 0;
+  if (warp == 0) {
+    const bool ok = TokenExponent(acc, mx, t, lane, &sum, &e2, res);
+    if (lane == 0) {
+      sm.ok = ok ? 1 : 0;
+      sm.exp = e2;
+      sm.sum = sum;
+    }
+  }
+  __syncthreads();
+  const bool ok = sm.ok != 0;
+  // The entropy -sum p log2 p, p = |x| / (l1 + eps): warp 0's lane j adds the terms of elements j,
+  // j + 32, ... in order (the CPU's lane accumulators). With the row in shared memory (one chunk)
+  // every thread first turns its elements into their terms in place, so warp 0 only adds.
+  const bool staged = nch == 1;
+  if (ok && entropy && staged) {
+    const float inv_l1 = 1.0f / (sm.sum + kEntropyL1Eps);
+    for (int i = tid; i < dim; i += kThreads) {
+      const float p = fabsf(sm.row[i]) * inv_l1;
+      sm.row[i] = p * FastLog2(p + kEntropyLogEps);
     }
     __syncthreads();
-    const bool ok = sm.ok != 0;
-    // The entropy -sum p log2 p, p = |x| / (l1 + eps): warp 0's lane j adds the terms of elements j,
-    // j + 32, ... in order (the CPU's lane accumulators). With the row in shared memory (one chunk)
-    // every thread first turns its elements into their terms in place, so warp 0 only adds.
-    const bool staged = nch == 1;
-    if (ok && entropy && staged) {
-      const float inv_l1 = 1.0f / (sm.sum + kEntropyL1Eps);
-      for (int i = tid; i < dim; i += kThreads) {
-        const float p = fabsf(sm.row[i]) * inv_l1;
-        sm.row[i] = p * FastLog2(p + kEntropyLogEps);
+  }
+  if (warp != 0) return;
+  if (!ok) {
+    if (lane == 0) info[t] = TokenInfo{0.0f, 0, 0, 0, 0, 0};
+    return;
+  }
+  float h = 0.0f;
+  if (entropy) {
+    float e = 0.0f;
+    if (staged) {
+#pragma unroll 8
+      for (int i = lane; i < dim; i += kWarp) e = e + sm.row[i];
+    } else {
+      const float inv_l1 = 1.0f / (sum + kEntropyL1Eps);
+      for (int64_t i = lane; i < dim; i += kWarp) {
+        const float p = fabsf(LoadF(row, i)) * inv_l1;
+        e = e + p * FastLog2(p + kEntropyLogEps);
       }
-      __syncthreads();
     }
-    if (warp != 0) return;
-    if (!ok) {
-      if (lane == 0) info[t] = TokenInfo{0.0f, 0, 0, 0, 0, 0};
-      return;
-    }
-    float h = 0.0f;
-    if (entropy) {
-      float e = 0.0f;
-      if (staged) {
-  #pragma unroll 8
-        for (int i = lane; i < dim; i += kWarp) e = e + sm.row[i];
-      } else {
-        const float inv_l1 = 1.0f / (sum + kEntropyL1Eps);
-        for (int64_t i = lane; i < dim; i += kWarp) {
-          const float p = fabsf(LoadF(row, i)) * inv_l1;
-          e = e + p * FastLog2(p + kEntropyLogEps);
-        }
-      }
-      h = -WarpSumLanes32(e) + 0.0f;
-    }
-    if (lane == 0) {
-      int flagged = 0;
-      for (int w = 0; w < gqt::kWarps; ++w) flagged += sm.warp_count[0][w];
-      info[t] = TokenInfo{h, e2, 0, 1, flagged, 0};
-    }
-  });
+    h = -WarpSumLanes32(e) + 0.0f;
+  }
+  if (lane == 0) {
+    int flagged = 0;
+    for (int w = 0; w < gqt::kWarps; ++w) flagged += sm.warp_count[0][w];
+    info[t] = TokenInfo{h, e2, 0, 1, flagged, 0};
+  }
 }
 
 struct EncArgs {
@@ -310,20 +306,19 @@ __device__ __forceinline__ void EncodeRow(gqt::TokenSmem& sm, const T* __restric
   }
 }
 
-// The payload of every good token (after TokenStatsKernel and AllocateBits), the last tokens first
-// (the statistics pass's last rows may still be in L2).
+// The payload of every good token (after TokenStatsKernel, AssignSizes and the scan), last token
+// first.
 template <int G, typename T>
 __global__ void __launch_bounds__(kThreads) EncodeTokens(const T* __restrict__ x, EncArgs a) {
   __shared__ gqt::TokenSmem sm;
-  gqt::ForEachToken(sm, x, a.tokens, a.dim, true, [&](int64_t t, bool prefetched) {
-    const TokenInfo ti = a.info[t];
-    if (ti.ok == 0) return;  // the encode fails; the block is not written
-    const int64_t blk_off = t == 0 ? 0 : static_cast<int64_t>(a.ends[t - 1]);
-    EncodeRow<G>(sm, x + t * a.dim, a, ti.exp, ti.bits, ti.flagged, blk_off, prefetched);
-  });
+  const int64_t t = a.tokens - 1 - static_cast<int64_t>(blockIdx.x);
+  const TokenInfo ti = a.info[t];
+  if (ti.ok == 0) return;  // the encode fails; the block is not written
+  const int64_t blk_off = t == 0 ? 0 : static_cast<int64_t>(a.ends[t - 1]);
+  EncodeRow<G>(sm, x + t * a.dim, a, ti.exp, ti.bits, ti.flagged, blk_off, false);
 }
 
-// int<k>: statistics and payload of each token in one pass (tokens as gqt::ForEachToken deals them). An int<k> token needs only the
+// int<k>: statistics and payload of token blockIdx.x in one pass. An int<k> token needs only the
 // maximum of |x| (its exponent) and the CPU's check (the sum of |x| in lane order finite, the
 // maximum at most 2^100), so every thread takes its share of the maximum and of the finiteness
 // test; the sum in the CPU's order is computed only where it could decide the error's kind (no
@@ -332,69 +327,53 @@ template <int G, typename T>
 __global__ void __launch_bounds__(kThreads) FusedEncode(const T* __restrict__ x, EncArgs a) {
   __shared__ gqt::TokenSmem sm;
   const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
+  const int64_t t = blockIdx.x;
+  const T* row = x + t * a.dim;
   const int nch = NumChunks(a.dim);
-  gqt::ForEachToken(sm, x, a.tokens, a.dim, false, [&](int64_t t, bool prefetched) {
-    const T* row = x + t * a.dim;
-    float mx = 0.0f;
-    bool finite = true;
-    for (int c = 0; c < nch; ++c) {
-      const int64_t c0 = static_cast<int64_t>(c) * kChunk;
-      const int len = static_cast<int>(a.dim - c0 < kChunk ? a.dim - c0 : kChunk);
-      if (!prefetched) {
-        if (c > 0) __syncthreads();
-        gqt::LoadChunk(sm.row, row + c0, len, tid);
-        __syncthreads();
-      }
-      for (int i = tid; i < len; i += kThreads) {
-        const float v = fabsf(sm.row[i]);
-        finite = finite && isfinite(v);
-        mx = v > mx ? v : mx;
-      }
+  float mx = 0.0f;
+  bool finite = true;
+  for (int c = 0; c < nch; ++c) {
+    const int64_t c0 = static_cast<int64_t>(c) * kChunk;
+    const int len = static_cast<int>(a.dim - c0 < kChunk ? a.dim - c0 : kChunk);
+    if (c > 0) __syncthreads();
+    gqt::LoadChunk(sm.row, row + c0, len, tid);
+    __syncthreads();
+    for (int i = tid; i < len; i += kThreads) {
+      const float v = fabsf(sm.row[i]);
+      finite = finite && isfinite(v);
+      mx = v > mx ? v : mx;
     }
-    mx = WarpMax(mx);
-    finite = __all_sync(kFullMask, finite);
-    if (lane == 0) {
-      sm.warp_max[warp] = mx;
-      sm.warp_count[0][warp] = finite ? 1 : 0;
-    }
-    __syncthreads();  // also: every thread is done reading the staged row
-    mx = sm.warp_max[0];
-    finite = sm.warp_count[0][0] != 0;
-  #pragma unroll
-    for (int w = 1; w < gqt::kWarps; ++w) {
-      mx = sm.warp_max[w] > mx ? sm.warp_max[w] : mx;
-      finite = finite && sm.warp_count[0][w] != 0;
-    }
-    bool sum_finite = finite;
-    if (finite && (mx > 0x1p100f || static_cast<double>(mx) * static_cast<double>(a.dim) >= 0x1p127)) {
-      if (warp == 0) {  // (the same in every thread: the block takes this branch together)
-        float acc = 0.0f;
-        for (int64_t i = lane; i < a.dim; i += kWarp) acc = acc + fabsf(LoadF(row, i));
-        const float sum = WarpSumLanes32(acc);
-        if (lane == 0) sm.ok = isfinite(sum) ? 1 : 0;
-      }
-      __syncthreads();
-      sum_finite = sm.ok != 0;
-    }
-    if (!sum_finite || mx > 0x1p100f) {
-      if (tid == 0) atomicMin(&a.res->first_bad, (static_cast<unsigned long long>(t) << 1) | (sum_finite ? 1ull : 0ull));
-      return;
-    }
-    EncodeRow<G>(sm, row, a, TokenExp(mx), a.fused_bits, 0, t * a.fused_block, nch == 1);
-  });
-}
-
-// The grid of a token kernel: as many blocks as fit on the device at once (each then takes every
-// grid-th token), at most one per token; one per token if the occupancy cannot be read.
-template <typename Kernel>
-unsigned Persistent(Kernel kernel, int64_t tokens) {
-  int dev = 0, sms = 0, per_sm = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0) != cudaSuccess || sms * per_sm <= 0) {
-    (void)cudaGetLastError();
-    return static_cast<unsigned>(tokens);
   }
-  return static_cast<unsigned>(std::min<int64_t>(tokens, static_cast<int64_t>(sms) * per_sm));
+  mx = WarpMax(mx);
+  finite = __all_sync(kFullMask, finite);
+  if (lane == 0) {
+    sm.warp_max[warp] = mx;
+    sm.warp_count[0][warp] = finite ? 1 : 0;
+  }
+  __syncthreads();  // also: every thread is done reading the staged row
+  mx = sm.warp_max[0];
+  finite = sm.warp_count[0][0] != 0;
+#pragma unroll
+  for (int w = 1; w < gqt::kWarps; ++w) {
+    mx = sm.warp_max[w] > mx ? sm.warp_max[w] : mx;
+    finite = finite && sm.warp_count[0][w] != 0;
+  }
+  bool sum_finite = finite;
+  if (finite && (mx > 0x1p100f || static_cast<double>(mx) * static_cast<double>(a.dim) >= 0x1p127)) {
+    if (warp == 0) {  // (the same in every thread: the block takes this branch together)
+      float acc = 0.0f;
+      for (int64_t i = lane; i < a.dim; i += kWarp) acc = acc + fabsf(LoadF(row, i));
+      const float sum = WarpSumLanes32(acc);
+      if (lane == 0) sm.ok = isfinite(sum) ? 1 : 0;
+    }
+    __syncthreads();
+    sum_finite = sm.ok != 0;
+  }
+  if (!sum_finite || mx > 0x1p100f) {
+    if (tid == 0) atomicMin(&a.res->first_bad, (static_cast<unsigned long long>(t) << 1) | (sum_finite ? 1ull : 0ull));
+    return;
+  }
+  EncodeRow<G>(sm, row, a, TokenExp(mx), a.fused_bits, 0, t * a.fused_block, nch == 1);
 }
 
 // The results word before the kernels (a kernel, not a copy from pageable host memory).
@@ -471,6 +450,7 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
   args.flags = flags;
   args.payload = out;
   args.res = dres;
+  const unsigned grid = static_cast<unsigned>(tokens);
   uint64_t total = 0;
   if (fused) {
     const int64_t block = fixed_bytes + PackedBytes(dim, p.bits_hi);
@@ -479,8 +459,7 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
     total = static_cast<uint64_t>(block) * static_cast<uint64_t>(tokens);
     absl::Status launched = WithGroupSize(g, [&](auto gc) {
       return WithInputType(x, dtype, [&](const auto* xt) -> absl::Status {
-        const auto kernel = FusedEncode<decltype(gc)::value, std::remove_const_t<std::remove_pointer_t<decltype(xt)>>>;
-        kernel<<<Persistent(kernel, tokens), kThreads, 0, st>>>(xt, args);
+        FusedEncode<decltype(gc)::value><<<grid, kThreads, 0, st>>>(xt, args);
         return CudaStatus(cudaGetLastError(), "fused encode kernel");
       });
     });
@@ -488,8 +467,7 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
   } else {
     absl::Status stats_launched = WithGroupSize(g, [&](auto gc) {
       return WithInputType(x, dtype, [&](const auto* xt) -> absl::Status {
-        const auto kernel = TokenStatsKernel<decltype(gc)::value, std::remove_const_t<std::remove_pointer_t<decltype(xt)>>>;
-        kernel<<<Persistent(kernel, tokens), kThreads, 0, st>>>(xt, tokens, dim, entropy, flags, p.tau, ti, dres);
+        TokenStatsKernel<decltype(gc)::value><<<grid, kThreads, 0, st>>>(xt, dim, entropy, flags, p.tau, ti, dres);
         return CudaStatus(cudaGetLastError(), "token statistics kernel");
       });
     });
@@ -502,8 +480,7 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
     args.ends = ends;
     absl::Status encode_launched = WithGroupSize(g, [&](auto gc) {
       return WithInputType(x, dtype, [&](const auto* xt) -> absl::Status {
-        const auto kernel = EncodeTokens<decltype(gc)::value, std::remove_const_t<std::remove_pointer_t<decltype(xt)>>>;
-        kernel<<<Persistent(kernel, tokens), kThreads, 0, st>>>(xt, args);
+        EncodeTokens<decltype(gc)::value><<<grid, kThreads, 0, st>>>(xt, args);
         return CudaStatus(cudaGetLastError(), "encode kernel");
       });
     });

@@ -58,41 +58,6 @@ struct alignas(16) TokenSmem {
   float sum;
 };
 
-// One thread's share of a chunk's 16-byte loads (element i of the chunk's uint4 words is loaded by
-// thread i % kThreads into r[i / kThreads]).
-struct ChunkLoads {
-  uint4 r[4];
-};
-
-template <typename T>
-__device__ __forceinline__ void IssueChunk(ChunkLoads& l, const T* __restrict__ src, int nv, int tid) {
-  const uint4* s = reinterpret_cast<const uint4*>(src);
-#pragma unroll
-  for (int u = 0; u < 4; ++u) {
-    const int i = u * kThreads + tid;
-    l.r[u] = i < nv ? s[i] : make_uint4(0, 0, 0, 0);
-  }
-}
-
-template <typename T>
-__device__ __forceinline__ void StoreChunk(float* __restrict__ dst, const ChunkLoads& l, int nv, int tid) {
-#pragma unroll
-  for (int u = 0; u < 4; ++u) {
-    const int i = u * kThreads + tid;
-    if (i >= nv) continue;
-    if constexpr (std::is_same_v<T, float>) {
-      reinterpret_cast<uint4*>(dst)[i] = l.r[u];
-    } else {
-      const uint32_t wd[4] = {l.r[u].x, l.r[u].y, l.r[u].z, l.r[u].w};
-      float f[8];
-#pragma unroll
-      for (int k = 0; k < 8; ++k) f[k] = Widen<T>(static_cast<uint16_t>(wd[k / 2] >> (16 * (k % 2))));
-      reinterpret_cast<float4*>(dst)[2 * i] = make_float4(f[0], f[1], f[2], f[3]);
-      reinterpret_cast<float4*>(dst)[2 * i + 1] = make_float4(f[4], f[5], f[6], f[7]);
-    }
-  }
-}
-
 // dst[0, len) = src[0, len) as floats, by the whole block (16-byte loads when src is aligned, four
 // of them issued before any store).
 template <typename T>
@@ -100,45 +65,34 @@ __device__ __forceinline__ void LoadChunk(float* __restrict__ dst, const T* __re
   if ((reinterpret_cast<uintptr_t>(src) & 15u) == 0) {
     constexpr int kPer = 16 / sizeof(T);  // elements per 16 bytes
     const int nv = len / kPer;
+    const uint4* s = reinterpret_cast<const uint4*>(src);
     for (int b = 0; b < nv; b += 4 * kThreads) {
-      ChunkLoads l;
-      IssueChunk(l, src + static_cast<int64_t>(b) * kPer, nv - b, tid);
-      StoreChunk<T>(dst + static_cast<int64_t>(b) * kPer, l, nv - b, tid);
+      uint4 r[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int i = b + u * kThreads + tid;
+        r[u] = i < nv ? s[i] : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int i = b + u * kThreads + tid;
+        if (i >= nv) continue;
+        if constexpr (std::is_same_v<T, float>) {
+          reinterpret_cast<uint4*>(dst)[i] = r[u];
+        } else {
+          const uint32_t wd[4] = {r[u].x, r[u].y, r[u].z, r[u].w};
+          float f[8];
+#pragma unroll
+          for (int k = 0; k < 8; ++k) f[k] = Widen<T>(static_cast<uint16_t>(wd[k / 2] >> (16 * (k % 2))));
+          reinterpret_cast<float4*>(dst)[2 * i] = make_float4(f[0], f[1], f[2], f[3]);
+          reinterpret_cast<float4*>(dst)[2 * i + 1] = make_float4(f[4], f[5], f[6], f[7]);
+        }
+      }
     }
     for (int i = nv * kPer + tid; i < len; i += kThreads) dst[i] = LoadF(src, i);
     return;
   }
   for (int i = tid; i < len; i += kThreads) dst[i] = LoadF(src, i);
-}
-
-// Runs body(t, staged) for this block's tokens: t = blockIdx.x, + gridDim.x, ... (the last token
-// first when `reverse`), with a __syncthreads after each. Where every row is one chunk of whole,
-// aligned 16-byte words (a hidden size up to kChunk), the block stages the row in sm.row before
-// the body (staged = true) and the next token's loads are in flight, in registers, while the body
-// works: the memory latency of a row is not waited for. Otherwise staged = false and the body
-// loads its row's chunks itself. The body may return early (a return from the lambda), but not
-// from some threads before a __syncthreads that others reach.
-template <typename T, typename Body>
-__device__ __forceinline__ void ForEachToken(TokenSmem& sm, const T* __restrict__ x, int64_t tokens, int64_t dim,
-                                             bool reverse, Body&& body) {
-  constexpr int kPer = 16 / sizeof(T);
-  const int tid = threadIdx.x;
-  const bool prefetch = (reinterpret_cast<uintptr_t>(x) & 15u) == 0 && dim % kPer == 0 && dim <= kChunk;
-  const int nv = static_cast<int>(dim / kPer);
-  auto token = [&](int64_t i) { return reverse ? tokens - 1 - i : i; };
-  ChunkLoads l;
-  int64_t i = blockIdx.x;
-  if (prefetch && i < tokens) IssueChunk(l, x + token(i) * dim, nv, tid);
-  for (; i < tokens; i += gridDim.x) {
-    const int64_t t = token(i);
-    if (prefetch) {
-      StoreChunk<T>(sm.row, l, nv, tid);
-      if (i + gridDim.x < tokens) IssueChunk(l, x + token(i + gridDim.x) * dim, nv, tid);
-      __syncthreads();
-    }
-    body(t, prefetch);
-    __syncthreads();  // the body is done with the shared memory before the next row goes in
-  }
 }
 
 // The lane's octet o of the staged chunk (elements past len: 0).
