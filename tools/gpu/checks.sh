@@ -7,7 +7,8 @@
 #   codecbench  longhaul-bench codec --device=cuda:0 for each codec family, 8192 x 4096 fp32 and bf16
 #             (CODECS to name fewer families)
 #   codecprof where the grouped codecs' time goes: Nsight Compute's duration, throughput, occupancy
-#             and stall figures for each kernel of one tahquant and one int8 encode and decode
+#             and main stall for each kernel of one tahquant and one int8 encode and decode (PROF_CODECS,
+#             PROF_LINES; clocks unlocked as in the bench, PROF_CLOCKS=base to lock them)
 #   sweep     docs/gpu-sweep.md: 4 workers sharing cuda:0, each in its own network namespace with tc
 #             tbf access links, a gpt2-xl-shaped pipeline (SWEEP_LAYERS, default 48, over 4 stages,
 #             bf16), fp32 vs tahquant/int8 links at 1000, 500, 300 and 100 Mbit/s (SWEEP_RATES;
@@ -75,13 +76,14 @@ PY
       if [[ -z "$ncu_bin" ]]; then echo "codecprof: no Nsight Compute (ncu) on this machine"; continue; fi
       for codec in ${PROF_CODECS:-tahquant int8}; do
         # The first 8 launches of the codec's kernels: the check calls, then the timed ones.
-        "$ncu_bin" --target-processes all -k 'regex:Encode|Decode|Stats|Allocate|Init' -c 8 \
+        # Clocks as the bench runs them (PROF_CLOCKS=base: Nsight Compute's default, locked to base).
+        "$ncu_bin" --target-processes all --clock-control "${PROF_CLOCKS:-none}" -k 'regex:Encode|Decode|Stats|Allocate|Init' -c 8 \
           --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
           build/bin/longhaul-bench codec --device=cuda:0 --codec="$codec" --tokens=8192 --hidden=4096 --iters=1 --json \
           >"$OUT/ncu-$codec.txt" 2>&1 || { echo "ncu $codec failed:"; tail -5 "$OUT/ncu-$codec.txt"; }
         echo "-- $codec"
-        grep -E "^  [A-Za-z_].*\(|Duration|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Warp Cycles Per Issued" "$OUT/ncu-$codec.txt" \
-          | sed -E 's/^  (void )?([^(]*)\(.*/  \2/' | cut -c1-120 | head -"${PROF_LINES:-48}"
+        grep -E "^  [A-Za-z_].*\(|Duration|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Warp Cycles Per Issued|each warp of this workload spends" "$OUT/ncu-$codec.txt" \
+          | sed -E 's/^  (void )?([^ (][^(]*)\(.*/  \2/' | cut -c1-190 | head -"${PROF_LINES:-48}"
       done ;;
     sweep)
       ./longhaul.sh build longhaul-bench longhaul-worker longhaul-coordinator >"$OUT/build-sweep.log" 2>&1 \
