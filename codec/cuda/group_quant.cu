@@ -301,7 +301,7 @@ __device__ __forceinline__ void EncodeRow(gqt::TokenSmem& sm, const T* __restric
         nb = (cnt * bits + 7) / 8;
       }
       const int64_t at = codes_at + (c0 / 8 + (o - lane)) * bits;
-      gqt::WriteWarpCodes(sm.stage[warp], lane, w, nb, bits, at, a.payload);
+      gqt::WriteWarpCodes(sm.stage[warp], lane, w, nb, bits, at, a.payload, 8 * (o - lane) + 8 * kWarp <= len);
     }
   }
 }
@@ -338,7 +338,18 @@ __global__ void __launch_bounds__(kThreads) FusedEncode(const T* __restrict__ x,
     if (c > 0) __syncthreads();
     gqt::LoadChunk(sm.row, row + c0, len, tid);
     __syncthreads();
-    for (int i = tid; i < len; i += kThreads) {
+    // Four elements a load (the row starts 16-byte aligned in shared memory), then the tail.
+    const int n4 = len / 4;
+    for (int i = tid; i < n4; i += kThreads) {
+      const float4 q = reinterpret_cast<const float4*>(sm.row)[i];
+      const float e[4] = {fabsf(q.x), fabsf(q.y), fabsf(q.z), fabsf(q.w)};
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        finite = finite && isfinite(e[k]);
+        mx = e[k] > mx ? e[k] : mx;
+      }
+    }
+    for (int i = 4 * n4 + tid; i < len; i += kThreads) {
       const float v = fabsf(sm.row[i]);
       finite = finite && isfinite(v);
       mx = v > mx ? v : mx;

@@ -15,7 +15,8 @@
 //    is what the sequential scan computes (values are |x| >= +0, so order cannot change bits).
 //  - min/max: each lane left to right from its first element, segments combined taking the upper
 //    range's value only when strictly smaller (larger): the first occurrence in order, as MinMax's
-//    fold (only the sign of a zero could differ otherwise, and it does not here).
+//    fold; where the warp's octets are complete, fminf/fmaxf (only the sign of a zero could
+//    differ, and mf12 has one zero, so no parameter does).
 //  - the Walsh-Hadamard stages h = 1, 2, 4 inside a lane, 8 .. G / 2 across lanes (xor h / 8), each
 //    pair (a, b) -> (a + b, a - b) as the scalar Fwht, then the multiplication by the norm.
 //  - parameters (MakeGroupParams), codes (round half even, clamped) and packing as QuantizeSwapped
@@ -114,9 +115,10 @@ __device__ __forceinline__ void LoadOctet(const float* row, int o, int len, floa
 // maxq are integers). The rounding is an add of 1.5 * 2^23, exact for the clamped values and
 // rounded to nearest even by the add itself, the integer then read from the mantissa: two
 // full-rate instructions instead of a round and a conversion, which run at a quarter of the rate.
+// The clamp is fmaxf/fminf (one instruction each): NaN -> 0 as the CPU's compare-and-select, and
+// the sign a zero may get makes no code differ.
 __device__ __forceinline__ uint32_t QuantCode(float y, float fmaxq) {
-  y = y >= 0.0f ? y : 0.0f;
-  y = y > fmaxq ? fmaxq : y;
+  y = fminf(fmaxf(y, 0.0f), fmaxq);
   return __float_as_uint(__fadd_rn(y, 12582912.0f)) - 0x4B400000u;
 }
 
@@ -235,26 +237,29 @@ __device__ __forceinline__ void SegmentMinMax(const float (&v)[8], int lane, int
                                               float* hi_out) {
   constexpr int L = G / 8;
   float lo = v[0], hi = v[0];
+  if (all_valid) {
+    // The values are finite (the encoder refuses other input), and which of two equal zeros the
+    // fold keeps changes no parameter (mf12 has one zero), so fminf/fmaxf in any order will do.
+#pragma unroll
+    for (int j = 1; j < 8; ++j) {
+      lo = fminf(lo, v[j]);
+      hi = fmaxf(hi, v[j]);
+    }
+#pragma unroll
+    for (int h = 1; h < L; h *= 2) {
+      lo = fminf(lo, __shfl_xor_sync(kFullMask, lo, h));
+      hi = fmaxf(hi, __shfl_xor_sync(kFullMask, hi, h));
+    }
+    *lo_out = lo;
+    *hi_out = hi;
+    return;
+  }
 #pragma unroll
   for (int j = 1; j < 8; ++j) {
     if (j < cnt) {
       lo = v[j] < lo ? v[j] : lo;
       hi = v[j] > hi ? v[j] : hi;
     }
-  }
-  if (all_valid) {
-#pragma unroll
-    for (int h = 1; h < L; h *= 2) {
-      const float olo = __shfl_xor_sync(kFullMask, lo, h), ohi = __shfl_xor_sync(kFullMask, hi, h);
-      const bool mine_lower = (lane & h) == 0;
-      const float llo = mine_lower ? lo : olo, lhi = mine_lower ? hi : ohi;
-      const float ulo = mine_lower ? olo : lo, uhi = mine_lower ? ohi : hi;
-      lo = ulo < llo ? ulo : llo;
-      hi = uhi > lhi ? uhi : lhi;
-    }
-    *lo_out = lo;
-    *hi_out = hi;
-    return;
   }
   bool valid = cnt > 0;
 #pragma unroll
@@ -281,9 +286,34 @@ __device__ __forceinline__ void SegmentMinMax(const float (&v)[8], int lane, int
 // The warp's codes of one round out: lane l's nb bytes (the low bytes of w) go to payload[at + l *
 // bits ..), at = the warp's first byte. Staged in shared memory so the warp stores aligned words
 // (bytes only at the two ragged ends). Every lane of the warp calls it.
+// whole: every lane has `bits` bytes (the same in every lane). With 4 or 8 bits a lane's bytes then
+// start on a word boundary of the warp's run, shifted by s = at % 4, so each lane forms its aligned
+// words from its own bytes and the s last of the previous lane's, without the stage; byte stores
+// only for the part of the first word before the run and the s bytes after the last full word.
 __device__ __forceinline__ void WriteWarpCodes(uint8_t* stage, int lane, uint64_t w, int nb, int bits, int64_t at,
-                                               uint8_t* __restrict__ payload) {
+                                               uint8_t* __restrict__ payload, bool whole) {
   const int s = static_cast<int>(at & 3);
+  if (whole && (bits == 4 || bits == 8)) {
+    uint8_t* base = payload + (at - s);  // 4-byte aligned: the payload is
+    const int lane_bits = 8 * bits;
+    const uint64_t prev = __shfl_up_sync(kFullMask, w, 1);
+    uint64_t val = s == 0 ? w : (w << (8 * s)) | (prev >> (lane_bits - 8 * s));
+    if (bits == 4) val &= 0xFFFFFFFFull;
+    uint8_t* dst = base + bits * lane;
+    for (int k = 0; k < bits / 4; ++k) {
+      const uint32_t word = static_cast<uint32_t>(val >> (32 * k));
+      if (lane == 0 && k == 0 && s != 0) {
+        for (int b = s; b < 4; ++b) dst[b] = static_cast<uint8_t>(word >> (8 * b));
+      } else {
+        reinterpret_cast<uint32_t*>(dst)[k] = word;
+      }
+    }
+    if (lane == kWarp - 1 && s != 0) {
+      const uint64_t tail = w >> (lane_bits - 8 * s);
+      for (int b = 0; b < s; ++b) base[kWarp * bits + b] = static_cast<uint8_t>(tail >> (8 * b));
+    }
+    return;
+  }
   const int first = s + lane * bits;
 #pragma unroll
   for (int k = 0; k < 8; ++k) {
