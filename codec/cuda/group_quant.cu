@@ -96,13 +96,14 @@ __device__ __forceinline__ bool TokenExponent(float acc, float mx_lane, int64_t 
 template <int G, typename T>
 __global__ void __launch_bounds__(kThreads)
     TokenStatsKernel(const T* __restrict__ x, int64_t dim, bool entropy, bool flags, float tau,
-                     TokenInfo* __restrict__ info, Results* __restrict__ res) {
+                     TokenInfo* __restrict__ info, int8_t* __restrict__ pivots, Results* __restrict__ res) {
   __shared__ gqt::TokenSmem sm;
   constexpr int L = G / 8;
   const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
   const int64_t t = blockIdx.x;
   const T* row = x + t * dim;
   const int nch = NumChunks(dim);
+  const int64_t ng = (dim + G - 1) / G;
   float acc = 0.0f, mx = 0.0f;
   int wcount = 0;  // lane 0: flagged groups the warp saw
   for (int c = 0; c < nch; ++c) {
@@ -120,6 +121,7 @@ __global__ void __launch_bounds__(kThreads)
         const int gs = (8 * o) & ~(G - 1);
         const int piv = gqt::OctetPivot<G>(v, lane, min(G, len - gs), tau);
         wcount += __popc(__ballot_sync(kFullMask, piv >= 0 && (lane & (L - 1)) == 0));
+        if ((lane & (L - 1)) == 0 && gs < len) pivots[t * ng + (c0 + gs) / G] = static_cast<int8_t>(piv);
       }
     }
     if (warp == 0) SumMaxChunk(sm.row, len, lane, acc, mx);
@@ -186,6 +188,7 @@ struct EncArgs {
   int fused_bits;
   int64_t fused_block;
   const TokenInfo* info;
+  const int8_t* pivots;            // each group's pivot or -1 (TokenStatsKernel), or null
   const unsigned long long* ends;  // ends[t]: the end of token t's block (inclusive scan)
   uint8_t* payload;
   Results* res;
@@ -200,8 +203,8 @@ struct EncArgs {
 //     written to the payload and kept in shared memory;
 //  C. each lane's octet again from the staged row: codes against its group's parameters, packed.
 template <int G, typename T>
-__device__ __forceinline__ void EncodeRow(gqt::TokenSmem& sm, const T* __restrict__ row, const EncArgs& a, int exp,
-                                          int bits, int flagged_total, int64_t blk_off, bool staged) {
+__device__ __forceinline__ void EncodeRow(gqt::TokenSmem& sm, int64_t t, const T* __restrict__ row, const EncArgs& a,
+                                          int exp, int bits, int flagged_total, int64_t blk_off, bool staged) {
   constexpr int L = G / 8;
   const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
   uint8_t* blk = a.payload + blk_off;
@@ -235,7 +238,9 @@ __device__ __forceinline__ void EncodeRow(gqt::TokenSmem& sm, const T* __restric
       const int cnt = len - e0 < 0 ? 0 : (len - e0 < 8 ? len - e0 : 8);
       int piv = -1;
       if (a.flags) {
-        piv = gqt::OctetPivot<G>(v, lane, min(G, len - gs), a.tau);
+        // The statistics pass's outlier test of the group (the same bits), or the test itself.
+        piv = a.pivots != nullptr ? (gs < len ? a.pivots[t * a.ng + (c0 + gs) / G] : -1)
+                                  : gqt::OctetPivot<G>(v, lane, min(G, len - gs), a.tau);
         // The flagged group's ordinal in the token: earlier rounds, earlier warps, earlier lanes.
         const bool lead_flag = piv >= 0 && leader;
         const unsigned m = __ballot_sync(kFullMask, lead_flag);
@@ -315,7 +320,7 @@ __global__ void __launch_bounds__(kThreads) EncodeTokens(const T* __restrict__ x
   const TokenInfo ti = a.info[t];
   if (ti.ok == 0) return;  // the encode fails; the block is not written
   const int64_t blk_off = t == 0 ? 0 : static_cast<int64_t>(a.ends[t - 1]);
-  EncodeRow<G>(sm, x + t * a.dim, a, ti.exp, ti.bits, ti.flagged, blk_off, false);
+  EncodeRow<G>(sm, t, x + t * a.dim, a, ti.exp, ti.bits, ti.flagged, blk_off, false);
 }
 
 // int<k>: statistics and payload of token blockIdx.x in one pass. An int<k> token needs only the
@@ -384,7 +389,7 @@ __global__ void __launch_bounds__(kThreads) FusedEncode(const T* __restrict__ x,
     if (tid == 0) atomicMin(&a.res->first_bad, (static_cast<unsigned long long>(t) << 1) | (sum_finite ? 1ull : 0ull));
     return;
   }
-  EncodeRow<G>(sm, row, a, TokenExp(mx), a.fused_bits, 0, t * a.fused_block, nch == 1);
+  EncodeRow<G>(sm, t, row, a, TokenExp(mx), a.fused_bits, 0, t * a.fused_block, nch == 1);
 }
 
 // The results word before the kernels (a kernel, not a copy from pageable host memory).
@@ -394,10 +399,11 @@ __global__ void InitResults(Results* res) { *res = Results{ULLONG_MAX, 0, 0}; }
 // group_quant_decode.cu, uses kOffsets only; the fused int<k> encode only kTemp and kPayload; the
 // other slots are the symmetric and BitDP codecs'):
 //   kInfo        TokenInfo per token
+//   kPivots      each group's pivot or -1 (the outlier test of the statistics pass, for the encode)
 //   kOffsets     the block ends (inclusive scan of the sizes)
 //   kTemp        the Results word
 //   kPayload     the payload (worst case: every group flagged, every token at bits_hi)
-enum Slot { kInfo = 0, kOffsets = 5, kTemp = 6, kPayload = 7 };
+enum Slot { kInfo = 0, kPivots = 1, kOffsets = 5, kTemp = 6, kPayload = 7 };
 static_assert(kOffsets == 5, "group_quant_decode.cu names the offsets slot 5");
 static_assert(kPayload == Workspace::kSlots - 1, "the payload slot is the last, as the other codecs'");
 
@@ -438,14 +444,16 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
     return ws.Scratch(slot, bytes);
   };
   absl::StatusOr<void*> info = maybe(kInfo, fused ? 0 : sizeof(TokenInfo) * tok);
+  absl::StatusOr<void*> pivots = maybe(kPivots, flags ? tok * static_cast<size_t>(ng) : 0);
   absl::StatusOr<void*> offsets = maybe(kOffsets, fused ? 0 : sizeof(unsigned long long) * tok);
   absl::StatusOr<void*> payload = ws.Scratch(kPayload, static_cast<size_t>(max_block) * tok);
   absl::StatusOr<void*> temp = ws.Scratch(kTemp, sizeof(Results));
   absl::StatusOr<void*> pinned = ws.Pinned();
-  for (const auto* r : {&info, &offsets, &payload, &temp, &pinned}) {
+  for (const auto* r : {&info, &pivots, &offsets, &payload, &temp, &pinned}) {
     if (!r->ok()) return r->status();
   }
   auto* ti = static_cast<TokenInfo*>(*info);
+  auto* piv = static_cast<int8_t*>(*pivots);
   auto* res = static_cast<Results*>(*pinned);
   auto* dres = static_cast<Results*>(*temp);
   auto* out = static_cast<uint8_t*>(*payload);
@@ -478,7 +486,7 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
   } else {
     absl::Status stats_launched = WithGroupSize(g, [&](auto gc) {
       return WithInputType(x, dtype, [&](const auto* xt) -> absl::Status {
-        TokenStatsKernel<decltype(gc)::value><<<grid, kThreads, 0, st>>>(xt, dim, entropy, flags, p.tau, ti, dres);
+        TokenStatsKernel<decltype(gc)::value><<<grid, kThreads, 0, st>>>(xt, dim, entropy, flags, p.tau, ti, piv, dres);
         return CudaStatus(cudaGetLastError(), "token statistics kernel");
       });
     });
@@ -488,6 +496,7 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
     gqa::AllocateBits<<<1, gqa::kAllocThreads, 0, st>>>(alloc, ti, ends, &dres->transformed, &dres->total);
     LONGHAUL_CUDA_OK(cudaGetLastError());
     args.info = ti;
+    args.pivots = piv;
     args.ends = ends;
     absl::Status encode_launched = WithGroupSize(g, [&](auto gc) {
       return WithInputType(x, dtype, [&](const auto* xt) -> absl::Status {

@@ -22,9 +22,12 @@
 
 namespace longhaul::codec::gpu::gqa {
 
-inline constexpr int kAllocThreads = 1024;
-inline constexpr int kPer = 8;                         // tokens per thread in a tile
-inline constexpr int kTile = kAllocThreads * kPer;     // tokens per tile, and keys kept in shared memory
+inline constexpr int kAllocThreads = 512;
+// 512 threads with 8 tokens each keep every per-token array in registers (73 of them); 1024
+// threads get 64 registers each, and their spills to local memory left the kernel waiting.
+inline constexpr int kPer = 8;
+inline constexpr int kTile = kAllocThreads * kPer;  // tokens per tile
+inline constexpr int kCached = 8192;                // keys kept in shared memory
 
 struct AllocArgs {
   int64_t tokens;
@@ -43,7 +46,7 @@ __device__ __forceinline__ uint64_t EntropyKey(float h) {
   return static_cast<uint64_t>(~ordered);
 }
 
-// The keys: the hash computed, the entropy's from shared memory for the first kTile tokens (read
+// The keys: the hash computed, the entropy's from shared memory for the first kCached tokens (read
 // from the token statistics once), from global memory after them.
 struct Keys {
   const TokenInfo* info;
@@ -51,7 +54,7 @@ struct Keys {
   bool adaptive;
   __device__ uint64_t operator()(int64_t t) const {
     if (!adaptive) return SplitMix64(static_cast<uint64_t>(t));
-    return t < kTile ? cached[t] : EntropyKey(info[t].key);
+    return t < kCached ? cached[t] : EntropyKey(info[t].key);
   }
 };
 
@@ -138,18 +141,19 @@ __global__ void __launch_bounds__(kAllocThreads)
   using SizeScan = cub::BlockScan<unsigned long long, kAllocThreads>;
   __shared__ typename IntScan::TempStorage int_tmp;
   __shared__ typename SizeScan::TempStorage size_tmp;
-  __shared__ uint32_t cached[kTile];
+  __shared__ uint32_t cached[kCached];
   const int tid = threadIdx.x;
   const bool select = a.n_hi > 0 && a.n_hi < a.tokens;
   if (select && a.adaptive) {
-    float h[kPer];
+    constexpr int kLoads = kCached / kAllocThreads;
+    float h[kLoads];
 #pragma unroll
-    for (int j = 0; j < kPer; ++j) {  // every load issued before the first store
+    for (int j = 0; j < kLoads; ++j) {  // every load issued before the first store
       const int64_t t = j * kAllocThreads + tid;
       h[j] = t < a.tokens ? info[t].key : 0.0f;
     }
 #pragma unroll
-    for (int j = 0; j < kPer; ++j) cached[j * kAllocThreads + tid] = static_cast<uint32_t>(EntropyKey(h[j]));
+    for (int j = 0; j < kLoads; ++j) cached[j * kAllocThreads + tid] = static_cast<uint32_t>(EntropyKey(h[j]));
     __syncthreads();
   }
   const Keys key{info, cached, a.adaptive};
