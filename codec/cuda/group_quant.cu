@@ -96,7 +96,7 @@ __device__ __forceinline__ bool TokenExponent(float acc, float mx_lane, int64_t 
 template <int G, typename T>
 __global__ void __launch_bounds__(kThreads)
     TokenStatsKernel(const T* __restrict__ x, int64_t dim, bool entropy, bool flags, float tau,
-                     TokenInfo* __restrict__ info, int8_t* __restrict__ pivots, Results* __restrict__ res) {
+                     TokenInfo* __restrict__ info, int16_t* __restrict__ pivots, Results* __restrict__ res) {
   __shared__ gqt::TokenSmem sm;
   constexpr int L = G / 8;
   const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
@@ -121,7 +121,7 @@ __global__ void __launch_bounds__(kThreads)
         const int gs = (8 * o) & ~(G - 1);
         const int piv = gqt::OctetPivot<G>(v, lane, min(G, len - gs), tau);
         wcount += __popc(__ballot_sync(kFullMask, piv >= 0 && (lane & (L - 1)) == 0));
-        if ((lane & (L - 1)) == 0 && gs < len) pivots[t * ng + (c0 + gs) / G] = static_cast<int8_t>(piv);
+        if ((lane & (L - 1)) == 0 && gs < len) pivots[t * ng + (c0 + gs) / G] = static_cast<int16_t>(piv);
       }
     }
     if (warp == 0) SumMaxChunk(sm.row, len, lane, acc, mx);
@@ -188,7 +188,7 @@ struct EncArgs {
   int fused_bits;
   int64_t fused_block;
   const TokenInfo* info;
-  const int8_t* pivots;            // each group's pivot or -1 (TokenStatsKernel), or null
+  const int16_t* pivots;           // each group's pivot (0..G - 1) or -1 (TokenStatsKernel), or null
   const unsigned long long* ends;  // ends[t]: the end of token t's block (inclusive scan)
   uint8_t* payload;
   Results* res;
@@ -444,7 +444,7 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
     return ws.Scratch(slot, bytes);
   };
   absl::StatusOr<void*> info = maybe(kInfo, fused ? 0 : sizeof(TokenInfo) * tok);
-  absl::StatusOr<void*> pivots = maybe(kPivots, flags ? tok * static_cast<size_t>(ng) : 0);
+  absl::StatusOr<void*> pivots = maybe(kPivots, flags ? sizeof(int16_t) * tok * static_cast<size_t>(ng) : 0);
   absl::StatusOr<void*> offsets = maybe(kOffsets, fused ? 0 : sizeof(unsigned long long) * tok);
   absl::StatusOr<void*> payload = ws.Scratch(kPayload, static_cast<size_t>(max_block) * tok);
   absl::StatusOr<void*> temp = ws.Scratch(kTemp, sizeof(Results));
@@ -453,7 +453,7 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
     if (!r->ok()) return r->status();
   }
   auto* ti = static_cast<TokenInfo*>(*info);
-  auto* piv = static_cast<int8_t*>(*pivots);
+  auto* piv = static_cast<int16_t*>(*pivots);
   auto* res = static_cast<Results*>(*pinned);
   auto* dres = static_cast<Results*>(*temp);
   auto* out = static_cast<uint8_t*>(*payload);
