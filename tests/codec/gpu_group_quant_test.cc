@@ -129,21 +129,45 @@ TEST_F(GpuGroupQuant, Bf16InputMatchesTheCpuEncodingOfTheSameValues) {
 TEST_F(GpuGroupQuant, RejectsNonFiniteAndHugeInputNamingTheFirstToken) {
   SKIP_WITHOUT_GPU();
   const Shape s{40, 96};
-  GroupQuantParams p;
-  for (float bad : {NAN, INFINITY, 0x1p101f}) {
-    std::vector<float> x = Activations(s.tokens, s.dim, 7);
-    x[23 * s.dim + 5] = bad;
-    x[31 * s.dim + 1] = bad;
-    std::string cpu;
-    const absl::Status want = GroupQuantEncode(x.data(), s.tokens, s.dim, p, 1, ScalarKernels(), &cpu, nullptr);
-    ASSERT_FALSE(want.ok());
-    absl::StatusOr<gpu::DeviceBuffer> dx = gpu::DeviceBuffer::Allocate(x.size() * sizeof(float));
-    ASSERT_TRUE(dx.ok());
-    ASSERT_TRUE(gpu::Upload(dx->data(), x.data(), x.size() * sizeof(float), nullptr).ok());
-    absl::StatusOr<gpu::DeviceBytes> got = gpu::GroupQuantEncode(dx->data(), FrameDtype::kFloat32, s.tokens, s.dim,
-                                                                 p, ws_, nullptr);
-    ASSERT_FALSE(got.ok());
-    EXPECT_EQ(got.status().message(), want.message());
+  GroupQuantParams int8;  // the one-pass int<k> encoder checks its input its own way
+  int8.bits_hi = int8.bits_lo = 8;
+  int8.hadamard = false;
+  for (const GroupQuantParams& p : {GroupQuantParams{}, int8}) {
+    for (float bad : {NAN, INFINITY, 0x1p101f}) {
+      std::vector<float> x = Activations(s.tokens, s.dim, 7);
+      x[23 * s.dim + 5] = bad;
+      x[31 * s.dim + 1] = bad;
+      std::string cpu;
+      const absl::Status want = GroupQuantEncode(x.data(), s.tokens, s.dim, p, 1, ScalarKernels(), &cpu, nullptr);
+      ASSERT_FALSE(want.ok());
+      absl::StatusOr<gpu::DeviceBuffer> dx = gpu::DeviceBuffer::Allocate(x.size() * sizeof(float));
+      ASSERT_TRUE(dx.ok());
+      ASSERT_TRUE(gpu::Upload(dx->data(), x.data(), x.size() * sizeof(float), nullptr).ok());
+      absl::StatusOr<gpu::DeviceBytes> got = gpu::GroupQuantEncode(dx->data(), FrameDtype::kFloat32, s.tokens, s.dim,
+                                                                   p, ws_, nullptr);
+      ASSERT_FALSE(got.ok());
+      EXPECT_EQ(got.status().message(), want.message());
+    }
+  }
+}
+
+// More tokens than the allocation block's tile (4,096) and than the keys it keeps in shared memory
+// (8,192), with every row repeated in runs of 7 so that equal entropies straddle the tiles and the
+// n_hi-th key: the ties go to the lower token index, as on the CPU.
+TEST_F(GpuGroupQuant, ManyTokensWithTiedEntropiesAllocateAsTheCpu) {
+  SKIP_WITHOUT_GPU();
+  const Shape s{10007, 16};
+  const std::vector<float> base = Activations(s.tokens / 7 + 1, s.dim, 11);
+  std::vector<float> x(s.tokens * s.dim);
+  for (int64_t t = 0; t < s.tokens; ++t) {
+    std::memcpy(&x[t * s.dim], &base[(t / 7) * s.dim], s.dim * sizeof(float));
+  }
+  absl::StatusOr<gpu::DeviceBuffer> dx = gpu::DeviceBuffer::Allocate(x.size() * sizeof(float));
+  ASSERT_TRUE(dx.ok());
+  ASSERT_TRUE(gpu::Upload(dx->data(), x.data(), x.size() * sizeof(float), nullptr).ok());
+  for (const Case& c : Cases()) {
+    Check(x, dx->data(), FrameDtype::kFloat32, s, c);
+    if (HasFatalFailure()) return;
   }
 }
 
