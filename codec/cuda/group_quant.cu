@@ -5,18 +5,18 @@
 // row staged in shared memory with 16-byte loads and every per-group step done by lane segments
 // in registers. Two shapes of the work:
 //  - int<k> (one bit width, no Hadamard): every token block has the same size, so one kernel does
-//    it all (FusedEncode): statistics (sum and max of |x| in the CPU's order, the NaN/Inf/huge
-//    check, the token exponent), then the groups from the row still in shared memory. The input
-//    is read once.
+//    it all (FusedEncode): statistics (the maximum of |x| and the NaN/Inf/huge check, with the
+//    CPU's errors; the token exponent), then the groups from the row still in shared memory. The
+//    input is read once.
 //  - otherwise (tahquant): the block sizes depend on the bit allocation over all tokens and on
 //    the outlier flags, so
-//      1. TokenStatsKernel: statistics, the entropy (adaptive TAH-Quant) and the token's number
-//         of flagged groups (the outlier test of every group), the input read once;
+//      1. TokenStatsKernel: statistics, the entropy (adaptive TAH-Quant) and the outlier test of
+//         every group (kept for step 3, and counted per token), the input read once;
 //      2. AllocateBits (group_quant_alloc.cuh), one block: the set of bits_hi tokens nth_element
 //         picks on the CPU (a radix select), each token's bits and block size, the block ends;
 //      3. EncodeTokens: the tokens again, last first (the statistics pass's last rows are still in
-//         L2), the outlier test again (same bits), the flagged groups' ordinals by a block-wide
-//         count, header, params, pivots and codes.
+//         L2), the kept outlier tests, the flagged groups' ordinals by a block-wide count,
+//         header, params, pivots and codes (EncodeRow's phases).
 // The host synchronises once, to read the payload size and the error word.
 //
 // Decoding: group_quant_decode.cu.
