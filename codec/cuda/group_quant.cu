@@ -92,7 +92,8 @@ __device__ __forceinline__ bool TokenExponent(float acc, float mx_lane, int64_t 
   return true;
 }
 
-// Token blockIdx.x's TokenInfo{entropy, exp, bits 0 (AssignSizes), ok, flagged groups, 0}.
+// Token blockIdx.x's TokenInfo{entropy, exp, bits 0 (set by AllocateBits), ok, flagged groups, 0}, and
+// each of its groups' outlier test in `pivots` (when the Hadamard option is on).
 template <int G, typename T>
 __global__ void __launch_bounds__(kThreads)
     TokenStatsKernel(const T* __restrict__ x, int64_t dim, bool entropy, bool flags, float tau,
@@ -311,8 +312,7 @@ __device__ __forceinline__ void EncodeRow(gqt::TokenSmem& sm, int64_t t, const T
   }
 }
 
-// The payload of every good token (after TokenStatsKernel, AssignSizes and the scan), last token
-// first.
+// The payload of every good token (after TokenStatsKernel and AllocateBits), last token first.
 template <int G, typename T>
 __global__ void __launch_bounds__(kThreads) EncodeTokens(const T* __restrict__ x, EncArgs a) {
   __shared__ gqt::TokenSmem sm;

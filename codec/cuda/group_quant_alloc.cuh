@@ -116,6 +116,7 @@ __device__ inline void RadixSelect(const Keys& key, const AllocArgs& a, uint64_t
         if (lane >= h) incl += o;
       }
       const int64_t need = s_need;
+      __syncwarp();  // every lane has read s_need before the picking lane writes it
       const unsigned before = incl - own;
       // The lane whose digits hold the need-th key picks the digit.
       if (static_cast<int64_t>(before) < need && need <= static_cast<int64_t>(incl)) {

@@ -204,8 +204,8 @@ struct TokenInfo {
   int32_t exp;            // token exponent E
   int32_t bits;           // bit width, set by the allocation
   int32_t ok;             // 0: NaN/Inf/huge (the encode fails; the block is not written)
-  int32_t flagged;        // groups the outlier test flags (set by TokenBlockBytes)
-  int32_t first_ordinal;  // flagged groups of all earlier tokens (set by TokenBlockBytes)
+  int32_t flagged;        // groups the outlier test flags (TokenStatsKernel; TokenBlockBytes in the reference)
+  int32_t first_ordinal;  // flagged groups of all earlier tokens (TokenBlockBytes; the kernels count in place)
 };
 
 LONGHAUL_HD inline int64_t ParamsOffset(int gi) { return 2 + 3 * static_cast<int64_t>(gi); }

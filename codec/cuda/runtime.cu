@@ -56,8 +56,11 @@ Workspace::~Workspace() {
     if (p != nullptr) cudaFree(p);
   }
   if (pinned_ != nullptr) cudaFreeHost(pinned_);
+  if (staging_read_ != nullptr) {
+    cudaEventSynchronize(static_cast<cudaEvent_t>(staging_read_));  // the last copy out of staging_ is done
+    cudaEventDestroy(static_cast<cudaEvent_t>(staging_read_));
+  }
   if (staging_ != nullptr) cudaFreeHost(staging_);
-  if (staging_read_ != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(staging_read_));
 }
 
 absl::StatusOr<void*> Workspace::Scratch(int slot, size_t bytes) {
@@ -103,7 +106,14 @@ absl::Status Workspace::UploadAsync(void* dst_dev, const void* src_host, size_t 
   }
   std::memcpy(staging_, src_host, n);
   LONGHAUL_CUDA_OK(cudaMemcpyAsync(dst_dev, staging_, n, cudaMemcpyHostToDevice, AsStream(s)));
-  return CudaStatus(cudaEventRecord(static_cast<cudaEvent_t>(staging_read_), AsStream(s)), "staging event");
+  if (absl::Status st = CudaStatus(cudaEventRecord(static_cast<cudaEvent_t>(staging_read_), AsStream(s)),
+                                   "staging event");
+      !st.ok()) {
+    // Without the event the next call could not tell when this copy is done: wait for it here.
+    (void)cudaStreamSynchronize(AsStream(s));
+    return st;
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Upload(void* dst, const void* src, size_t n, Stream s) {
