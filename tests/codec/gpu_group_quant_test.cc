@@ -87,14 +87,8 @@ class GpuGroupQuant : public ::testing::Test {
     }
   }
 
-  gpu::Workspace ws_;
-};
-
-TEST_F(GpuGroupQuant, Fp32PayloadsAndDecodesMatchTheCpuReference) {
-  SKIP_WITHOUT_GPU();
-  uint32_t seed = 1;
-  for (const Shape& s : kShapes) {
-    const std::vector<float> x = Activations(s.tokens, s.dim, seed++);
+  // Check for every case of fp32 input x.
+  void CheckFp32(const std::vector<float>& x, Shape s) {
     absl::StatusOr<gpu::DeviceBuffer> dx = gpu::DeviceBuffer::Allocate(x.size() * sizeof(float));
     ASSERT_TRUE(dx.ok());
     ASSERT_TRUE(gpu::Upload(dx->data(), x.data(), x.size() * sizeof(float), nullptr).ok());
@@ -102,6 +96,17 @@ TEST_F(GpuGroupQuant, Fp32PayloadsAndDecodesMatchTheCpuReference) {
       Check(x, dx->data(), FrameDtype::kFloat32, s, c);
       if (HasFatalFailure()) return;
     }
+  }
+
+  gpu::Workspace ws_;
+};
+
+TEST_F(GpuGroupQuant, Fp32PayloadsAndDecodesMatchTheCpuReference) {
+  SKIP_WITHOUT_GPU();
+  uint32_t seed = 1;
+  for (const Shape& s : kShapes) {
+    CheckFp32(Activations(s.tokens, s.dim, seed++), s);
+    if (HasFatalFailure()) return;
   }
 }
 
@@ -162,13 +167,7 @@ TEST_F(GpuGroupQuant, ManyTokensWithTiedEntropiesAllocateAsTheCpu) {
   for (int64_t t = 0; t < s.tokens; ++t) {
     std::memcpy(&x[t * s.dim], &base[(t / 7) * s.dim], s.dim * sizeof(float));
   }
-  absl::StatusOr<gpu::DeviceBuffer> dx = gpu::DeviceBuffer::Allocate(x.size() * sizeof(float));
-  ASSERT_TRUE(dx.ok());
-  ASSERT_TRUE(gpu::Upload(dx->data(), x.data(), x.size() * sizeof(float), nullptr).ok());
-  for (const Case& c : Cases()) {
-    Check(x, dx->data(), FrameDtype::kFloat32, s, c);
-    if (HasFatalFailure()) return;
-  }
+  CheckFp32(x, s);
 }
 
 TEST_F(GpuGroupQuant, EmptyTensorsGiveEmptyPayloads) {
