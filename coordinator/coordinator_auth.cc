@@ -21,6 +21,20 @@ const char* AccessName(int need) {
 
 constexpr absl::Duration kCertificateValidity = absl::Hours(24 * 365);
 
+// Signs `csr_pem` for `who` (a worker's certificate also carries its own DNS names) into `resp`,
+// with the CA's certificate: what Join and Renew answer.
+absl::Status Issue(const security::CertificateAuthority& ca, const std::string& csr_pem, const security::Identity& who,
+                   v1::JoinResponse* resp) {
+  std::vector<std::string> dns;
+  if (who.role == security::Role::kWorker) dns = security::WorkerDnsNames(who.name);
+  absl::StatusOr<std::string> cert = ca.Sign(csr_pem, who, kCertificateValidity, dns);
+  if (!cert.ok()) return cert.status();
+  resp->set_certificate_pem(*cert);
+  resp->set_ca_pem(ca.cert_pem());
+  resp->set_role(security::RoleName(who.role));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 grpc::Status CoordinatorService::Authorize(grpc::ServerContext* ctx, Access need, security::Identity* who,
@@ -71,13 +85,10 @@ grpc::Status CoordinatorService::Renew(grpc::ServerContext* ctx, const v1::Renew
   if (absl::Status s = security::CheckCsr(req->csr_pem()); !s.ok()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, std::string(s.message()));
   }
-  absl::StatusOr<std::string> cert = opt_.ca->Sign(req->csr_pem(), who, kCertificateValidity,
-                                                   security::WorkerDnsNames(who.name));
-  if (!cert.ok()) return grpc::Status(grpc::StatusCode::INTERNAL, std::string(cert.status().message()));
+  if (absl::Status s = Issue(*opt_.ca, req->csr_pem(), who, resp); !s.ok()) {
+    return grpc::Status(grpc::StatusCode::INTERNAL, std::string(s.message()));
+  }
   Log(absl::StrCat("renewed the certificate of worker ", who.name, " (", ctx->peer(), ")"));
-  resp->set_certificate_pem(*cert);
-  resp->set_ca_pem(opt_.ca->cert_pem());
-  resp->set_role(security::RoleName(who.role));
   return grpc::Status::OK;
 }
 
@@ -131,14 +142,10 @@ grpc::Status CoordinatorService::Join(grpc::ServerContext* ctx, const v1::JoinRe
   }
   absl::StatusOr<security::Role> role = security::ParseRole(*role_name);
   if (!role.ok()) return grpc::Status(grpc::StatusCode::INTERNAL, std::string(role.status().message()));
-  std::vector<std::string> dns;
-  if (*role == security::Role::kWorker) dns = security::WorkerDnsNames(req->name());
-  absl::StatusOr<std::string> cert = opt_.ca->Sign(req->csr_pem(), {req->name(), *role}, kCertificateValidity, dns);
-  if (!cert.ok()) return refuse(grpc::StatusCode::INTERNAL, cert.status().message());
+  if (absl::Status s = Issue(*opt_.ca, req->csr_pem(), {req->name(), *role}, resp); !s.ok()) {
+    return refuse(grpc::StatusCode::INTERNAL, s.message());
+  }
   Log(absl::StrCat("joined: ", req->name(), " (role ", *role_name, ") from ", ctx->peer()));
-  resp->set_certificate_pem(*cert);
-  resp->set_ca_pem(opt_.ca->cert_pem());
-  resp->set_role(*role_name);
   return grpc::Status::OK;
 }
 

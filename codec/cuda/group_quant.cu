@@ -183,13 +183,12 @@ struct EncArgs {
   int64_t tokens, dim;
   int ng;
   float norm;  // HadamardNorm(G), computed on the host
-  float tau;
-  bool flags;  // the Hadamard option
+  bool flags;  // the Hadamard option (then `pivots` holds every group's outlier test)
   // FusedEncode: every token at fused_bits, blocks of fused_block bytes; EncodeTokens: info, ends.
   int fused_bits;
   int64_t fused_block;
   const TokenInfo* info;
-  const int16_t* pivots;           // each group's pivot (0..G - 1) or -1 (TokenStatsKernel), or null
+  const int16_t* pivots;           // each group's pivot (0..G - 1) or -1 (TokenStatsKernel), with flags
   const unsigned long long* ends;  // ends[t]: the end of token t's block (inclusive scan)
   uint8_t* payload;
   Results* res;
@@ -197,9 +196,9 @@ struct EncArgs {
 
 // Token t's groups, from chunk 0 (staged: chunk 0 is already in shared memory and is the row's only
 // one), its block at blk_off. Per chunk, three phases:
-//  A. each lane's octet: the outlier test, the flagged groups' pivots (ordinals by a block-wide
-//     count), the swap and transform (written back to the staged row), the group's range by its
-//     segment, kept in shared memory;
+//  A. each lane's octet: its group's outlier test (kept by the statistics pass), the flagged
+//     groups' pivots (ordinals by a block-wide count), the swap and transform (written back to the
+//     staged row), the group's range by its segment, kept in shared memory;
 //  B. one thread per group: its parameters (two divisions: once per group, not once per lane),
 //     written to the payload and kept in shared memory;
 //  C. each lane's octet again from the staged row: codes against its group's parameters, packed.
@@ -239,9 +238,8 @@ __device__ __forceinline__ void EncodeRow(gqt::TokenSmem& sm, int64_t t, const T
       const int cnt = len - e0 < 0 ? 0 : (len - e0 < 8 ? len - e0 : 8);
       int piv = -1;
       if (a.flags) {
-        // The statistics pass's outlier test of the group (the same bits), or the test itself.
-        piv = a.pivots != nullptr ? (gs < len ? a.pivots[t * a.ng + (c0 + gs) / G] : -1)
-                                  : gqt::OctetPivot<G>(v, lane, min(G, len - gs), a.tau);
+        // The statistics pass's outlier test of the group (flags: only TokenStatsKernel's tokens).
+        piv = gs < len ? a.pivots[t * a.ng + (c0 + gs) / G] : -1;
         // The flagged group's ordinal in the token: earlier rounds, earlier warps, earlier lanes.
         const bool lead_flag = piv >= 0 && leader;
         const unsigned m = __ballot_sync(kFullMask, lead_flag);
@@ -465,7 +463,6 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
   args.dim = dim;
   args.ng = ng;
   args.norm = HadamardNorm(g);
-  args.tau = p.tau;
   args.flags = flags;
   args.payload = out;
   args.res = dres;

@@ -22,8 +22,6 @@ constexpr int kWarpsPerBlock = 8;
 // payload an encode left in the workspace).
 constexpr int kOffsetsSlot = 5;
 
-int Blocks(int64_t n, int per_block) { return static_cast<int>((n + per_block - 1) / per_block); }
-
 // One warp per token, in rounds: lane l of round r decodes the octet o = 32 r + l (elements 8 o ..
 // 8 o + 7, whose codes are the `bits` bytes at o * bits), so a group of G elements is a segment of
 // L = G / 8 lanes, as in the encoder (group_quant_tokens.cuh). Per octet: its group's parameters,
@@ -113,7 +111,7 @@ absl::Status GroupQuantDecode(const uint8_t* payload, const GroupQuantLayout& la
   const int g = p.group_size;
   // One width and no pivots: every block has the same size and the kernel computes the offsets.
   // Otherwise the host's (from the validation) go up through pinned memory, without a synchronisation.
-  const int64_t ng = (dim + g - 1) / g;
+  const int64_t ng = CeilDiv(dim, g);
   const bool fixed = p.bits_hi == p.bits_lo && !p.hadamard;
   const int64_t stride = PivotsOffset(static_cast<int>(ng)) + PackedBytes(dim, p.bits_hi);
   const unsigned long long* offsets = nullptr;
@@ -131,7 +129,7 @@ absl::Status GroupQuantDecode(const uint8_t* payload, const GroupQuantLayout& la
   const bool vec = reinterpret_cast<uintptr_t>(out) % 16 == 0 && dim % 4 == 0;
   return WithGroupSize(g, [&](auto gc) {
     constexpr int G = decltype(gc)::value;
-    DecodeOctets<G><<<Blocks(tokens, kWarpsPerBlock), kWarp * kWarpsPerBlock, 0, st>>>(
+    DecodeOctets<G><<<static_cast<unsigned>(CeilDiv(tokens, kWarpsPerBlock)), kWarp * kWarpsPerBlock, 0, st>>>(
         payload, offsets, stride, tokens, dim, HadamardNorm(G), vec, out);
     return CudaStatus(cudaGetLastError(), "decode kernel");
   });
