@@ -4,6 +4,7 @@
 #include <climits>
 #include <thread>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "codec/crc32c.h"
@@ -213,6 +214,20 @@ absl::Status GrpcTransport::SendMessage(int peer, uint64_t tag, absl::string_vie
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(deadline));
   ctx.set_wait_for_ready(wait_for_ready);
+  // A message (not an abort notice) is cancelled by this rank's Abort: a sender waiting for a dead
+  // peer to come back must not outlive the group's abort by the message's deadline.
+  const bool cancellable = tag != kAbortTag;
+  if (cancellable) {
+    absl::MutexLock l(&mu_);
+    // Checked under mu_: Abort aborts the mailbox before it cancels what is registered here.
+    if (absl::Status a = box_->aborted(); !a.ok()) return a;
+    in_flight_.insert(&ctx);
+  }
+  auto unregister = absl::MakeCleanup([&] {
+    if (!cancellable) return;
+    absl::MutexLock l(&mu_);
+    in_flight_.erase(&ctx);
+  });
   v1::CollectiveAck ack;
   std::unique_ptr<grpc::ClientWriter<v1::CollectiveChunk>> w = stubs_[peer]->Send(&ctx, &ack);
   v1::CollectiveChunk c;
@@ -246,6 +261,9 @@ absl::Status GrpcTransport::SendMessage(int peer, uint64_t tag, absl::string_vie
   if (ok && shaped.ok()) w->WritesDone();
   const grpc::Status st = w->Finish();
   if (!shaped.ok()) return shaped;
+  if (st.error_code() == grpc::StatusCode::CANCELLED && cancellable) {
+    if (absl::Status a = box_->aborted(); !a.ok()) return a;
+  }
   return FromGrpc(st);
 }
 
@@ -302,6 +320,10 @@ absl::StatusOr<std::string> GrpcTransport::Recv(int peer, uint64_t tag, absl::Ti
 
 void GrpcTransport::Abort(const absl::Status& why) {
   box_->Abort(why);
+  {
+    absl::MutexLock l(&mu_);
+    for (grpc::ClientContext* ctx : in_flight_) ctx->TryCancel();
+  }
   const std::string text = std::string(why.ToString()).substr(0, kMaxAbortBytes);
   const absl::Time deadline = absl::Now() + o_.notice_timeout;
   // In parallel, so a dead peer costs one timeout, not one per peer. Fail fast: a peer that is not

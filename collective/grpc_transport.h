@@ -14,13 +14,14 @@
 // room up to the call's deadline. Several groups (stages, jobs) share one service.
 // Sending side: one channel per peer (its own TCP connection, as pipeline links), shaped per peer
 // by the optional netem::LinkProfile, counters as TransportCounters.
-// Threading: as Transport; the service must outlive the server it is registered with, and each
+// Threading: as Transport (Abort also cancels the calls of messages being sent); the service must outlive the server it is registered with, and each
 // transport unregisters its mailbox on destruction.
 #ifndef LONGHAUL_COLLECTIVE_GRPC_TRANSPORT_H_
 #define LONGHAUL_COLLECTIVE_GRPC_TRANSPORT_H_
 
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -109,6 +110,8 @@ class GrpcTransport final : public Transport {
   std::vector<std::unique_ptr<PeerShaper>> shapers_;
   mutable absl::Mutex mu_;
   TransportCounters counters_ ABSL_GUARDED_BY(mu_);
+  // The calls of messages being sent now, cancelled by Abort.
+  std::set<grpc::ClientContext*> in_flight_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace longhaul::collective

@@ -122,6 +122,26 @@ TEST_P(TransportTest, SendToADeadPeerFailsWithinTheDeadlineNamingIt) {
   EXPECT_TRUE(absl::StrContains(dead[0], "rank 2")) << dead[0];
 }
 
+// A replica stuck sending to a dead peer (over gRPC: waiting for its server to come back) must end
+// when its own stage is cancelled, not at the message's deadline.
+TEST_P(TransportTest, AbortEndsThisRanksSendToADeadPeer) {
+  Cluster c(GetParam(), {"a", "a", "a"});
+  c.Kill(2);
+  absl::Status got;
+  const absl::Time t0 = absl::Now();
+  std::thread sender([&] { got = c.transport(0).Send(2, 1, std::string(100000, 'x'), t0 + absl::Seconds(60)); });
+  absl::SleepFor(absl::Milliseconds(300));
+  c.transport(0).Abort(absl::CancelledError("the job was cancelled"));
+  sender.join();
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(10));
+  EXPECT_FALSE(got.ok());
+  EXPECT_TRUE(absl::StrContains(got.message(), "rank 2")) << got;
+  if (GetParam() == Kind::kGrpc) {
+    EXPECT_EQ(got.code(), absl::StatusCode::kCancelled) << got;
+    EXPECT_TRUE(absl::StrContains(got.message(), "the job was cancelled")) << got;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Both, TransportTest, ::testing::Values(Kind::kInProcess, Kind::kGrpc),
                          [](const ::testing::TestParamInfo<Kind>& i) { return testing::KindName(i.param); });
 
