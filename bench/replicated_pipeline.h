@@ -143,13 +143,13 @@ class ReplicatedPipeline {
     for (std::thread& t : threads) t.join();
     if (!first_error.ok()) return failed_ = first_error;
     last_dp_ = collective::CallStats();
-    last_dp_wall_ = absl::ZeroDuration();
-    last_dp_max_inter_region_ = 0;
+    last_stage_dp_.assign(static_cast<size_t>(S), StageDp());
     for (Replica& x : rep_) {
-      for (auto& sync : x.syncs) {
-        last_dp_.Add(sync->last());
-        last_dp_wall_ = std::max(last_dp_wall_, sync->last().wall);
-        last_dp_max_inter_region_ = std::max(last_dp_max_inter_region_, sync->last().bytes_sent_inter_region);
+      for (size_t s = 0; s < x.syncs.size(); ++s) {
+        const collective::CallStats& c = x.syncs[s]->last();
+        last_dp_.Add(c);
+        last_stage_dp_[s].wall = std::max(last_stage_dp_[s].wall, c.wall);
+        last_stage_dp_[s].max_inter_region = std::max(last_stage_dp_[s].max_inter_region, c.bytes_sent_inter_region);
       }
     }
     return *results[static_cast<size_t>(S - 1)];  // replica 0's last stage: the replicas' mean loss
@@ -182,10 +182,20 @@ class ReplicatedPipeline {
 
   // Every replica's and stage's data-parallel calls in the last step (gradients and weights).
   const collective::CallStats& last_dp() const { return last_dp_; }
-  // The most bytes one replica sent across regions in the last step (with two regions, all to one
-  // peer: its partner, or for fp32's ring the next rank across the boundary).
-  int64_t last_dp_max_inter_region() const { return last_dp_max_inter_region_; }
-  absl::Duration last_dp_wall() const { return last_dp_wall_; }  // the slowest replica's
+  // Per stage, the last step's data-parallel sync: the slowest replica's wall time (from the end of
+  // its backward pass, so it includes waiting for the other replicas and, through the clipping norm,
+  // for the other stages) and the most bytes one replica sent across regions (with two regions, all
+  // to one peer: its partner, or for fp32's ring the next rank across the boundary).
+  struct StageDp {
+    absl::Duration wall = absl::ZeroDuration();
+    int64_t max_inter_region = 0;
+  };
+  const std::vector<StageDp>& last_stage_dp() const { return last_stage_dp_; }
+  absl::Duration last_dp_wall() const {  // the slowest replica's of any stage
+    absl::Duration w = absl::ZeroDuration();
+    for (const StageDp& s : last_stage_dp_) w = std::max(w, s.wall);
+    return w;
+  }
   std::vector<stage_runtime::LinkStats> forward_links() const {
     std::vector<stage_runtime::LinkStats> v;
     for (const Replica& r : rep_) {
@@ -209,8 +219,7 @@ class ReplicatedPipeline {
   std::vector<std::unique_ptr<collective::InProcessHub>> hubs_;  // outlive the transports (rep_)
   std::vector<Replica> rep_;
   collective::CallStats last_dp_;
-  absl::Duration last_dp_wall_ = absl::ZeroDuration();
-  int64_t last_dp_max_inter_region_ = 0;
+  std::vector<StageDp> last_stage_dp_;
   absl::Status failed_;
 };
 

@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <string>
 #include <thread>
@@ -85,21 +86,24 @@ struct Flags {
   int64_t dp_replicas = 4, dp_regions = 2;
 };
 
-// One data-parallel cell's jobs: per measured step, the step's and the slowest replica's sync wall
-// time.
+// One data-parallel cell's jobs, averaged over the measured steps: the step's wall time and, per
+// stage, its slowest replica's sync wall time and the most bytes one of its replicas sent across
+// regions.
 struct DpSample {
-  double step_s = 0, sync_s = 0;
-  int64_t inter_region_bytes = 0;  // the most one replica sent across regions in a step
+  double step_s = 0;
+  std::vector<double> sync_s;
+  std::vector<int64_t> inter_region_bytes;
   int64_t bytes = 0, raw_bytes = 0;  // every replica and stage, per step
 };
 
 // --data-parallel: every cell is a fresh ReplicatedPipeline (same seed) trained 1 + --steps steps;
-// the first (warm-up) is not timed. Bounds: the sync cannot take less than the same codec's sync
-// unshaped, nor less than the most bytes one replica must send across regions at the rate (each
-// directed pair of regions' replicas has the rate to itself, as longhaul-netem's between_regions);
-// a step cannot take less than the unshaped step with its sync replaced by that bound (the sync
-// follows the backward pass and precedes the next step). fraction = bound / measured (1 = at the
-// bound).
+// the first (warm-up) is not timed. Bounds, per stage s (the sync follows the stage's backward
+// pass, and the step ends when every stage's sync has): stage s's backward pass ends at the
+// unshaped step minus its unshaped sync (the data-parallel links do not carry the pipeline's
+// traffic); its sync then takes at least the larger of its unshaped sync and the most bytes one of
+// its replicas must send across regions at the rate (each directed pair of regions' replicas has
+// the rate to itself, as longhaul-netem's between_regions). The step bound is the largest stage's
+// sum; the sync columns are that stage's. fraction = bound / measured (1 = at the bound).
 int RunDpSweep(const Flags& f, const CLI::App& cmd) {
   const std::vector<double> rates = cmd.count("--rates") ? f.rates : std::vector<double>{10, 100};
   const int stages = static_cast<int>(f.stages > 0 ? f.stages : 2);
@@ -138,14 +142,25 @@ int RunDpSweep(const Flags& f, const CLI::App& cmd) {
       auto r = (*p)->TrainStep(b);
       if (!r.ok()) return r.status();
       if (step == 0) continue;  // warm-up
-      steps.push_back({absl::ToDoubleSeconds(absl::Now() - t0), absl::ToDoubleSeconds((*p)->last_dp_wall()),
-                       (*p)->last_dp_max_inter_region(), (*p)->last_dp().bytes_sent,
-                       (*p)->last_dp().bytes_sent_uncompressed});
+      DpSample x;
+      x.step_s = absl::ToDoubleSeconds(absl::Now() - t0);
+      for (const auto& st : (*p)->last_stage_dp()) {
+        x.sync_s.push_back(absl::ToDoubleSeconds(st.wall));
+        x.inter_region_bytes.push_back(st.max_inter_region);
+      }
+      x.bytes = (*p)->last_dp().bytes_sent, x.raw_bytes = (*p)->last_dp().bytes_sent_uncompressed;
+      steps.push_back(std::move(x));
     }
     DpSample mean;
+    mean.sync_s.assign(static_cast<size_t>(stages), 0.0);
+    mean.inter_region_bytes.assign(static_cast<size_t>(stages), 0);
     for (const DpSample& x : steps) {
-      mean.step_s += x.step_s / steps.size(), mean.sync_s += x.sync_s / steps.size();
-      mean.inter_region_bytes = std::max(mean.inter_region_bytes, x.inter_region_bytes);
+      const double w = 1.0 / static_cast<double>(steps.size());
+      mean.step_s += x.step_s * w;
+      for (int s = 0; s < stages; ++s) {
+        mean.sync_s[s] += x.sync_s[s] * w;
+        mean.inter_region_bytes[s] = std::max(mean.inter_region_bytes[s], x.inter_region_bytes[s]);
+      }
       mean.bytes = x.bytes, mean.raw_bytes = x.raw_bytes;
     }
     return mean;
@@ -163,46 +178,67 @@ int RunDpSweep(const Flags& f, const CLI::App& cmd) {
           return 1;
         }
         if (!f.json) {
-          std::fprintf(stderr, "round %lld: %s, %s: step %.3f s, sync %.3f s, %lld bytes across regions\n",
-                       static_cast<long long>(rep + 1), rate > 0 ? absl::StrCat(rate, " Mbit/s").c_str() : "unshaped",
-                       c.c_str(), x->step_s, x->sync_s, static_cast<long long>(x->inter_region_bytes));
+          std::string per_stage;
+          for (int s = 0; s < stages; ++s) {
+            absl::StrAppendFormat(&per_stage, "%s stage %d %.3f s (%lld bytes across regions)", s ? "," : "", s,
+                                  x->sync_s[s], static_cast<long long>(x->inter_region_bytes[s]));
+          }
+          std::fprintf(stderr, "round %lld: %s, %s: step %.3f s, sync:%s\n", static_cast<long long>(rep + 1),
+                       rate > 0 ? absl::StrCat(rate, " Mbit/s").c_str() : "unshaped", c.c_str(), x->step_s,
+                       per_stage.c_str());
         }
         samples[{rate, c}].push_back(*x);
       }
     }
   }
-  auto median = [&](double rate, const std::string& c, double DpSample::*field) {
+  // The median over the rounds of what `field` takes from a sample.
+  auto median = [&](double rate, const std::string& c, const std::function<double(const DpSample&)>& field) {
     std::vector<double> v;
-    for (const DpSample& x : samples[{rate, c}]) v.push_back(x.*field);
+    for (const DpSample& x : samples.at({rate, c})) v.push_back(field(x));
     std::sort(v.begin(), v.end());
     return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
   };
+  auto step_of = [](const DpSample& x) { return x.step_s; };
+  auto sync_of = [](int s) { return [s](const DpSample& x) { return x.sync_s[s]; }; };
   std::string md = absl::StrFormat(
-      "| between regions Mbit/s | data-parallel codec | step s | sync s | step bound s | step fraction of bound | "
-      "sync bound s | sync fraction of bound | KB across regions per replica-step (max) | data-parallel KB per step, "
-      "all replicas / as fp32 | sync speed-up vs fp32 | step speed-up vs fp32 |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "| between regions Mbit/s | data-parallel codec | step s | step bound s | step fraction of bound | "
+      "bounding stage | its sync s | its sync bound s | its sync fraction of bound | slowest sync s (any stage) | "
+      "KB across regions per replica-step (max) | data-parallel KB per step, all replicas / as fp32 | "
+      "sync speed-up vs fp32 | step speed-up vs fp32 |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+  // The slowest replica's sync of any stage.
+  auto slowest_sync = [](const DpSample& x) { return *std::max_element(x.sync_s.begin(), x.sync_s.end()); };
   for (double rate : rates) {
     for (const std::string& c : f.dp_codecs) {
-      const DpSample& any = samples[{rate, c}].front();
-      const double step = median(rate, c, &DpSample::step_s), sync = median(rate, c, &DpSample::sync_s);
-      const double link_s = static_cast<double>(any.inter_region_bytes) / (rate * 1e6 / 8);
-      const double sync_bound = std::max(median(0, c, &DpSample::sync_s), link_s);
-      const double step_bound = median(0, c, &DpSample::step_s) - median(0, c, &DpSample::sync_s) + sync_bound;
-      const double fp32_step = median(rate, "fp32", &DpSample::step_s), fp32_sync = median(rate, "fp32", &DpSample::sync_s);
+      const DpSample& any = samples.at({rate, c}).front();
+      const double step = median(rate, c, step_of), slowest = median(rate, c, slowest_sync);
+      int bounding = 0;
+      double step_bound = 0, sync_bound = 0;
+      for (int s = 0; s < stages; ++s) {
+        const double unshaped_sync = median(0, c, sync_of(s));
+        const double link_s = static_cast<double>(any.inter_region_bytes[s]) / (rate * 1e6 / 8);
+        const double bound = median(0, c, step_of) - unshaped_sync + std::max(unshaped_sync, link_s);
+        if (bound > step_bound) bounding = s, step_bound = bound, sync_bound = std::max(unshaped_sync, link_s);
+      }
+      const double sync = median(rate, c, sync_of(bounding));
+      const int64_t inter_region = *std::max_element(any.inter_region_bytes.begin(), any.inter_region_bytes.end());
       const bool has_fp32 = samples.count({rate, "fp32"}) > 0;
-      absl::StrAppendFormat(&md, "| %g | %s | %.3f | %.3f | %.3f | %.2f | %.3f | %.2f | %.1f | %.0f / %.0f | %s | %s |\n",
-                            rate, c, step, sync, step_bound, step_bound / step, sync_bound, sync_bound / sync,
-                            any.inter_region_bytes / 1e3, any.bytes / 1e3, any.raw_bytes / 1e3,
-                            has_fp32 ? absl::StrFormat("%.2fx", fp32_sync / sync) : "-",
-                            has_fp32 ? absl::StrFormat("%.2fx", fp32_step / step) : "-");
-      rows.push_back({{"rate_mbit", rate}, {"dp_codec", c}, {"step_s", Round(step, 4)}, {"sync_s", Round(sync, 4)},
+      const double fp32_step = has_fp32 ? median(rate, "fp32", step_of) : 0;
+      const double fp32_slowest = has_fp32 ? median(rate, "fp32", slowest_sync) : 0;
+      absl::StrAppendFormat(
+          &md, "| %g | %s | %.3f | %.3f | %.2f | %d | %.3f | %.3f | %.2f | %.3f | %.1f | %.0f / %.0f | %s | %s |\n", rate,
+          c, step, step_bound, step_bound / step, bounding, sync, sync_bound, sync_bound / sync, slowest,
+          inter_region / 1e3, any.bytes / 1e3, any.raw_bytes / 1e3,
+          has_fp32 ? absl::StrFormat("%.2fx", fp32_slowest / slowest) : "-",
+          has_fp32 ? absl::StrFormat("%.2fx", fp32_step / step) : "-");
+      rows.push_back({{"rate_mbit", rate}, {"dp_codec", c}, {"step_s", Round(step, 4)},
                       {"step_bound_s", Round(step_bound, 4)}, {"step_fraction", Round(step_bound / step, 3)},
-                      {"sync_bound_s", Round(sync_bound, 4)}, {"sync_fraction", Round(sync_bound / sync, 3)},
-                      {"inter_region_bytes", any.inter_region_bytes}, {"dp_bytes_per_step", any.bytes},
-                      {"dp_raw_bytes_per_step", any.raw_bytes},
-                      {"sync_speedup_vs_fp32", Round(has_fp32 ? fp32_sync / sync : 0.0, 3)},
+                      {"bounding_stage", bounding}, {"sync_s", Round(sync, 4)}, {"sync_bound_s", Round(sync_bound, 4)},
+                      {"sync_fraction", Round(sync_bound / sync, 3)}, {"slowest_sync_s", Round(slowest, 4)},
+                      {"inter_region_bytes", inter_region}, {"stage_inter_region_bytes", any.inter_region_bytes},
+                      {"dp_bytes_per_step", any.bytes}, {"dp_raw_bytes_per_step", any.raw_bytes},
+                      {"sync_speedup_vs_fp32", Round(has_fp32 ? fp32_slowest / slowest : 0.0, 3)},
                       {"step_speedup_vs_fp32", Round(has_fp32 ? fp32_step / step : 0.0, 3)}});
     }
   }
@@ -612,10 +648,11 @@ BenchmarkRun AddSweepBench(CLI::App& app) {
       "--data-parallel: --dp-replicas replicas of every stage (default 4 = 2 regions x 2) train in this\n"
       "process (the workers' ReplicaSync over in-process transports; default 2 stages, 8 micro-batches\n"
       "of 4), every link between replicas of different regions shaped at each of --rates (default\n"
-      "10,100; within a region and along the pipeline unshaped), plus unshaped. Per cell: the step and\n"
-      "the sync time (slowest replica), their bounds (sync: the larger of the same codec's unshaped\n"
-      "sync and the most bytes one replica sends across regions / rate; step: the unshaped step with\n"
-      "that sync), bound / measured, and the speed-ups over fp32.");
+      "10,100; within a region and along the pipeline unshaped), plus unshaped. Per cell: the step time\n"
+      "and its bound, the largest over the stages of (the unshaped step minus the stage's unshaped\n"
+      "sync, i.e. when its backward pass ends) + (the larger of its unshaped sync and the most bytes one\n"
+      "of its replicas sends across regions / rate), bound / measured, that stage's sync against its\n"
+      "bound, the slowest replica's sync of any stage, and the speed-ups over fp32.");
   return [f, cmd] { return RunSweep(*f, *cmd); };
 }
 
