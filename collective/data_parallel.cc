@@ -107,6 +107,17 @@ DataParallelSync::DataParallelSync(Group* g, int64_t n, DpOptions o)
 int64_t DataParallelSync::owned_begin() const { return IsBitDp(o_.codec) ? 0 : layout_.begin(g_->rank()); }
 int64_t DataParallelSync::owned_length() const { return IsBitDp(o_.codec) ? n_ : layout_.length(g_->rank()); }
 
+absl::Status DataParallelSync::Restore(absl::Span<const float> main, uint64_t steps) {
+  if (IsBitDp(o_.codec) || static_cast<int64_t>(main.size()) != owned_length()) {
+    return absl::InvalidArgumentError(absl::StrCat("restoring ", main.size(), " main weights; rank ", g_->rank(),
+                                                   " of a ", DpCodecName(o_.codec), " sync keeps ",
+                                                   IsBitDp(o_.codec) ? 0 : owned_length()));
+  }
+  main_.assign(main.begin(), main.end());
+  steps_ = steps;
+  return absl::OkStatus();
+}
+
 int64_t DataParallelSync::WeightPayloadBytes(int k) const {
   return static_cast<int64_t>(codec::SymQuantPayloadBytes(layout_.length(k), o_.weights));
 }

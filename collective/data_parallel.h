@@ -97,6 +97,10 @@ class DataParallelSync {
   // The fp32 main weights of the owned range (for checkpoints); empty before the first step, and
   // always for BitDP, whose optimizer updates the weights themselves.
   absl::Span<const float> main() const { return main_; }
+  // A restart from a checkpoint: the main weights of the owned range as main() returned them then
+  // (their length must be owned_length()), and the number of steps taken before, which keys the
+  // stochastic rounding of the steps to come (as if this object had taken them).
+  absl::Status Restore(absl::Span<const float> main, uint64_t steps);
 
   // grad: this rank's gradient [n]; weights: the model copy [n], identical on every rank on entry
   // (the first step takes its main weights from it) and again on success. On error the weights

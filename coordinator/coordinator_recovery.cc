@@ -68,16 +68,6 @@ bool CoordinatorService::Alive(uint64_t worker_id) const {
 void CoordinatorService::BeginRecovery(Job& job, const std::string& cause, const Worker* dead, absl::Duration detection,
                                        Outbox* out) {
   const uint64_t id = job.status.job_id();
-  const std::string& dp_codec = job.status.spec().data_parallel().codec();
-  if (Replicas(job.status.spec()) > 1 && (dp_codec == "sdp4bit" || dp_codec == "zeropp")) {
-    // Their optimizer state is sharded among the replicas and kept by the synchronisation, not in
-    // the stages' checkpoints (docs/replicated-stages.md): a restart would lose it.
-    FailJob(job,
-            absl::StrCat(cause, "; a job whose replicas shard the optimizer state (data_parallel.codec ", dp_codec,
-                         ") is not recovered: the shards are not in the checkpoints"),
-            v1::JOB_STATE_FAILED, out);
-    return;
-  }
   const int S = job.status.stages_size();
   const int dead_stage = dead != nullptr ? StageOf(job, dead->status.worker_id()) : -1;
   if (job.status.state() == v1::JOB_STATE_RECOVERING) {

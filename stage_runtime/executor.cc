@@ -5,6 +5,7 @@
 #include <optional>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/torch_status.h"
@@ -21,6 +22,8 @@ namespace {
 constexpr char kStepKey[] = "step";
 constexpr char kFormatKey[] = "format";
 constexpr char kFormat[] = "longhaul-stage-v1";
+constexpr char kSyncTensorPrefix[] = "__optim__.dp.";
+constexpr char kSyncMetadataPrefix[] = "dp.";
 
 enum class Phase { kForward, kBackward, kOptimizer };
 
@@ -296,7 +299,7 @@ absl::Status StageExecutor::AdvanceStep() {
   });
 }
 
-absl::Status StageExecutor::SaveCheckpoint(const std::string& path) const {
+absl::Status StageExecutor::SaveCheckpoint(const std::string& path, const TensorFile* sync_state) const {
   return CatchTorch("save checkpoint", [&]() -> absl::Status {
     TensorFile f;
     for (const auto& [name, p] : params_) {
@@ -304,13 +307,17 @@ absl::Status StageExecutor::SaveCheckpoint(const std::string& path) const {
       f.tensors["__optim__.exp_avg." + name] = exp_avg_.at(name);
       f.tensors["__optim__.exp_avg_sq." + name] = exp_avg_sq_.at(name);
     }
+    if (sync_state != nullptr) {
+      for (const auto& [name, t] : sync_state->tensors) f.tensors[kSyncTensorPrefix + name] = t;
+      for (const auto& [key, v] : sync_state->metadata) f.metadata[kSyncMetadataPrefix + key] = v;
+    }
     f.metadata[kStepKey] = std::to_string(step_);
     f.metadata[kFormatKey] = kFormat;
     return WriteSafetensors(path, f);
   });
 }
 
-absl::Status StageExecutor::LoadCheckpoint(const std::string& path) {
+absl::Status StageExecutor::LoadCheckpoint(const std::string& path, TensorFile* sync_state) {
   absl::StatusOr<TensorFile> f = ReadSafetensors(path);
   if (!f.ok()) return f.status();
   auto fmt = f->metadata.find(kFormatKey);
@@ -335,7 +342,14 @@ absl::Status StageExecutor::LoadCheckpoint(const std::string& path) {
       }
     }
   }
-  if (f->tensors.size() != 3 * params_.size()) {
+  TensorFile sync;
+  for (const auto& [name, t] : f->tensors) {
+    if (absl::StartsWith(name, kSyncTensorPrefix)) sync.tensors[name.substr(sizeof(kSyncTensorPrefix) - 1)] = t;
+  }
+  for (const auto& [key, v] : f->metadata) {
+    if (absl::StartsWith(key, kSyncMetadataPrefix)) sync.metadata[key.substr(sizeof(kSyncMetadataPrefix) - 1)] = v;
+  }
+  if (f->tensors.size() != 3 * params_.size() + sync.tensors.size()) {
     return absl::DataLossError(absl::StrCat("checkpoint ", path, " holds tensors this stage does not have"));
   }
   torch::NoGradGuard no_grad;
@@ -345,6 +359,7 @@ absl::Status StageExecutor::LoadCheckpoint(const std::string& path) {
     exp_avg_sq_[name].copy_(f->tensors["__optim__.exp_avg_sq." + name]);
   }
   step_ = step;
+  if (sync_state != nullptr) *sync_state = std::move(sync);
   return absl::OkStatus();
 }
 

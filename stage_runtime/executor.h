@@ -31,6 +31,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "stage_runtime/checkpoint.h"
 #include "stage_runtime/model.h"
 
 namespace longhaul::stage_runtime {
@@ -108,8 +109,13 @@ class StageExecutor {
   int64_t stored_activations() const { return static_cast<int64_t>(stored_.size()); }
   GptStage& model() { return model_; }
 
-  absl::Status SaveCheckpoint(const std::string& path) const;
-  absl::Status LoadCheckpoint(const std::string& path);
+  // `sync_state`: what a data-parallel synchronisation keeps besides the stage's parameters and
+  // optimizer state (worker/replica_sync.h: a sharded optimizer's moments and main weights of this
+  // replica's shard), saved in the same file: its tensors named "__optim__.dp.<name>", its metadata
+  // "dp.<key>". Loading fills `sync_state` with them (names and keys without the prefixes); with a
+  // null `sync_state` they are ignored.
+  absl::Status SaveCheckpoint(const std::string& path, const TensorFile* sync_state = nullptr) const;
+  absl::Status LoadCheckpoint(const std::string& path, TensorFile* sync_state = nullptr);
 
   // The compute time of the Forward, Backward and Step calls finished since the last call (see
   // Timing above); never waits.

@@ -146,7 +146,8 @@ absl::StatusOr<StepResult> StageLoop::Step(const std::vector<Batch>& batches) {
   if (!checkpoint_.path.empty() &&
       ((checkpoint_.interval > 0 && done % checkpoint_.interval == 0) || done == checkpoint_.total_steps)) {
     const absl::Time t0 = absl::Now();
-    if (absl::Status s = exec_->SaveCheckpoint(checkpoint_.path); !s.ok()) return s;
+    const TensorFile sync_state = sync_ != nullptr ? sync_->CheckpointState() : TensorFile();
+    if (absl::Status s = exec_->SaveCheckpoint(checkpoint_.path, &sync_state); !s.ok()) return s;
     r.checkpointed = true;
     r.checkpoint_time = absl::Now() - t0;
   }

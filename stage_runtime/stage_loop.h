@@ -92,6 +92,9 @@ class GradientSync {
   virtual absl::StatusOr<Outcome> SyncAndStep(uint64_t step, double loss, const ExchangeNorms& exchange_norms) = 0;
   // Makes a synchronisation in progress fail (StageLoop::Cancel). Any thread.
   virtual void Abort(const absl::Status& why) = 0;
+  // What the synchronisation keeps that the stage's checkpoints must hold too (saved with them:
+  // StageExecutor::SaveCheckpoint's sync_state); empty when it keeps nothing of its own.
+  virtual TensorFile CheckpointState() const { return {}; }
 };
 
 class StageLoop {

@@ -46,9 +46,7 @@ usage: ./longhaul.sh demo [options]
                        divided among the replicas. The summary adds the data-parallel bytes per
                        step on the wire against fp32 and the time spent synchronising
   --dp-codec C         how the replicas synchronise: sdp4bit (default), fp32, bitdp1, bitdp2,
-                       zeropp. With --kill-worker-at only fp32, bitdp1 and bitdp2 (sdp4bit and
-                       zeropp jobs fail when a worker dies: their sharded optimizer state is not
-                       in the checkpoints)
+                       zeropp
   --stages N           pipeline stages (default: the spec's; 2 with --replicas)
   --prometheus-listen HOST:PORT
                        where that prometheus serves (implies --prometheus; default
@@ -107,11 +105,6 @@ if [[ -n "$dp_codec" ]] && ((replicas == 1)); then
   echo "demo: --dp-codec is for replicated stages; add --replicas N (N >= 2)" >&2; exit 2
 fi
 dp_codec="${dp_codec:-sdp4bit}"
-if ((replicas > 1 && kill_at > 0)) && [[ "$dp_codec" == sdp4bit || "$dp_codec" == zeropp ]]; then
-  echo "demo: --kill-worker-at with --replicas needs --dp-codec fp32, bitdp1 or bitdp2 ($dp_codec keeps each" \
-    "replica's optimizer shard outside the checkpoints, so its jobs fail rather than recover; docs/replicated-stages.md)" >&2
-  exit 2
-fi
 if ((kill_at > 0)) && [[ -z "$ckpt_interval" ]]; then ckpt_interval=25; fi
 [[ -f "$spec" ]] || { echo "demo: no job spec at $spec" >&2; exit 2; }
 [[ -z "$summary" || "$summary" = /* ]] || summary="$PWD/$summary"

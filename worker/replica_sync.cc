@@ -19,6 +19,16 @@ absl::Status CheckGroup(const ReplicaSyncOptions& o, int P) {
   return absl::OkStatus();
 }
 
+constexpr char kMainKey[] = "main";
+constexpr char kExpAvgKey[] = "exp_avg";
+constexpr char kExpAvgSqKey[] = "exp_avg_sq";
+
+bool Sharded(DpCodec c) { return c == DpCodec::kSdp4Bit || c == DpCodec::kZeroPP; }
+
+torch::Tensor ToTensor(absl::Span<const float> v) {
+  return torch::from_blob(const_cast<float*>(v.data()), {static_cast<int64_t>(v.size())}, torch::kFloat32).clone();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ReplicaSync>> ReplicaSync::Create(collective::CollectiveService* service,
@@ -93,7 +103,7 @@ absl::Status ReplicaSync::Init() {
   }
   // The model copy the sharded codecs start from: identical on every replica (the same seed, or
   // the same checkpoint).
-  if (o_.codec == DpCodec::kSdp4Bit || o_.codec == DpCodec::kZeroPP) Flatten(/*grads=*/false, &weights_);
+  if (Sharded(o_.codec)) Flatten(/*grads=*/false, &weights_);
   return absl::OkStatus();
 }
 
@@ -140,6 +150,52 @@ void ReplicaSync::Unflatten(const std::vector<float>& in, bool grads) {
     dst.copy_(src);
     off += p.numel();
   }
+}
+
+stage_runtime::TensorFile ReplicaSync::CheckpointState() const {
+  stage_runtime::TensorFile f;
+  if (!Sharded(o_.codec) || dp_->main().empty()) return f;
+  f.tensors[kMainKey] = ToTensor(dp_->main());
+  f.tensors[kExpAvgKey] = ToTensor(m_);
+  f.tensors[kExpAvgSqKey] = ToTensor(v_);
+  f.metadata["codec"] = collective::DpCodecName(o_.codec);
+  f.metadata["rank"] = std::to_string(o_.rank);
+  f.metadata["replicas"] = std::to_string(dp_group_->size());
+  return f;
+}
+
+absl::Status ReplicaSync::RestoreState(const stage_runtime::TensorFile& state) {
+  if (!Sharded(o_.codec)) return absl::OkStatus();
+  const std::string who = absl::StrCat("replica ", o_.rank, " of ", dp_group_->size(), " (data_parallel.codec ",
+                                       collective::DpCodecName(o_.codec), ")");
+  auto meta = [&](const char* key) {
+    auto it = state.metadata.find(key);
+    return it == state.metadata.end() ? std::string("(none)") : it->second;
+  };
+  if (state.tensors.empty()) {
+    return absl::DataLossError(absl::StrCat("the checkpoint of step ", exec_->step(), " has no sharded optimizer state for ",
+                                            who, " (written by a version that did not keep it)"));
+  }
+  if (meta("codec") != collective::DpCodecName(o_.codec) || meta("rank") != std::to_string(o_.rank) ||
+      meta("replicas") != std::to_string(dp_group_->size())) {
+    return absl::DataLossError(absl::StrCat("the checkpoint of step ", exec_->step(), " holds the optimizer shard of replica ",
+                                            meta("rank"), " of ", meta("replicas"), " (", meta("codec"), "), not of ", who));
+  }
+  const int64_t len = dp_->owned_length();
+  std::vector<std::vector<float>> parts;
+  for (const char* key : {kMainKey, kExpAvgKey, kExpAvgSqKey}) {
+    auto it = state.tensors.find(key);
+    if (it == state.tensors.end() || it->second.dim() != 1 || it->second.numel() != len) {
+      return absl::DataLossError(absl::StrCat("the checkpoint of step ", exec_->step(), ": the optimizer shard's ", key,
+                                              " of ", who, " is missing or not ", len, " elements"));
+    }
+    const torch::Tensor t = it->second.to(torch::kCPU, torch::kFloat32).contiguous();
+    parts.emplace_back(t.data_ptr<float>(), t.data_ptr<float>() + len);
+  }
+  if (absl::Status s = dp_->Restore(parts[0], static_cast<uint64_t>(exec_->step())); !s.ok()) return s;
+  m_ = std::move(parts[1]);
+  v_ = std::move(parts[2]);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<double>> ReplicaSync::SumScalars(const std::vector<double>& values) {
@@ -191,7 +247,7 @@ absl::StatusOr<stage_runtime::GradientSync::Outcome> ReplicaSync::SyncAndStep(ui
   Outcome out;
   last_ = collective::CallStats();
   Flatten(/*grads=*/true, &grad_);
-  if (o_.codec == DpCodec::kSdp4Bit || o_.codec == DpCodec::kZeroPP) {
+  if (Sharded(o_.codec)) {
     // Sharded optimizer: the clip factor is known only once the gradient is reduced, inside the
     // step (collective/data_parallel.h calls `update` between the reduce-scatter and the weights'
     // all-gather).

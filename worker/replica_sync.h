@@ -13,8 +13,9 @@
 //   zeropp        weights with AdamW (this class's, on flat buffers; state for the shard only), qWD
 //                 (zeropp: qwZ) all-gather of the weights (collective/data_parallel.h). The
 //                 executor's parameters are then set to the gathered model copy; its own optimizer
-//                 state is not used (so checkpoints of these codecs do not hold the sharded
-//                 optimizer state).
+//                 state is not used. Each replica's checkpoints hold its shard's state
+//                 (CheckpointState / RestoreState), so a job restarts from them as from the
+//                 others'.
 // Clipping uses the global gradient: each replica's squared norm of its owned part of the
 // synchronised gradient is summed over the replicas (an exact all-gather of doubles on a second
 // group, so nested inside the sharded step's own calls), then along the pipeline by the loop's
@@ -69,6 +70,14 @@ class ReplicaSync final : public stage_runtime::GradientSync {
 
   absl::StatusOr<Outcome> SyncAndStep(uint64_t step, double loss, const ExchangeNorms& exchange_norms) override;
   void Abort(const absl::Status& why) override;
+  // sdp4bit / zeropp: this replica's shard of the optimizer state (AdamW's moments and the fp32
+  // main weights), with the codec, rank and replica count it belongs to; empty for the others,
+  // whose optimizer state is the executor's own.
+  stage_runtime::TensorFile CheckpointState() const override;
+  // After the executor restored a checkpoint of step exec->step() (with its sync_state): takes
+  // that state back. A sharded codec's state must be there and be this rank's of the same group
+  // shape (a DataLoss error naming what differs); the others ignore it.
+  absl::Status RestoreState(const stage_runtime::TensorFile& state);
 
   // The last step's data-parallel calls (gradients and weights; the scalars left out).
   const collective::CallStats& last() const { return last_; }

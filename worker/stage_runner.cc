@@ -345,6 +345,11 @@ absl::Status StageRunner::SetupReplicaSync() {
   absl::StatusOr<std::unique_ptr<ReplicaSync>> rs = ReplicaSync::Create(collective_, std::move(ro), exec_.get(), opt_.optimizer);
   if (!rs.ok()) return rs.status();
   sync_ = std::move(*rs);
+  // A restart: the sync's own part of the restored checkpoint (a sharded optimizer's shard).
+  if (a_.restore_step() > 0) {
+    if (absl::Status s = sync_->RestoreState(restored_sync_state_); !s.ok()) return s;
+  }
+  restored_sync_state_ = {};
   return absl::OkStatus();
 }
 
@@ -381,7 +386,7 @@ absl::Status StageRunner::Restore(const std::string& dir) {
                                                             : absl::FailedPreconditionError(msg);
     }
   }
-  if (absl::Status s = exec_->LoadCheckpoint(path); !s.ok()) return s;
+  if (absl::Status s = exec_->LoadCheckpoint(path, &restored_sync_state_); !s.ok()) return s;
   if (exec_->step() != step) {
     return absl::DataLossError(absl::StrCat("checkpoint ", path, " holds step ", exec_->step(), ", not ", step));
   }

@@ -152,6 +152,7 @@ class StageRunner {
   std::vector<std::string> allowed_paths_;
   collective::CollectiveService* collective_ = nullptr;
   std::unique_ptr<ReplicaSync> sync_;
+  stage_runtime::TensorFile restored_sync_state_;  // Restore to SetupReplicaSync: the checkpoint's sync part
   std::string checkpoint_dir_, checkpoint_path_;
   ReplicatedFn replicated_;
   std::atomic<int64_t> floor_{0};

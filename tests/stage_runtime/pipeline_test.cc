@@ -132,6 +132,44 @@ TEST(Checkpoint, ResumeContinuesExactly) {
   EXPECT_EQ(got, expect);  // bit-identical
 }
 
+// A data-parallel synchronisation's own state (a sharded optimizer's shard) is saved in the stage's
+// checkpoint and given back on load; a load that does not ask for it ignores it, and the model and
+// optimizer load as without it.
+TEST(Checkpoint, SyncStateTravelsWithTheStage) {
+  const auto o = Small(2, Schedule::kGPipe);
+  const std::string path = ::testing::TempDir() + "/lh_ckpt_sync.safetensors";
+  auto a = Make(o);
+  Train(*a, o, 0, 2);
+  TensorFile sync;
+  sync.tensors["main"] = torch::arange(10, torch::kFloat32);
+  sync.tensors["exp_avg"] = torch::full({10}, 0.5f);
+  sync.metadata["rank"] = "1";
+  ASSERT_TRUE(a->stage(0).SaveCheckpoint(path, &sync).ok());
+  absl::StatusOr<TensorFile> raw = ReadSafetensors(path);
+  ASSERT_TRUE(raw.ok()) << raw.status();
+  EXPECT_EQ(raw->tensors.count("__optim__.dp.main"), 1u);  // hf export skips "__optim__." tensors
+  EXPECT_EQ(raw->metadata.at("dp.rank"), "1");
+
+  auto b = Make(o);
+  TensorFile got;
+  ASSERT_TRUE(b->stage(0).LoadCheckpoint(path, &got).ok());
+  EXPECT_EQ(b->stage(0).step(), 2);
+  ASSERT_EQ(got.tensors.size(), 2u);
+  EXPECT_TRUE(torch::equal(got.tensors.at("main"), sync.tensors.at("main")));
+  EXPECT_TRUE(torch::equal(got.tensors.at("exp_avg"), sync.tensors.at("exp_avg")));
+  EXPECT_EQ(got.metadata, (std::map<std::string, std::string>{{"rank", "1"}}));
+  auto c = Make(o);
+  ASSERT_TRUE(c->stage(0).LoadCheckpoint(path).ok());
+  for (size_t i = 0; i < b->stage(0).parameters().size(); ++i) {
+    EXPECT_TRUE(torch::equal(b->stage(0).parameters()[i].second, c->stage(0).parameters()[i].second));
+  }
+  // Without sync state the file holds only the stage's own tensors.
+  ASSERT_TRUE(a->stage(0).SaveCheckpoint(path).ok());
+  ASSERT_TRUE(b->stage(0).LoadCheckpoint(path, &got).ok());
+  EXPECT_TRUE(got.tensors.empty());
+  EXPECT_TRUE(got.metadata.empty());
+}
+
 class MalformedCheckpoint : public ::testing::Test {
  protected:
   void SetUp() override {
