@@ -89,7 +89,7 @@ Decision Decide(const v1::JobSpec& spec, const std::vector<Candidate>& cands, Li
         d.how = absl::StrCat("naive order: no link measurement between ", cands[i].name, " and ", cands[j].name, " yet");
         return d;
       }
-      d.cluster.links[i][j] = EffectiveLink(m->rtt_ms(), m->mbit_per_s(), spec.links());
+      d.cluster.links[i][j] = EffectiveLink(m->rtt_ms(), m->mbit_per_s(), spec.links(), cands[i].region, cands[j].region);
     }
   }
   d.modelled = true;

@@ -373,10 +373,13 @@ class Ctl {
         : j.step() == 0 && !IsTerminal(j.state())
             ? absl::StrFormat("[%s] %-9s waiting for the first step (%d stages)", bar, JobStateName(j.state()),
                               sp.stages())
-            : absl::StrFormat("[%s] %-9s step %lld/%lld  loss %.4f  %.0f tok/s  compression %.1fx  err %.3f  ETA %s",
-                              bar, JobStateName(j.state()), static_cast<long long>(j.step()),
-                              static_cast<long long>(j.steps()), j.loss(), j.tokens_per_s(), Ratio(j),
-                              j.mean_rel_error(), Duration(eta)) +
+            : absl::StrFormat("[%s] %-9s step %lld/%lld  loss %.4f  %.0f tok/s  ", bar, JobStateName(j.state()),
+                              static_cast<long long>(j.step()), static_cast<long long>(j.steps()), j.loss(),
+                              j.tokens_per_s()) +
+                  // One stage has no pipeline links to compress.
+                  (sp.stages() > 1 ? absl::StrFormat("compression %.1fx  err %.3f  ", Ratio(j), j.mean_rel_error())
+                                   : "") +
+                  absl::StrFormat("ETA %s", Duration(eta)) +
                   (j.restarts() > 0 ? absl::StrFormat("  restarts %d", j.restarts()) : "") +
                   (Stragglers(j).empty() ? "" : absl::StrCat("  straggler: ", Stragglers(j)));
     if (tty) {
@@ -397,8 +400,12 @@ class Ctl {
     std::printf("train loss:   %.4f -> %.4f\n", j.initial_loss(), j.loss());
     std::printf("throughput:   %.0f tokens/s\n", j.tokens_per_s());
     for (const std::string& line : DescribeRecoveries(j)) std::printf("recovery:     %s\n", line.c_str());
-    std::printf("on the wire:  %s sent, %s uncompressed (%.2fx smaller); forward rel. L2 error %.4f\n",
-                HumanBytes(j.wire_bytes()).c_str(), HumanBytes(j.raw_bytes()).c_str(), Ratio(j), j.mean_rel_error());
+    if (j.spec().stages() > 1) {
+      std::printf("on the wire:  %s sent, %s uncompressed (%.2fx smaller); forward rel. L2 error %.4f\n",
+                  HumanBytes(j.wire_bytes()).c_str(), HumanBytes(j.raw_bytes()).c_str(), Ratio(j), j.mean_rel_error());
+    } else {
+      std::printf("on the wire:  no pipeline links (one stage)\n");
+    }
     for (const v1::StagePlacement& p : j.stages()) {
       if (!p.checkpoint_path().empty()) {
         std::printf("checkpoint:   stage %d (%s): %s\n", p.stage(), p.worker_name().c_str(), p.checkpoint_path().c_str());

@@ -8,6 +8,7 @@
 #include "codec/frame.h"
 #include "codec/spec.h"
 #include "codec/sym_quant.h"
+#include "proto/link_spec.h"
 #include "stage_runtime/partition.h"
 
 namespace longhaul::coordinator {
@@ -76,7 +77,9 @@ absl::StatusOr<placement::JobShape> JobShapeOf(const v1::JobSpec& spec) {
   return job;
 }
 
-placement::Link EffectiveLink(double rtt_ms, double mbit_per_s, const v1::LinkSpec& emulation) {
+placement::Link EffectiveLink(double rtt_ms, double mbit_per_s, const v1::LinkSpec& spec,
+                              const std::string& from_region, const std::string& to_region) {
+  const v1::LinkSpec emulation = LinkSpecBetween(spec, from_region, to_region);
   placement::Link l;
   l.latency_s = std::max(rtt_ms, 0.0) / 2e3 + std::max(emulation.delay_ms(), 0.0) / 1e3;
   double mbit = mbit_per_s;

@@ -34,9 +34,11 @@ absl::StatusOr<placement::JobShape> JobShapeOf(const v1::JobSpec& spec);
 // Bytes `codec_spec` puts on the wire for a [tokens, dim] fp32 tensor, frame header included.
 absl::StatusOr<double> WireBytes(const std::string& codec_spec, int64_t tokens, int64_t dim);
 
-// A measured link as the job's data plane sees it: throughput capped by links.rate_mbit, one-way
-// latency RTT / 2 plus links.delay_ms. Loss and jitter are not modelled.
-placement::Link EffectiveLink(double rtt_ms, double mbit_per_s, const v1::LinkSpec& emulation);
+// A measured link as the job's data plane sees it: throughput capped by links.rate_mbit (or
+// links.between_regions_mbit when the two ends' regions differ), one-way latency RTT / 2 plus
+// links.delay_ms. Loss and jitter are not modelled.
+placement::Link EffectiveLink(double rtt_ms, double mbit_per_s, const v1::LinkSpec& emulation,
+                              const std::string& from_region = "", const std::string& to_region = "");
 
 }  // namespace longhaul::coordinator
 

@@ -37,10 +37,13 @@
 //                         text: byte-level (vocab >= 256), corpus a file or a directory;
 //                         tokens-u16: corpus a directory with train.bin and val.bin (longhaul-data
 //                         prepare), every token < model.vocab; val_fraction is for text only
-//   links: {rate_mbit [0 = unshaped], burst_bytes [0 = about 1 ms of traffic], delay_ms [0], jitter_ms [0],
+//   links: {rate_mbit [0 = unshaped], between_regions_mbit [0 = rate_mbit],
+//           burst_bytes [0 = about 1 ms of traffic], delay_ms [0], jitter_ms [0],
 //           loss [0, probability per chunk], retransmit_ms [0 = max(200, 3 x delay_ms)],
 //           streams [1], codec_device [auto]}
-//           in-process emulation by every link's sender (netem/shaper.h); streams: gRPC streams
+//           in-process emulation by every link's sender (netem/shaper.h); between_regions_mbit:
+//           the rate of links between workers of different --region (pipeline and data-parallel)
+//           instead of rate_mbit (proto/link_spec.h), as longhaul-netem's between_regions; streams: gRPC streams
 //           (TCP connections) each data-plane link is striped over, 1..8, for fast links (one
 //           stream's threads cap a link at ~30 Gbit/s); a rate-limited link uses 1;
 //           codec_device: auto | cpu | gpu, where a stage on a CUDA device encodes what it sends

@@ -48,6 +48,14 @@ usage: ./longhaul.sh demo [options]
   --dp-codec C         how the replicas synchronise: sdp4bit (default), fp32, bitdp1, bitdp2,
                        zeropp
   --stages N           pipeline stages (default: the spec's; 2 with --replicas)
+  --regions N          deal the workers to N regions in turn (--region=region-0, region-1, ...;
+                       default 1, "local"): placement sees the regions, and replicated stages
+                       synchronise in two levels (inside a region, then across)
+  --between-regions-mbit R
+                       links between workers of different regions (pipeline and data-parallel)
+                       at R Mbit/s instead of --rate-mbit (links.between_regions_mbit; needs
+                       --regions N >= 2). E.g. --replicas 4 --stages 1 --regions 2
+                       --between-regions-mbit 10: 2 regions x 2 replicas over a 10 Mbit/s WAN
   --prometheus-listen HOST:PORT
                        where that prometheus serves (implies --prometheus; default
                        127.0.0.1:9090, or the next free port when 9090 is taken)
@@ -56,6 +64,7 @@ USAGE
 
 steps=0; summary=""; rate=""; spec="$ROOT/deploy/jobs/demo.yaml"; run_dir=""; threads=1; devices="cpu"
 prometheus=0; prom_listen=""; kill_at=0; ckpt_interval=""; replicas=1; dp_codec=""; stages_flag=""
+regions=1; between=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --steps) steps="$2"; shift 2 ;;
@@ -76,6 +85,10 @@ while [[ $# -gt 0 ]]; do
     --kill-worker-at=*) kill_at="${1#*=}"; shift ;;
     --checkpoint-interval) ckpt_interval="$2"; shift 2 ;;
     --checkpoint-interval=*) ckpt_interval="${1#*=}"; shift ;;
+    --regions) regions="$2"; shift 2 ;;
+    --regions=*) regions="${1#*=}"; shift ;;
+    --between-regions-mbit) between="$2"; shift 2 ;;
+    --between-regions-mbit=*) between="${1#*=}"; shift ;;
     --replicas) replicas="$2"; shift 2 ;;
     --replicas=*) replicas="${1#*=}"; shift ;;
     --dp-codec) dp_codec="$2"; shift 2 ;;
@@ -126,6 +139,23 @@ if [[ -n "$rate" ]]; then
     sed -i "s/^  rate_mbit:.*/  rate_mbit: $rate/" "$job_spec"
   else
     printf 'links:\n  rate_mbit: %s\n' "$rate" >> "$job_spec"
+  fi
+fi
+[[ "$regions" =~ ^[1-9][0-9]*$ && "$regions" -le 64 ]] ||
+  { echo "demo: --regions needs a number in 1..64, got '$regions'" >&2; exit 2; }
+if [[ -n "$between" ]]; then
+  [[ "$between" =~ ^[0-9]+([.][0-9]+)?$ ]] || { echo "demo: --between-regions-mbit needs a number" >&2; exit 2; }
+  ((regions > 1)) ||
+    { echo "demo: --between-regions-mbit needs --regions N (N >= 2): with one region no link is between regions" >&2; exit 2; }
+  # Replace (or add) links.between_regions_mbit in the copy (block-style links only).
+  if grep -q '^  between_regions_mbit:' "$job_spec"; then
+    sed -i "s/^  between_regions_mbit:.*/  between_regions_mbit: $between/" "$job_spec"
+  elif grep -qE '^links:[[:space:]]*$' "$job_spec"; then
+    sed -i "s/^links:[[:space:]]*\$/links:\n  between_regions_mbit: $between/" "$job_spec"
+  elif grep -q '^links:' "$job_spec"; then
+    echo "demo: --between-regions-mbit needs the spec's links: in block style (one key per line)" >&2; exit 2
+  else
+    printf 'links:\n  between_regions_mbit: %s\n' "$between" >> "$job_spec"
   fi
 fi
 if [[ -n "$ckpt_interval" ]]; then
@@ -231,8 +261,9 @@ IFS=, read -r -a device_list <<<"$devices"
 declare -A worker_pid
 for i in $(seq 0 $((workers - 1))); do
   dev="${device_list[$((i % ${#device_list[@]}))]}"
+  region=local; ((regions > 1)) && region="region-$((i % regions))"
   "$BIN/longhaul-worker" --coordinator="$addr" --listen=127.0.0.1:0 --name="worker-$i" --device="$dev" \
-    --region=local --threads="$threads" --data-dir="$run_dir/worker-$i" >"$run_dir/worker-$i.log" 2>&1 &
+    --region="$region" --threads="$threads" --data-dir="$run_dir/worker-$i" >"$run_dir/worker-$i.log" 2>&1 &
   pids+=($!)
   worker_pid["worker-$i"]=$!
 done
@@ -242,8 +273,10 @@ for _ in $(seq 300); do
   sleep 0.2
 done
 [[ "${n:-0}" -ge "$workers" ]] || { echo "demo: only ${n:-0} of $workers workers registered; see $run_dir/worker-*.log" >&2; exit 1; }
-layout="$stages stages"
-((replicas > 1)) && layout="$stages stages x $replicas replicas, data-parallel $dp_codec"
+stage_word=stages; ((stages == 1)) && stage_word=stage
+layout="$stages $stage_word"
+((replicas > 1)) && layout="$stages $stage_word x $replicas replicas, data-parallel $dp_codec"
+((regions > 1)) && layout+=", $regions regions${between:+ (${between} Mbit/s between them)}"
 echo "demo: $workers workers registered ($layout$( ((kill_at > 0)) && echo ", 1 spare"))"
 
 # `longhaulctl status JOB --json` (pretty-printed, keys sorted): a top-level number, the worker of
@@ -312,7 +345,7 @@ dp_summary() {
   dp=$(json_top dp_bytes_per_step <<<"$st"); raw=$(json_top dp_raw_bytes_per_step <<<"$st")
   secs=$(json_top dp_seconds <<<"$st")
   awk -v d="${dp:-0}" -v r="${raw:-0}" -v t="${secs:-0}" -v n="$replicas" -v s="$stages" -v c="$dp_codec" 'BEGIN {
-    printf "data-parallel: %d stages x %d replicas, %s: %.1f KB per step on the wire (all replicas) vs %.1f KB as fp32", s, n, c, d / 1e3, r / 1e3
+    printf "data-parallel: %d %s x %d replicas, %s: %.1f KB per step on the wire (all replicas) vs %.1f KB as fp32", s, s == 1 ? "stage" : "stages", n, c, d / 1e3, r / 1e3
     if (d > 0) printf " (%.2fx)", r / d
     printf "; %.3f s per step synchronising (the slowest replica, last step)\n", t }'
 }

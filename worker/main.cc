@@ -35,7 +35,11 @@ int main(int argc, char** argv) {
       ->type_name("HOST");
   app.add_option("--name", o.name, "worker name, unique among live workers (empty: HOSTNAME-PORT)")
       ->type_name("NAME");
-  app.add_option("--region", o.region, "region label used by placement")->type_name("NAME");
+  app.add_option("--region", o.region,
+                 "region label: placement, two-level data-parallel collectives, and links.between_regions_mbit "
+                 "for links to other regions")
+      ->type_name("NAME")
+      ->capture_default_str();
   app.add_option("--device", o.device, "where the stage computes: cpu, cuda or cuda:N")->type_name("DEV");
   app.add_option("--data-dir", o.data_dir, "checkpoints and job files")->type_name("DIR");
   app.add_option("--allow-paths", o.allow_paths,

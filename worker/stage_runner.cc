@@ -13,6 +13,7 @@
 #include "absl/time/clock.h"
 #include "common/list_dir.h"
 #include "common/log.h"
+#include "proto/link_spec.h"
 #include "stage_runtime/data.h"
 #include "worker/link_settings.h"
 #include "worker/spec_paths.h"
@@ -189,8 +190,8 @@ absl::StatusOr<std::unique_ptr<GrpcLink>> StageRunner::Connect(bool forward, con
   const v1::JobSpec& spec = a_.spec();
   const v1::StagePeer& peer = forward ? a_.next() : a_.prev();
   // Different jitter/loss draws per stage and direction, reproducible per job.
-  absl::StatusOr<LinkSettings> ls =
-      ResolveLinkSpec(spec.links(), spec.seed() * 1000 + a_.stage() * 2 + (forward ? 1 : 2));
+  absl::StatusOr<LinkSettings> ls = ResolveLinkSpec(LinkSpecBetween(spec.links(), region_, peer.region()),
+                                                    spec.seed() * 1000 + a_.stage() * 2 + (forward ? 1 : 2));
   if (!ls.ok()) return ls.status();
   SenderOptions so;
   so.target = peer.address();
@@ -335,12 +336,17 @@ absl::Status StageRunner::SetupReplicaSync() {
   ro.weight_bits = spec.data_parallel().weight_bits();
   if (spec.data_parallel().timeout_seconds() > 0) ro.timeout = absl::Seconds(spec.data_parallel().timeout_seconds());
   ro.seed = spec.seed() * 1000 + static_cast<uint64_t>(a_.stage());
-  // The same emulated links as the pipeline's (links: in the spec).
+  // The same emulated links as the pipeline's (links: in the spec), per peer: those in other regions
+  // at links.between_regions_mbit when it is set.
   const v1::LinkSpec& l = spec.links();
-  if (l.rate_mbit() > 0 || l.delay_ms() > 0 || l.loss() > 0) {
-    absl::StatusOr<LinkSettings> ls = ResolveLinkSpec(l, spec.seed() * 1000 + 500 + a_.stage() * 64 + ro.rank);
-    if (!ls.ok()) return ls.status();
-    ro.links.assign(ro.addresses.size(), ls->profile);
+  if (l.rate_mbit() > 0 || l.between_regions_mbit() > 0 || l.delay_ms() > 0 || l.loss() > 0) {
+    const std::string& mine = ro.regions[static_cast<size_t>(ro.rank)];
+    for (size_t p = 0; p < ro.addresses.size(); ++p) {
+      absl::StatusOr<LinkSettings> ls = ResolveLinkSpec(LinkSpecBetween(l, mine, ro.regions[p]),
+                                                        spec.seed() * 1000 + 500 + a_.stage() * 64 + ro.rank);
+      if (!ls.ok()) return ls.status();
+      ro.links.push_back(ls->profile);
+    }
   }
   absl::StatusOr<std::unique_ptr<ReplicaSync>> rs = ReplicaSync::Create(collective_, std::move(ro), exec_.get(), opt_.optimizer);
   if (!rs.ok()) return rs.status();

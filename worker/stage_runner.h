@@ -88,6 +88,8 @@ class StageRunner {
   // The worker's Collective service (not owned), for replicated stages' synchronisation (before
   // Run; replica_sync.h).
   void SetCollective(collective::CollectiveService* s) { collective_ = s; }
+  // This worker's --region: links to workers of other regions use links.between_regions_mbit.
+  void SetRegion(std::string region) { region_ = std::move(region); }
   // Lets a stage stopped by the test hook go on (it then ends as cancelled). Any thread.
   void ReleaseTestHang() { hang_released_.store(true); }
 
@@ -151,6 +153,7 @@ class StageRunner {
   int replicas_ = 1;
   std::vector<std::string> allowed_paths_;
   collective::CollectiveService* collective_ = nullptr;
+  std::string region_;
   std::unique_ptr<ReplicaSync> sync_;
   stage_runtime::TensorFile restored_sync_state_;  // Restore to SetupReplicaSync: the checkpoint's sync part
   std::string checkpoint_dir_, checkpoint_path_;

@@ -362,6 +362,7 @@ void Worker::StartJob(const v1::StageAssignment& a) {
       job_->SetTestHang(opt_.test_hang);
       job_->SetAllowedPaths(opt_.allow_paths);
       job_->SetCollective(collective_service_.get());
+      job_->SetRegion(opt_.region);
       // Pruned on the coordinator's floor and served to recovering workers: only a directory the
       // stage may use (a refused one fails the stage in Setup).
       if (absl::StatusOr<std::string> dir = job_->CheckedCheckpointDir(); dir.ok()) checkpoint_dirs_[a.job_id()] = *dir;

@@ -31,7 +31,7 @@ steps: 12
 seed: 99
 checkpoint: {interval: 4, dir: /tmp/ck}
 data: {corpus: /tmp/corpus, val_fraction: 0.2}
-links: {rate_mbit: 50.5, burst_bytes: 4096, streams: 2, codec_device: cpu}
+links: {rate_mbit: 50.5, between_regions_mbit: 10, burst_bytes: 4096, streams: 2, codec_device: cpu}
 codec_threads: 2
 )");
   ASSERT_TRUE(s.ok()) << s.status();
@@ -51,6 +51,7 @@ codec_threads: 2
   EXPECT_EQ(s->checkpoint_dir(), "/tmp/ck");
   EXPECT_EQ(s->data_dir(), "/tmp/corpus");
   EXPECT_DOUBLE_EQ(s->links().rate_mbit(), 50.5);
+  EXPECT_DOUBLE_EQ(s->links().between_regions_mbit(), 10);
   EXPECT_EQ(s->links().burst_bytes(), 4096);
   EXPECT_EQ(s->links().streams(), 2);
   EXPECT_EQ(s->links().codec_device(), "cpu");
@@ -67,7 +68,7 @@ codecs: {forward: "tahquant:g=5", backward: zstd}
 optimizer: {name: sgd, lr: -1}
 steps: 0
 checkpoint: {interval: -2}
-links: {rate_mbit: -3, streams: 9, codec_device: tpu}
+links: {rate_mbit: -3, between_regions_mbit: -1, streams: 9, codec_device: tpu}
 colour: blue
 )");
   ASSERT_FALSE(s.ok());
@@ -77,7 +78,7 @@ colour: blue
        {"model.hidden: 100 is not divisible by model.heads", "model.vocab", "stages: 3 stages need at least",
         "schedule: \"round-robin\"", "micro_batches (line 5): \"many\" is not an integer", "codecs.forward",
         "codecs.backward", "optimizer.name", "optimizer.lr", "steps: 0", "checkpoint.interval", "links.rate_mbit",
-        "links.streams", "links.codec_device: \"tpu\" is not auto, cpu or gpu", "colour (line 11): unknown key"}) {
+        "links.between_regions_mbit", "links.streams", "links.codec_device: \"tpu\" is not auto, cpu or gpu", "colour (line 11): unknown key"}) {
     EXPECT_NE(m.find(want), std::string::npos) << "missing \"" << want << "\" in:\n" << m;
   }
 }

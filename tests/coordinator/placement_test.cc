@@ -16,6 +16,7 @@
 #include "absl/time/clock.h"
 #include "coordinator/job_cost.h"
 #include "coordinator/job_spec.h"
+#include "proto/link_spec.h"
 
 namespace longhaul::coordinator::placement {
 namespace {
@@ -421,6 +422,22 @@ TEST(JobCostTest, EmulatedRateAndDelayApplyOnTopOfTheMeasurement) {
   EXPECT_DOUBLE_EQ(l.latency_s, 21e-3);
   EXPECT_DOUBLE_EQ(l.bytes_per_s, 10e6);
   EXPECT_DOUBLE_EQ(EffectiveLink(2, 40, shaped).bytes_per_s, 5e6);  // slower than the emulated rate
+}
+
+// links.between_regions_mbit caps the links between workers of different regions instead of
+// rate_mbit; links within a region keep rate_mbit (unshaped when it is 0).
+TEST(JobCostTest, LinksBetweenRegionsTakeTheirOwnRate) {
+  v1::LinkSpec spec;
+  spec.set_between_regions_mbit(8);
+  EXPECT_DOUBLE_EQ(EffectiveLink(2, 800, spec, "eu", "us").bytes_per_s, 1e6);
+  EXPECT_DOUBLE_EQ(EffectiveLink(2, 800, spec, "eu", "eu").bytes_per_s, 100e6);
+  spec.set_rate_mbit(80);
+  EXPECT_DOUBLE_EQ(EffectiveLink(2, 800, spec, "eu", "us").bytes_per_s, 1e6);
+  EXPECT_DOUBLE_EQ(EffectiveLink(2, 800, spec, "us", "us").bytes_per_s, 10e6);
+  const v1::LinkSpec across = LinkSpecBetween(spec, "eu", "us"), within = LinkSpecBetween(spec, "eu", "eu");
+  EXPECT_DOUBLE_EQ(across.rate_mbit(), 8);
+  EXPECT_DOUBLE_EQ(within.rate_mbit(), 80);
+  EXPECT_DOUBLE_EQ(across.between_regions_mbit(), 0);  // resolved: a sender shapes by rate_mbit only
 }
 
 }  // namespace

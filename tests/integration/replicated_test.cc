@@ -136,6 +136,40 @@ TEST_F(ReplicatedTest, CompressedSyncKeepsReplicasIdenticalAndTrains) {
   }
 }
 
+// links.between_regions_mbit shapes the data-parallel links between replicas of different regions
+// (workers started with --region): one stage, a replica in each of two regions, fp32 ring
+// all-reduce, every byte a replica sends crossing between the regions: the step's sync cannot
+// take less than one replica's bytes at the rate, and without the shaping it takes milliseconds.
+TEST_F(ReplicatedTest, LinksBetweenRegionsAreShapedAtTheirOwnRate) {
+  c_.SetWorkerRegions({"eu", "us"});
+  ASSERT_TRUE(c_.StartCoordinator().ok());
+  ASSERT_TRUE(c_.StartWorkers(2).ok());
+  constexpr double kMbit = 4;
+  const std::string spec = R"(name: regions
+model: {layers: 1, hidden: 32, heads: 2, context: 16}
+stages: 1
+replicas: 2
+micro_batches: 2
+micro_batch_size: 2
+optimizer: {lr: 3.0e-3}
+seed: 3
+steps: 3
+data_parallel: {codec: fp32, timeout: 60s}
+links: {between_regions_mbit: 4}
+)";
+  absl::StatusOr<v1::JobStatus> st = Run(spec);
+  ASSERT_TRUE(st.ok()) << st.status();
+  ASSERT_EQ(st->state(), v1::JOB_STATE_SUCCEEDED) << st->error();
+  ASSERT_EQ(st->stages_size(), 2);
+  EXPECT_NE(st->stages(0).worker_name(), st->stages(1).worker_name());  // one in each region
+  const double per_replica = static_cast<double>(st->dp_bytes_per_step()) / 2;
+  const double at_rate = per_replica / (kMbit * 1e6 / 8);
+  std::printf("fp32 ring between eu and us at %g Mbit/s: %.0f bytes per replica-step, %.3f s at the rate, sync %.3f s\n",
+              kMbit, per_replica, at_rate, st->dp_seconds());
+  EXPECT_GT(at_rate, 0.05);  // the check below means something
+  EXPECT_GE(st->dp_seconds(), 0.9 * at_rate);
+}
+
 TEST_F(ReplicatedTest, MoreReplicasThanWorkersIsRejectedWithTheNumbers) {
   ASSERT_TRUE(c_.StartCoordinator().ok());
   ASSERT_TRUE(c_.StartWorkers(3).ok());

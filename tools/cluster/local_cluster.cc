@@ -227,6 +227,7 @@ absl::Status Cluster::StartWorkers(int n) {
                              absl::StrCat("--threads=", threads_), absl::StrCat("--data-dir=", dir_, "/", name),
                              absl::StrCat("--metrics-listen=", Host(name), ":0")});
     if (!devices_.empty()) argv.push_back(absl::StrCat("--device=", devices_[(before + i) % devices_.size()]));
+    if (!regions_.empty()) argv.push_back(absl::StrCat("--region=", regions_[(before + i) % regions_.size()]));
     for (const std::string& f : WorkerSecurityFlags()) argv.push_back(f);
     argv.insert(argv.end(), worker_flags_.begin(), worker_flags_.end());
     absl::StatusOr<std::unique_ptr<Process>> p = Process::Spawn(argv, absl::StrCat(dir_, "/", name, ".log"));

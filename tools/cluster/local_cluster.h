@@ -73,6 +73,9 @@ class Cluster {
   // Optional, before StartWorkers: the --device each worker computes on (dealt round-robin, so
   // several workers may share one GPU); default cpu.
   void SetWorkerDevices(std::vector<std::string> devices) { devices_ = std::move(devices); }
+  // Optional, before StartWorkers: the --region of each worker (dealt round-robin, so {"a", "b"}
+  // puts workers 0, 2, ... in a and 1, 3, ... in b); default the worker's own (local).
+  void SetWorkerRegions(std::vector<std::string> regions) { regions_ = std::move(regions); }
   // Optional, before StartCoordinator: more longhaul-coordinator flags (e.g. "--reserve-after=1s";
   // not --listen, --port-file, --state or the heartbeat flags, which the cluster sets); kept for
   // restarts.
@@ -142,6 +145,7 @@ class Cluster {
   int threads_ = 1;
   Placement placement_;
   std::vector<std::string> devices_;
+  std::vector<std::string> regions_;
   std::vector<std::string> coordinator_flags_;
   std::vector<std::string> worker_flags_;
   bool insecure_ = false;
