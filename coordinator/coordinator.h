@@ -55,17 +55,20 @@
 #ifndef LONGHAUL_COORDINATOR_COORDINATOR_H_
 #define LONGHAUL_COORDINATOR_COORDINATOR_H_
 
+#include <algorithm>
 #include <deque>
 #include <map>
 #include <memory>
 #include <optional>
 #include <set>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include <grpcpp/grpcpp.h>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "coordinator/placement.h"
 #include "coordinator/scheduler.h"
@@ -251,6 +254,12 @@ class CoordinatorService final : public v1::Coordinator::Service {
     if (stages <= 0 || stage < 0 || stage >= stages || replica < 0) return -1;
     const int64_t slot = int64_t{replica} * stages + stage;
     return slot < job.status.stages_size() ? static_cast<int>(slot) : -1;
+  }
+  // "stage s", or "stage s replica r" in a job with replicated stages.
+  static std::string SlotName(const v1::JobStatus& job, int slot) {
+    const int S = std::max(1, job.spec().stages());
+    return job.spec().replicas() > 1 ? absl::StrCat("stage ", slot % S, " replica ", slot / S)
+                                     : absl::StrCat("stage ", slot);
   }
   bool Alive(uint64_t worker_id) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Checkpoints and recovery progress from a step report of the current attempt.

@@ -44,13 +44,6 @@ void SetLocal(v1::StagePlacement* p, std::vector<int64_t> steps) {
   for (int64_t s : steps) p->add_local_checkpoints(s);
 }
 
-// "stage s", or "stage s replica r" in a job with replicated stages.
-std::string SlotName(const v1::JobStatus& job, int slot) {
-  const int S = job.spec().stages();
-  return job.spec().replicas() > 1 ? absl::StrCat("stage ", slot % S, " replica ", slot / S)
-                                   : absl::StrCat("stage ", slot);
-}
-
 }  // namespace
 
 int CoordinatorService::StageOf(const Job& job, uint64_t worker_id) const {

@@ -131,19 +131,22 @@ void CoordinatorService::TrackActivity(Job& job, int stage, const v1::StageActiv
 }
 
 void CoordinatorService::TrackStep(Job& job, const v1::StepProgress& p) {
-  const int S = job.status.stages_size();
-  const int s = p.stage();
+  // Keyed by slot (replica r's stage s at r * S + s, as JobStatus.stages), as the activity is.
+  const int slots = job.status.stages_size();
+  const int S = std::max(1, job.status.spec().stages());
+  const int s = Slot(job, p.stage(), p.replica());
+  if (s < 0) return;
   job.last_step_at = opt_.clock->Now();
   job.stepped = true;
   job.status.set_last_progress_unix(UnixNow());
-  if (job.past_setup.insert(s).second && static_cast<int>(job.past_setup.size()) == S) {
+  if (job.past_setup.insert(s).second && static_cast<int>(job.past_setup.size()) == slots) {
     job.stepping_since = job.last_step_at;
   }
   job.max_checkpoint_seconds = std::max(job.max_checkpoint_seconds, p.checkpoint_seconds());
   // A stage's first step of an attempt carries its warm-up (allocations, the pipeline's fill).
   auto [samples, first] = job.compute.try_emplace(s);
   if (first) return;
-  if (s == S - 1 && p.step_seconds() > 0) Push(&job.step_seconds, p.step_seconds(), kStepSamples);
+  if (p.stage() == S - 1 && p.step_seconds() > 0) Push(&job.step_seconds, p.step_seconds(), kStepSamples);
   // Its own work: the step less the time it waited on its links.
   Push(&samples->second, std::max(0.0, p.step_seconds() - p.recv_wait_seconds() - p.send_wait_seconds()),
        kStepSamples);
@@ -154,24 +157,27 @@ void CoordinatorService::TrackStep(Job& job, const v1::StepProgress& p) {
   const v1::JobSpec& spec = job.status.spec();
   absl::StatusOr<placement::JobShape> shape = JobShapeOf(spec);
   if (!shape.ok() || static_cast<int>(shape->stage_flops.size()) != S) return;
-  std::vector<double> measured(S, 0.0);
+  std::vector<double> measured(static_cast<size_t>(slots), 0.0);
   for (const auto& [t, d] : job.compute) {
     if (d.size() >= kMinComputeSamples) measured[t] = Median(std::vector<double>(d.begin(), d.end()));
   }
   const double factor = spec.recovery().straggler_factor();
-  for (int t = 0; t < S; ++t) {
+  // Each replica computes micro_batches / replicas of the step (job_spec.h).
+  const int micro_batches = std::max(1, shape->micro_batches / (slots / S));
+  auto flops = [&](int t) { return shape->stage_flops[static_cast<size_t>(t % S)]; };
+  for (int t = 0; t < slots; ++t) {
     v1::StagePlacement* sp = job.status.mutable_stages(t);
     auto w = workers_.find(sp->worker_id());
     const double gflops = w == workers_.end() ? 0 : w->second.status.info().compute_gflops();
     double predicted = 0;
     if (gflops > 0) {
-      predicted = shape->micro_batches * shape->stage_flops[t] / (gflops * 1e9 * kComputeEfficiency);
+      predicted = micro_batches * flops(t) / (gflops * 1e9 * kComputeEfficiency);
     } else {
       std::vector<double> rates;
-      for (int u = 0; u < S; ++u) {
-        if (u != t && measured[u] > 0 && shape->stage_flops[u] > 0) rates.push_back(measured[u] / shape->stage_flops[u]);
+      for (int u = 0; u < slots; ++u) {
+        if (u != t && measured[u] > 0 && flops(u) > 0) rates.push_back(measured[u] / flops(u));
       }
-      predicted = Median(rates) * shape->stage_flops[t];
+      predicted = Median(rates) * flops(t);
     }
     sp->set_compute_seconds(measured[t]);
     sp->set_predicted_compute_seconds(predicted);
@@ -186,7 +192,7 @@ void CoordinatorService::TrackStep(Job& job, const v1::StepProgress& p) {
                                factor)
              : "";
     if (slow != was) {
-      Log(absl::StrCat("job ", job.status.job_id(), " stage ", t, " on ", sp->worker_name(),
+      Log(absl::StrCat("job ", job.status.job_id(), " ", SlotName(job.status, t), " on ", sp->worker_name(),
                        slow ? absl::StrCat(" is a straggler: ", why) : " is no longer a straggler"));
     }
     sp->set_straggler(why);
@@ -257,10 +263,10 @@ void CoordinatorService::CheckProgress(Outbox* out) {
       if (job.ended.count(s)) continue;
       auto a = job.activity.find(s);
       if (a == job.activity.end()) {
-        doing.push_back(absl::StrCat("stage ", s, ": no activity reported"));
+        doing.push_back(absl::StrCat(SlotName(job.status, s), ": no activity reported"));
         continue;
       }
-      doing.push_back(absl::StrCat("stage ", s, ": ", Doing(a->second)));
+      doing.push_back(absl::StrCat(SlotName(job.status, s), ": ", Doing(a->second)));
       const bool setting_up = a->second.phase() == v1::StageActivity::PHASE_SETUP;
       if (starting.empty() ? !WaitsOnALink(a->second) : setting_up) hung.push_back(s);
     }
@@ -269,7 +275,7 @@ void CoordinatorService::CheckProgress(Outbox* out) {
     if (!hung.empty()) {
       for (int s : hung) {
         const uint64_t wid = job.status.stages(s).worker_id();
-        WorkerLost(wid, absl::StrCat(what, "; stage ", s, " hung (", where, ")"), out, silent);
+        WorkerLost(wid, absl::StrCat(what, "; ", SlotName(job.status, s), " hung (", where, ")"), out, silent);
       }
     } else {
       // Every stage waits on a link (a connection that stalls without breaking): restart them all,

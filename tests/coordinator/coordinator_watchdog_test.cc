@@ -95,6 +95,53 @@ TEST_F(WatchdogTest, AHungStageIsTheOneItsNeighboursWaitForAndItsWorkerIsReplace
   EXPECT_EQ(Job(Submit(1)).state(), v1::JOB_STATE_PENDING);
 }
 
+// Replicated stages: the watchdog keeps its books by slot (replica r's stage s), as JobStatus.stages
+// does: the step time is measured from the last stage of every replica, and a hung replica is the
+// one named and replaced.
+TEST_F(WatchdogTest, ReplicasAreWatchedSlotBySlot) {
+  std::map<std::string, Fake*> by_name;
+  for (const char* n : {"a", "b", "c", "d"}) by_name[n] = &Add(n);
+  const uint64_t job = Submit(2, "replicas: 2\nmicro_batches: 4\n"
+                                 "recovery: {progress_timeout_factor: 10, progress_timeout_min: 5s}\n");
+  Add("spare");
+  v1::JobStatus st = Job(job);
+  ASSERT_EQ(st.stages_size(), 4);
+  Fake* slot[4];
+  for (int i = 0; i < 4; ++i) slot[i] = by_name.at(st.stages(i).worker_name());
+  for (Fake* w : slot) w->Doing(job, 0, kCompute, 0);
+  for (int step = 1; step <= 6; ++step) {
+    clock_.Advance(absl::Milliseconds(100));
+    for (int i = 0; i < 4; ++i) {
+      v1::StepProgress p = Timed(0.1);
+      p.set_replica(i / 2);
+      slot[i]->Report(job, i % 2, step, 0, p);
+    }
+  }
+  svc_->CheckHeartbeats();
+  st = Job(job);
+  EXPECT_DOUBLE_EQ(st.expected_step_seconds(), 0.1);
+  EXPECT_DOUBLE_EQ(st.progress_timeout_seconds(), 5);
+
+  // Replica 1's stage 0 hangs in step 7; its pipeline neighbour and the other replica's stages wait.
+  slot[2]->Doing(job, 0, kCompute, 6, -1, 1.0);
+  slot[3]->Doing(job, 0, kReceive, 6, 0, 1.0);
+  slot[0]->Doing(job, 0, kReceive, 6, 1, 1.0);
+  slot[1]->Doing(job, 0, kReceive, 6, 0, 1.0);
+  Advance(absl::Milliseconds(4900));
+  EXPECT_EQ(Job(job).state(), v1::JOB_STATE_RUNNING);
+  clock_.Advance(absl::Milliseconds(200));
+  svc_->CheckHeartbeats();
+  st = Job(job);
+  ASSERT_EQ(st.state(), v1::JOB_STATE_RECOVERING);
+  ASSERT_EQ(st.recoveries_size(), 1);
+  const v1::Recovery& r = st.recoveries(0);
+  EXPECT_EQ(r.dead_worker(), st.stages(2).worker_name());
+  for (const char* want : {"stage 0 replica 1 hung", "stage 0 replica 1: computing step 7 for 1.0 s",
+                           "stage 1 replica 1: waiting for stage 0 for 1.0 s"}) {
+    EXPECT_TRUE(Contains(r.cause(), want)) << "missing \"" << want << "\" in " << r.cause();
+  }
+}
+
 TEST_F(WatchdogTest, TheTimeoutFollowsTheMeasuredStepWithRoomForStartUpFirstStepsAndCheckpoints) {
   Fake& a = Add("a");
   Fake& b = Add("b");
