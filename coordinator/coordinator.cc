@@ -214,8 +214,15 @@ void CoordinatorService::FillAssignment(const Job& job, const std::vector<Worker
   if (s + 1 < S) peer(slot + 1, a->mutable_next());
   a->set_attempt(job.status.attempt());
   // Each stage's checkpoints are copied to the next stage's worker (the last stage's to stage 0's)
-  // of the same replica.
-  if (spec.checkpoint_replicate() == "peer" && S > 1) peer(r * S + (s + 1) % S, a->mutable_replica());
+  // of the same replica; with one stage, to the next replica's worker (the last replica's to
+  // replica 0's), so that a lost replica is restored from its own state.
+  if (spec.checkpoint_replicate() == "peer") {
+    if (S > 1) {
+      peer(r * S + (s + 1) % S, a->mutable_replica());
+    } else if (R > 1) {
+      peer(((r + 1) % R) * S + s, a->mutable_replica());
+    }
+  }
   if (R > 1) {
     a->set_replica_index(r);
     for (int q = 0; q < R; ++q) {

@@ -71,7 +71,7 @@ class RecoveryTest : public ::testing::Test {
     EXPECT_LT(std::abs(got.loss() - ref.loss()), 0.02 * std::abs(ref.loss()))
         << "final loss " << got.loss() << " vs " << ref.loss() << " without the failure";
   }
-  double KillAReplicaAndRecover(const std::string& dp_codec);
+  double KillAReplicaAndRecover(const std::string& dp_codec, int stages = 2);
   Cluster c_;
 };
 
@@ -122,14 +122,15 @@ TEST_F(RecoveryTest, KilledWorkerIsReplacedBySpareFromItsCheckpointCopy) {
   EXPECT_NE(out.find(absl::StrCat("restarted from step ", r.restored_step())), std::string::npos) << out;
 }
 
-// 2 stages x 2 replicas: replica 1's stage-0 worker killed and its disk gone; the spare takes that
-// slot from the copy on its pipeline neighbour (replica 1's stage 1), the replica group re-forms
+// `stages` x 2 replicas: replica 1's stage-0 worker killed and its disk gone; the spare takes that
+// slot from the copy on its pipeline neighbour (replica 1's stage 1; with one stage, replica 0's
+// worker), the replica group re-forms
 // for the new attempt, and the losses continue the undisturbed run's. Returns the largest relative
 // difference of a step's loss from the undisturbed run's.
-double RecoveryTest::KillAReplicaAndRecover(const std::string& dp_codec) {
+double RecoveryTest::KillAReplicaAndRecover(const std::string& dp_codec, int stages) {
   const std::string spec = absl::StrCat(R"(name: recover-replicas
 model: {layers: 2, hidden: 64, heads: 4, context: 32}
-stages: 2
+stages: )", stages, R"(
 replicas: 2
 data_parallel: {codec: )", dp_codec, R"(, timeout: 60s}
 micro_batches: 4
@@ -141,13 +142,18 @@ seed: 11
 checkpoint: {interval: )", kInterval, "}\n");
   const v1::JobStatus ref = RunToEnd(spec);
   EXPECT_EQ(ref.state(), v1::JOB_STATE_SUCCEEDED) << ref.error();
-  if (ref.state() != v1::JOB_STATE_SUCCEEDED || !c_.WaitForIdleWorkers(5, absl::Seconds(30)).ok()) return 1;
+  if (ref.state() != v1::JOB_STATE_SUCCEEDED || !c_.WaitForIdleWorkers(2 * stages + 1, absl::Seconds(30)).ok()) {
+    return 1;
+  }
 
   absl::StatusOr<uint64_t> job = c_.Submit(spec);
   EXPECT_TRUE(job.ok()) << job.status();
   if (!job.ok() || !c_.WaitForStep(*job, 13, absl::Minutes(2)).ok()) return 1;
-  constexpr int kSlot = 2;  // replica 1 of stage 0
-  absl::StatusOr<std::string> victim = c_.WorkerOf(*job, kSlot);
+  const int slot = stages;  // replica 1 of stage 0
+  // Where its checkpoints were copied: its pipeline neighbour (replica 1's stage 1), or with one
+  // stage the other replica.
+  const int holder = stages > 1 ? slot + 1 : 0;
+  absl::StatusOr<std::string> victim = c_.WorkerOf(*job, slot);
   if (!victim.ok()) return 1;
   c_.worker(*victim)->Signal(SIGKILL);
   EXPECT_TRUE(common::RemoveTree(absl::StrCat(c_.dir(), "/", *victim)).ok());
@@ -165,8 +171,8 @@ checkpoint: {interval: )", kInterval, "}\n");
   EXPECT_LE(r.failed_step() - r.restored_step(), kInterval) << "failed at " << r.failed_step();
   EXPECT_EQ(r.replacements_size(), 1);
   if (r.replacements_size() != 1) return 1;
-  EXPECT_NE(r.replacements(0).find(absl::StrCat("stage 0 replica 1: ", *victim, " -> ", st->stages(kSlot).worker_name(),
-                                                ", restored from the copy on ", st->stages(kSlot + 1).worker_name())),
+  EXPECT_NE(r.replacements(0).find(absl::StrCat("stage 0 replica 1: ", *victim, " -> ", st->stages(slot).worker_name(),
+                                                ", restored from the copy on ", st->stages(holder).worker_name())),
             std::string::npos)
       << r.replacements(0);
   ExpectSameCurve(*st, ref);
@@ -187,6 +193,14 @@ TEST_F(RecoveryTest, KilledReplicaIsReplacedBySpareAndTheGroupReforms) {
   ASSERT_TRUE(c_.StartCoordinator().ok());
   ASSERT_TRUE(c_.StartWorkers(5).ok());  // 4 slots and a spare
   KillAReplicaAndRecover("fp32");
+}
+
+// One stage: the replicas copy their checkpoints to each other (no pipeline neighbour), so a lost
+// replica is restored from the copy on the other one, not from step 0.
+TEST_F(RecoveryTest, OneStageReplicaIsRestoredFromTheOtherReplicasCopy) {
+  ASSERT_TRUE(c_.StartCoordinator().ok());
+  ASSERT_TRUE(c_.StartWorkers(3).ok());  // 2 replicas and a spare
+  KillAReplicaAndRecover("fp32", /*stages=*/1);
 }
 
 // sdp4bit: each replica keeps a shard of the optimizer state (moments and main weights), saved in
