@@ -254,28 +254,33 @@ grpc::Status CoordinatorService::PlanJob(grpc::ServerContext* ctx, const v1::Pla
   const Decision d = Decide(*spec, cands, link, opt_.placement.min_gain, opt_.placement.solve);
   auto fill = [&](const placement::Placement& p, google::protobuf::RepeatedPtrField<v1::PlannedStage>* out)
                   ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    std::vector<placement::StageCost> costs;
-    if (d.modelled) costs = placement::StageCosts(d.job, d.cluster, p);
-    // Replicated stages: replica 0's pipeline (the others' workers follow it in the placement).
-    for (int s = 0; s < spec->stages(); ++s) {
-      v1::PlannedStage* ps = out->Add();
-      const Candidate& c = cands[p[s]];
-      ps->set_stage(s);
-      ps->set_worker_id(c.id);
-      ps->set_worker_name(c.name);
-      ps->set_region(c.region);
-      ps->set_layer_begin((*parts)[s].begin);
-      ps->set_layer_end((*parts)[s].end);
-      if (!d.modelled) continue;
-      ps->set_compute_seconds(costs[s].compute_s);
-      if (s + 1 == spec->stages()) continue;
-      ps->set_forward_seconds(costs[s].forward_s);
-      ps->set_backward_seconds(costs[s].backward_s);
-      const v1::LinkMeasurement* m = link(p[s], p[s + 1]);
-      if (m == nullptr) m = link(p[s + 1], p[s]);
-      if (m != nullptr) {
-        ps->set_mbit_per_s(m->mbit_per_s());
-        ps->set_rtt_ms(m->rtt_ms());
+    // Every replica's pipeline, replica by replica (slot r * stages + s, as JobStatus.stages).
+    const int S = spec->stages();
+    for (int r = 0; r < K / S; ++r) {
+      std::vector<placement::StageCost> costs;
+      if (d.modelled) costs = placement::StageCosts(d.job, d.cluster, p, r);
+      for (int s = 0; s < S; ++s) {
+        const int i = p[r * S + s];
+        v1::PlannedStage* ps = out->Add();
+        const Candidate& c = cands[i];
+        ps->set_stage(s);
+        ps->set_replica(r);
+        ps->set_worker_id(c.id);
+        ps->set_worker_name(c.name);
+        ps->set_region(c.region);
+        ps->set_layer_begin((*parts)[s].begin);
+        ps->set_layer_end((*parts)[s].end);
+        if (!d.modelled) continue;
+        ps->set_compute_seconds(costs[s].compute_s);
+        if (s + 1 == S) continue;
+        ps->set_forward_seconds(costs[s].forward_s);
+        ps->set_backward_seconds(costs[s].backward_s);
+        const v1::LinkMeasurement* m = link(i, p[r * S + s + 1]);
+        if (m == nullptr) m = link(p[r * S + s + 1], i);
+        if (m != nullptr) {
+          ps->set_mbit_per_s(m->mbit_per_s());
+          ps->set_rtt_ms(m->rtt_ms());
+        }
       }
     }
   };

@@ -1,5 +1,6 @@
 #include "coordinator/ctl_links.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -158,7 +159,7 @@ int RunPlan(const std::string& coordinator, const PlanFlags& flags) {
     auto stages = [](const auto& in) {
       nlohmann::json out = nlohmann::json::array();
       for (const v1::PlannedStage& p : in) {
-        out.push_back({{"stage", p.stage()}, {"worker", p.worker_name()}, {"region", p.region()},
+        out.push_back({{"stage", p.stage()}, {"replica", p.replica()}, {"worker", p.worker_name()}, {"region", p.region()},
                        {"layers", {p.layer_begin(), p.layer_end()}}, {"compute_seconds", p.compute_seconds()},
                        {"forward_seconds", p.forward_seconds()}, {"backward_seconds", p.backward_seconds()},
                        {"mbit_per_s", p.mbit_per_s()}, {"rtt_ms", p.rtt_ms()}});
@@ -178,15 +179,20 @@ int RunPlan(const std::string& coordinator, const PlanFlags& flags) {
   }
   const bool modelled = r.predicted_step_seconds() > 0;
   std::printf("placement: %s\n", r.placement().c_str());
+  int last_layer = 0;  // the last stage's end: every other stage has a link to the next
+  for (const v1::PlannedStage& p : r.stages()) last_layer = std::max(last_layer, p.layer_end());
+  const bool replicated = std::any_of(r.stages().begin(), r.stages().end(),
+                                      [](const v1::PlannedStage& p) { return p.replica() > 0; });
   for (const v1::PlannedStage& p : r.stages()) {
-    std::printf("  stage %d: %s%s, layers %d..%d", p.stage(), p.worker_name().c_str(),
+    if (replicated && p.stage() == 0) std::printf("  replica %d:\n", p.replica());
+    std::printf("  %sstage %d: %s%s, layers %d..%d", replicated ? "  " : "", p.stage(), p.worker_name().c_str(),
                 p.region().empty() ? "" : absl::StrCat(" (", p.region(), ")").c_str(), p.layer_begin(),
                 p.layer_end() - 1);
     if (modelled) std::printf(", compute %s per micro-batch", Ms(p.compute_seconds()).c_str());
     std::printf("\n");
-    if (modelled && p.stage() + 1 < r.stages_size()) {
-      std::printf("      link to stage %d: %.1f Mbit/s, RTT %.3f ms; activations %s, gradients %s per micro-batch\n",
-                  p.stage() + 1, p.mbit_per_s(), p.rtt_ms(), Ms(p.forward_seconds()).c_str(),
+    if (modelled && p.layer_end() < last_layer) {
+      std::printf("%s      link to stage %d: %.1f Mbit/s, RTT %.3f ms; activations %s, gradients %s per micro-batch\n",
+                  replicated ? "  " : "", p.stage() + 1, p.mbit_per_s(), p.rtt_ms(), Ms(p.forward_seconds()).c_str(),
                   Ms(p.backward_seconds()).c_str());
     }
   }

@@ -103,9 +103,9 @@ class LinksTest : public ::testing::Test {
     EXPECT_TRUE(svc_->GetJob(nullptr, &req, &st).ok());
     return st;
   }
-  uint64_t Submit(int stages) {
+  uint64_t Submit(int stages, const std::string& extra = "") {
     v1::SubmitJobRequest req;
-    req.set_spec_yaml(Spec(stages));
+    req.set_spec_yaml(Spec(stages) + extra);
     v1::SubmitJobResponse resp;
     EXPECT_TRUE(svc_->SubmitJob(nullptr, &req, &resp).ok());
     return resp.job_id();
@@ -183,6 +183,32 @@ TEST_F(LinksTest, AJobIsPlacedAroundTheSlowLinkAndPlanJobSaysSo) {
   EXPECT_EQ(st.placement(), plan.placement());
   EXPECT_DOUBLE_EQ(st.predicted_step_seconds(), plan.predicted_step_seconds());
   for (int s = 0; s < 4; ++s) EXPECT_EQ(st.stages(s).worker_id(), plan.stages(s).worker_id());
+}
+
+// Replicated stages: the plan lists every replica's pipeline (slot r * stages + s, as the job's
+// placement), each with its own links.
+TEST_F(LinksTest, PlanJobListsEveryReplicasPipeline) {
+  for (const char* n : {"w1", "w2", "w3", "w4"}) Add(n);
+  ReportAll({}, 1000, 1000);
+  v1::PlanJobRequest req;
+  req.set_spec_yaml(Spec(2) + "replicas: 2\n");
+  v1::PlanJobResponse plan;
+  ASSERT_TRUE(svc_->PlanJob(nullptr, &req, &plan).ok());
+  ASSERT_EQ(plan.stages_size(), 4);
+  std::set<uint64_t> workers;
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(plan.stages(i).stage(), i % 2);
+    EXPECT_EQ(plan.stages(i).replica(), i / 2);
+    workers.insert(plan.stages(i).worker_id());
+    if (i % 2 == 0) {
+      EXPECT_GT(plan.stages(i).mbit_per_s(), 0) << "replica " << i / 2 << "'s link to stage 1";
+    }
+  }
+  EXPECT_EQ(workers.size(), 4u);
+  const uint64_t job = Submit(2, "replicas: 2\n");
+  const v1::JobStatus st = Job(job);
+  ASSERT_EQ(st.stages_size(), 4);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(st.stages(i).worker_id(), plan.stages(i).worker_id()) << "slot " << i;
 }
 
 TEST_F(LinksTest, AnUnmeasuredLinkMeansTheNaiveOrderAndSaysWhich) {
