@@ -10,10 +10,12 @@
 #include <nlohmann/json.hpp>
 
 #include "coordinator/ctl_channel.h"
+#include "coordinator/job_spec.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/read_file.h"
+#include "proto/link_spec.h"
 #include "coordinator/ctl_plan_sim.h"
 #include "longhaul/v1/control_plane.grpc.pb.h"
 #include "proto/channel_config.h"
@@ -178,21 +180,28 @@ int RunPlan(const std::string& coordinator, const PlanFlags& flags) {
     return 0;
   }
   const bool modelled = r.predicted_step_seconds() > 0;
+  // The coordinator accepted the spec, so it parses here too: the links' emulated rates.
+  const absl::StatusOr<v1::JobSpec> spec = ParseJobSpec(*yaml);
   std::printf("placement: %s\n", r.placement().c_str());
   int last_layer = 0;  // the last stage's end: every other stage has a link to the next
   for (const v1::PlannedStage& p : r.stages()) last_layer = std::max(last_layer, p.layer_end());
   const bool replicated = std::any_of(r.stages().begin(), r.stages().end(),
                                       [](const v1::PlannedStage& p) { return p.replica() > 0; });
-  for (const v1::PlannedStage& p : r.stages()) {
+  for (int i = 0; i < r.stages_size(); ++i) {
+    const v1::PlannedStage& p = r.stages(i);
     if (replicated && p.stage() == 0) std::printf("  replica %d:\n", p.replica());
     std::printf("  %sstage %d: %s%s, layers %d..%d", replicated ? "  " : "", p.stage(), p.worker_name().c_str(),
                 p.region().empty() ? "" : absl::StrCat(" (", p.region(), ")").c_str(), p.layer_begin(),
                 p.layer_end() - 1);
     if (modelled) std::printf(", compute %s per micro-batch", Ms(p.compute_seconds()).c_str());
     std::printf("\n");
-    if (modelled && p.layer_end() < last_layer) {
-      std::printf("%s      link to stage %d: %.1f Mbit/s, RTT %.3f ms; activations %s, gradients %s per micro-batch\n",
-                  replicated ? "  " : "", p.stage() + 1, p.mbit_per_s(), p.rtt_ms(), Ms(p.forward_seconds()).c_str(),
+    if (modelled && p.layer_end() < last_layer && i + 1 < r.stages_size()) {
+      const double emulated =
+          spec.ok() ? LinkSpecBetween(spec->links(), p.region(), r.stages(i + 1).region()).rate_mbit() : 0;
+      std::printf("%s      link to stage %d: %.1f Mbit/s%s, RTT %.3f ms; activations %s, gradients %s per micro-batch\n",
+                  replicated ? "  " : "", p.stage() + 1, p.mbit_per_s(),
+                  emulated > 0 ? absl::StrFormat(" measured, emulated at %g", emulated).c_str() : "", p.rtt_ms(),
+                  Ms(p.forward_seconds()).c_str(),
                   Ms(p.backward_seconds()).c_str());
     }
   }
