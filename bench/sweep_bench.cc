@@ -234,11 +234,12 @@ int RunDpSweep(const Flags& f, const CLI::App& cmd) {
           has_fp32 ? absl::StrFormat("%.2fx", fp32_step / step) : "-");
       rows.push_back({{"rate_mbit", rate}, {"dp_codec", c}, {"step_s", Round(step, 4)},
                       {"step_bound_s", Round(step_bound, 4)}, {"step_fraction", Round(step_bound / step, 3)},
-                      {"bounding_stage", bounding}, {"sync_s", Round(sync, 4)}, {"sync_bound_s", Round(sync_bound, 4)},
-                      {"sync_fraction", Round(sync_bound / sync, 3)}, {"slowest_sync_s", Round(slowest, 4)},
+                      {"bounding_stage", bounding}, {"bounding_stage_sync_s", Round(sync, 4)},
+                      {"bounding_stage_sync_bound_s", Round(sync_bound, 4)},
+                      {"bounding_stage_sync_fraction", Round(sync_bound / sync, 3)}, {"slowest_sync_s", Round(slowest, 4)},
                       {"inter_region_bytes", inter_region}, {"stage_inter_region_bytes", any.inter_region_bytes},
                       {"dp_bytes_per_step", any.bytes}, {"dp_raw_bytes_per_step", any.raw_bytes},
-                      {"sync_speedup_vs_fp32", Round(has_fp32 ? fp32_slowest / slowest : 0.0, 3)},
+                      {"slowest_sync_speedup_vs_fp32", Round(has_fp32 ? fp32_slowest / slowest : 0.0, 3)},
                       {"step_speedup_vs_fp32", Round(has_fp32 ? fp32_step / step : 0.0, 3)}});
     }
   }

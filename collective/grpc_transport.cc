@@ -320,10 +320,6 @@ absl::StatusOr<std::string> GrpcTransport::Recv(int peer, uint64_t tag, absl::Ti
 
 void GrpcTransport::Abort(const absl::Status& why) {
   box_->Abort(why);
-  {
-    absl::MutexLock l(&mu_);
-    for (grpc::ClientContext* ctx : in_flight_) ctx->TryCancel();
-  }
   const std::string text = std::string(why.ToString()).substr(0, kMaxAbortBytes);
   const absl::Time deadline = absl::Now() + o_.notice_timeout;
   // In parallel, so a dead peer costs one timeout, not one per peer. Fail fast: a peer that is not
@@ -337,6 +333,10 @@ void GrpcTransport::Abort(const absl::Status& why) {
     });
   }
   for (std::thread& t : threads) t.join();
+  // Then this rank's messages still being sent (e.g. waiting for a dead peer to come back): after
+  // the notices, so that a live peer whose message is cut off has the reason first.
+  absl::MutexLock l(&mu_);
+  for (grpc::ClientContext* ctx : in_flight_) ctx->TryCancel();
 }
 
 std::vector<std::string> GrpcTransport::UnreachablePeers(absl::Time deadline) {

@@ -15,8 +15,9 @@
 //   - Errors name the peer ("rank 2 (10.0.0.7:7100)").
 //   - Abort(why) tells every peer, best effort and within about a second, that this rank gave up:
 //     their pending and later Recv calls fail with `why`, so one dead rank fails the whole group
-//     quickly instead of each rank waiting out its own deadline. A group is not usable after an
-//     abort; the caller builds a new one (a new group id on the gRPC transport).
+//     quickly instead of each rank waiting out its own deadline; this rank's own pending and later
+//     Send and Recv calls fail too (a send waiting for a dead peer included). A group is not usable
+//     after an abort; the caller builds a new one (a new group id on the gRPC transport).
 // Threading: Send/Recv/Abort/counters may be called from any thread; the collectives use one
 // thread per rank.
 #ifndef LONGHAUL_COLLECTIVE_TRANSPORT_H_

@@ -203,6 +203,7 @@ void CoordinatorService::FillAssignment(const Job& job, const std::vector<Worker
     to->set_worker_id(ws[i]->status.worker_id());
     to->set_name(ws[i]->status.info().name());
     to->set_address(ws[i]->status.info().address());
+    to->set_region(ws[i]->status.info().region());  // links.between_regions_mbit, collectives
   };
   a->set_job_id(job.status.job_id());
   *a->mutable_spec() = spec;
@@ -214,12 +215,14 @@ void CoordinatorService::FillAssignment(const Job& job, const std::vector<Worker
   if (s + 1 < S) peer(slot + 1, a->mutable_next());
   a->set_attempt(job.status.attempt());
   // Each stage's checkpoints are copied to the next stage's worker (the last stage's to stage 0's)
-  // of the same replica; with one stage, to the next replica's worker (the last replica's to
-  // replica 0's), so that a lost replica is restored from its own state.
+  // of the same replica. With one stage, to the next replica's worker (the last replica's to
+  // replica 0's) where every replica's checkpoint is the same (fp32, BitDP: the whole optimizer
+  // state everywhere): the copy store names copies by stage, not replica, so a sharded codec's
+  // copy of replica r could be taken for replica r + 1's own.
   if (spec.checkpoint_replicate() == "peer") {
     if (S > 1) {
       peer(r * S + (s + 1) % S, a->mutable_replica());
-    } else if (R > 1) {
+    } else if (R > 1 && !ShardsOptimizerState(spec)) {
       peer(((r + 1) % R) * S + s, a->mutable_replica());
     }
   }
@@ -228,7 +231,6 @@ void CoordinatorService::FillAssignment(const Job& job, const std::vector<Worker
     for (int q = 0; q < R; ++q) {
       v1::StagePeer* g = a->add_replica_group();
       peer(q * S + s, g);
-      g->set_region(ws[q * S + s]->status.info().region());
     }
   }
 }

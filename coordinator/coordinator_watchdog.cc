@@ -53,13 +53,17 @@ std::string Doing(const v1::StageActivity& a) {
       return absl::StrCat("waiting for stage ", a.peer_stage(), since);
     case v1::StageActivity::PHASE_SEND:
       return absl::StrCat("waiting to send to stage ", a.peer_stage(), since);
+    case v1::StageActivity::PHASE_SYNC:
+      return absl::StrCat("synchronising step ", a.step() + 1, " with its replicas", since);
     default:
       return "doing nothing it reported";
   }
 }
 
+// A replica in its data-parallel sync waits on the others (the hung one computes elsewhere).
 bool WaitsOnALink(const v1::StageActivity& a) {
-  return a.phase() == v1::StageActivity::PHASE_RECEIVE || a.phase() == v1::StageActivity::PHASE_SEND;
+  return a.phase() == v1::StageActivity::PHASE_RECEIVE || a.phase() == v1::StageActivity::PHASE_SEND ||
+         a.phase() == v1::StageActivity::PHASE_SYNC;
 }
 
 }  // namespace
@@ -146,7 +150,10 @@ void CoordinatorService::TrackStep(Job& job, const v1::StepProgress& p) {
   // A stage's first step of an attempt carries its warm-up (allocations, the pipeline's fill).
   auto [samples, first] = job.compute.try_emplace(s);
   if (first) return;
-  if (p.stage() == S - 1 && p.step_seconds() > 0) Push(&job.step_seconds, p.step_seconds(), kStepSamples);
+  // One sample per step: replica 0's last stage (every replica's would make the window R times shorter).
+  if (p.stage() == S - 1 && p.replica() == 0 && p.step_seconds() > 0) {
+    Push(&job.step_seconds, p.step_seconds(), kStepSamples);
+  }
   // Its own work: the step less the time it waited on its links.
   Push(&samples->second, std::max(0.0, p.step_seconds() - p.recv_wait_seconds() - p.send_wait_seconds()),
        kStepSamples);

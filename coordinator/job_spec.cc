@@ -465,9 +465,7 @@ MemoryEstimate EstimateStageMemory(const v1::JobSpec& spec) {
   // s^2 attention scores (fused attention does not keep them).
   const double element = spec.precision() == "bf16" ? 2 : 4;
   const double act_per_layer = 16 * s * b * h * element;
-  // The sharded data-parallel codecs keep 1/N of AdamW's moments on each replica.
-  const std::string& dp = spec.data_parallel().codec();
-  const double optimizer_share = (dp == "sdp4bit" || dp == "zeropp") ? 1.0 / Replicas(spec) : 1.0;
+  const double optimizer_share = ShardsOptimizerState(spec) ? 1.0 / Replicas(spec) : 1.0;
   absl::StatusOr<std::vector<stage_runtime::LayerRange>> parts = stage_runtime::PartitionLayers(m.layers(), S);
   MemoryEstimate worst;
   for (int i = 0; i < S; ++i) {

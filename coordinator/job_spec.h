@@ -20,8 +20,9 @@
 //                replicate [peer]}
 //                         every stage writes a checkpoint every `interval` steps (and after the last);
 //                         a failure re-runs at most about one interval (docs/recovery.md). replicate:
-//                         peer (each checkpoint is copied to the next stage's worker, so a stage can
-//                         be restored when its machine is gone) | none
+//                         peer (each checkpoint is copied to the next stage's worker, or with one
+//                         stage to the next replica's when the replicas' checkpoints are alike, so a
+//                         stage can be restored when its machine is gone) | none
 //   recovery: {max_restarts [10], wait [10m], progress_timeout_factor [10], progress_timeout_min [60s],
 //              startup_timeout [30m], straggler_factor [3]}
 //                         a dead worker's job restarts from the checkpoints (RECOVERING), at most
@@ -79,6 +80,12 @@ absl::StatusOr<v1::JobSpec> ParseJobSpec(const std::string& yaml, int64_t steps_
 // Replicas per stage (the spec's 0 means 1) and the workers a job needs (stages x replicas).
 inline int Replicas(const v1::JobSpec& spec) { return spec.replicas() > 1 ? spec.replicas() : 1; }
 inline int WorkersNeeded(const v1::JobSpec& spec) { return spec.stages() * Replicas(spec); }
+// Whether the replicas shard the optimizer state among themselves (data_parallel.codec sdp4bit or
+// zeropp: each keeps 1/N of AdamW's moments and main weights, in its own checkpoints).
+inline bool ShardsOptimizerState(const v1::JobSpec& spec) {
+  const std::string& dp = spec.data_parallel().codec();
+  return Replicas(spec) > 1 && (dp == "sdp4bit" || dp == "zeropp");
+}
 
 // Checks a spec's values (used by ParseJobSpec; exposed for specs built in code). Returns every
 // problem, one per line.

@@ -144,7 +144,8 @@ fi
 [[ "$regions" =~ ^[1-9][0-9]*$ && "$regions" -le 64 ]] ||
   { echo "demo: --regions needs a number in 1..64, got '$regions'" >&2; exit 2; }
 if [[ -n "$between" ]]; then
-  [[ "$between" =~ ^[0-9]+([.][0-9]+)?$ ]] || { echo "demo: --between-regions-mbit needs a number" >&2; exit 2; }
+  [[ "$between" =~ ^[0-9]+([.][0-9]+)?$ && ! "$between" =~ ^0+([.]0+)?$ ]] ||
+    { echo "demo: --between-regions-mbit needs a rate > 0 in Mbit/s, got '$between'" >&2; exit 2; }
   ((regions > 1)) ||
     { echo "demo: --between-regions-mbit needs --regions N (N >= 2): with one region no link is between regions" >&2; exit 2; }
   # Replace (or add) links.between_regions_mbit in the copy (block-style links only).

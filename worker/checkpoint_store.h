@@ -1,7 +1,8 @@
 // Stage checkpoints copied between workers, for recovery (docs/recovery.md): a dead machine's disk
 // is gone, so every checkpoint a stage writes is also copied to another worker (its replica: the
-// worker of the next stage, the last stage's to stage 0's), and a worker that takes over the stage
-// restores it from there.
+// worker of the next stage, the last stage's to stage 0's; in a one-stage job with replicas whose
+// checkpoints are alike, the next replica's), and a worker that takes over the stage restores it
+// from there.
 //
 //   worker side (server):  CheckpointStoreService svc({.data_dir = dir, .max_bytes = 64 << 30}, locate);
 //                          builder.RegisterService(&svc);     // on the worker's data-plane server

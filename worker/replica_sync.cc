@@ -26,6 +26,7 @@ constexpr char kExpAvgSqKey[] = "exp_avg_sq";
 bool Sharded(DpCodec c) { return c == DpCodec::kSdp4Bit || c == DpCodec::kZeroPP; }
 
 torch::Tensor ToTensor(absl::Span<const float> v) {
+  if (v.empty()) return torch::empty({0}, torch::kFloat32);
   return torch::from_blob(const_cast<float*>(v.data()), {static_cast<int64_t>(v.size())}, torch::kFloat32).clone();
 }
 
@@ -154,7 +155,8 @@ void ReplicaSync::Unflatten(const std::vector<float>& in, bool grads) {
 
 stage_runtime::TensorFile ReplicaSync::CheckpointState() const {
   stage_runtime::TensorFile f;
-  if (!Sharded(o_.codec) || dp_->main().empty()) return f;
+  if (!Sharded(o_.codec)) return f;
+  // After a step main() holds the owned range (possibly none: a small stage among many replicas).
   f.tensors[kMainKey] = ToTensor(dp_->main());
   f.tensors[kExpAvgKey] = ToTensor(m_);
   f.tensors[kExpAvgSqKey] = ToTensor(v_);
@@ -182,15 +184,21 @@ absl::Status ReplicaSync::RestoreState(const stage_runtime::TensorFile& state) {
                                             meta("rank"), " of ", meta("replicas"), " (", meta("codec"), "), not of ", who));
   }
   const int64_t len = dp_->owned_length();
+  if (state.tensors.size() != 3) {
+    return absl::DataLossError(absl::StrCat("the checkpoint of step ", exec_->step(), " holds ", state.tensors.size(),
+                                            " optimizer shard tensors for ", who, "; 3 expected (main, exp_avg, exp_avg_sq)"));
+  }
   std::vector<std::vector<float>> parts;
   for (const char* key : {kMainKey, kExpAvgKey, kExpAvgSqKey}) {
     auto it = state.tensors.find(key);
-    if (it == state.tensors.end() || it->second.dim() != 1 || it->second.numel() != len) {
+    if (it == state.tensors.end() || it->second.scalar_type() != torch::kFloat32 || it->second.dim() != 1 ||
+        it->second.numel() != len) {
       return absl::DataLossError(absl::StrCat("the checkpoint of step ", exec_->step(), ": the optimizer shard's ", key,
-                                              " of ", who, " is missing or not ", len, " elements"));
+                                              " of ", who, " is missing or not ", len, " fp32 elements"));
     }
-    const torch::Tensor t = it->second.to(torch::kCPU, torch::kFloat32).contiguous();
-    parts.emplace_back(t.data_ptr<float>(), t.data_ptr<float>() + len);
+    const torch::Tensor t = it->second.to(torch::kCPU).contiguous();
+    const float* p = len > 0 ? t.data_ptr<float>() : nullptr;
+    parts.emplace_back(p, p + len);
   }
   if (absl::Status s = dp_->Restore(parts[0], static_cast<uint64_t>(exec_->step())); !s.ok()) return s;
   m_ = std::move(parts[1]);

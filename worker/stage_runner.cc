@@ -117,6 +117,26 @@ class ActivityLink final : public stage_runtime::Link {
   const int peer_;
 };
 
+// The data-parallel synchronisation as the stage loop sees it: the time in it is the runner's
+// activity "synchronising with its replicas", which the watchdog counts as waiting (a replica
+// stays there while another one hangs).
+class ActivitySync final : public stage_runtime::GradientSync {
+ public:
+  ActivitySync(StageRunner* runner, stage_runtime::GradientSync* sync) : runner_(runner), sync_(sync) {}
+  absl::StatusOr<Outcome> SyncAndStep(uint64_t step, double loss, const ExchangeNorms& exchange_norms) override {
+    runner_->Enter(v1::StageActivity::PHASE_SYNC);
+    absl::StatusOr<Outcome> o = sync_->SyncAndStep(step, loss, exchange_norms);
+    runner_->Enter(v1::StageActivity::PHASE_COMPUTE);
+    return o;
+  }
+  void Abort(const absl::Status& why) override { sync_->Abort(why); }
+  stage_runtime::TensorFile CheckpointState() const override { return sync_->CheckpointState(); }
+
+ private:
+  StageRunner* const runner_;
+  stage_runtime::GradientSync* const sync_;
+};
+
 void StageRunner::Enter(v1::StageActivity::Phase phase, int peer) {
   absl::MutexLock l(&activity_mu_);
   phase_ = phase;
@@ -295,7 +315,8 @@ absl::Status StageRunner::Setup() {
       stage_runtime::CheckpointPolicy{checkpoint_path_, spec.checkpoint_interval(), spec.steps()});
   if (replicas_ > 1) {
     if (absl::Status s = SetupReplicaSync(); !s.ok()) return s;
-    loop_->SetGradientSync(sync_.get());
+    watched_sync_ = std::make_unique<ActivitySync>(this, sync_.get());
+    loop_->SetGradientSync(watched_sync_.get());
   }
   absl::MutexLock l(&mu_);
   live_loop_ = loop_.get();
@@ -339,6 +360,10 @@ absl::Status StageRunner::SetupReplicaSync() {
   // The same emulated links as the pipeline's (links: in the spec), per peer: those in other regions
   // at links.between_regions_mbit when it is set.
   const v1::LinkSpec& l = spec.links();
+  if (ro.rank < 0 || ro.rank >= static_cast<int>(ro.regions.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("job ", a_.job_id(), " stage ", a_.stage(), ": replica ", ro.rank,
+                                                   " of a group of ", ro.regions.size()));
+  }
   if (l.rate_mbit() > 0 || l.between_regions_mbit() > 0 || l.delay_ms() > 0 || l.loss() > 0) {
     const std::string& mine = ro.regions[static_cast<size_t>(ro.rank)];
     for (size_t p = 0; p < ro.addresses.size(); ++p) {

@@ -44,6 +44,7 @@ namespace longhaul::worker {
 absl::StatusOr<stage_runtime::PipelineOptions> ToPipelineOptions(const v1::JobSpec& spec);
 
 class ActivityLink;
+class ActivitySync;
 
 // TEST HOOK (LONGHAUL_TEST_HANG_AT_STEP, worker/main.cc): the stage `stage` (-1: any) of a job's
 // first attempt stops before computing step `at_step` (1-based) and stays stopped — deaf to
@@ -130,6 +131,7 @@ class StageRunner {
   // The compute thread enters `phase` (on the link to `peer` for RECEIVE and SEND).
   void Enter(v1::StageActivity::Phase phase, int peer = -1);
   friend class ActivityLink;
+  friend class ActivitySync;
 
   const v1::StageAssignment a_;
   const std::string data_dir_;
@@ -155,6 +157,7 @@ class StageRunner {
   collective::CollectiveService* collective_ = nullptr;
   std::string region_;
   std::unique_ptr<ReplicaSync> sync_;
+  std::unique_ptr<ActivitySync> watched_sync_;  // sync_ as the loop sees it (its time is PHASE_SYNC)
   stage_runtime::TensorFile restored_sync_state_;  // Restore to SetupReplicaSync: the checkpoint's sync part
   std::string checkpoint_dir_, checkpoint_path_;
   ReplicatedFn replicated_;

@@ -19,6 +19,7 @@ using WatchdogTest = ServiceFixture;
 constexpr auto kCompute = v1::StageActivity::PHASE_COMPUTE;
 constexpr auto kReceive = v1::StageActivity::PHASE_RECEIVE;
 constexpr auto kSetup = v1::StageActivity::PHASE_SETUP;
+constexpr auto kSync = v1::StageActivity::PHASE_SYNC;
 
 v1::StepProgress Timed(double step_seconds, double recv_wait = 0, double checkpoint_seconds = 0, bool checkpointed = false) {
   v1::StepProgress p;
@@ -122,11 +123,12 @@ TEST_F(WatchdogTest, ReplicasAreWatchedSlotBySlot) {
   EXPECT_DOUBLE_EQ(st.expected_step_seconds(), 0.1);
   EXPECT_DOUBLE_EQ(st.progress_timeout_seconds(), 5);
 
-  // Replica 1's stage 0 hangs in step 7; its pipeline neighbour and the other replica's stages wait.
+  // Replica 1's stage 0 hangs in step 7; its pipeline neighbour waits for it, and replica 0's
+  // stages wait in their data-parallel syncs for their partners of replica 1.
   slot[2]->Doing(job, 0, kCompute, 6, -1, 1.0);
   slot[3]->Doing(job, 0, kReceive, 6, 0, 1.0);
-  slot[0]->Doing(job, 0, kReceive, 6, 1, 1.0);
-  slot[1]->Doing(job, 0, kReceive, 6, 0, 1.0);
+  slot[0]->Doing(job, 0, kSync, 6, -1, 1.0);
+  slot[1]->Doing(job, 0, kSync, 6, -1, 1.0);
   Advance(absl::Milliseconds(4900));
   EXPECT_EQ(Job(job).state(), v1::JOB_STATE_RUNNING);
   clock_.Advance(absl::Milliseconds(200));
@@ -135,9 +137,11 @@ TEST_F(WatchdogTest, ReplicasAreWatchedSlotBySlot) {
   ASSERT_EQ(st.state(), v1::JOB_STATE_RECOVERING);
   ASSERT_EQ(st.recoveries_size(), 1);
   const v1::Recovery& r = st.recoveries(0);
-  EXPECT_EQ(r.dead_worker(), st.stages(2).worker_name());
+  EXPECT_EQ(r.dead_worker(), st.stages(2).worker_name());  // only it: the others wait
+  EXPECT_EQ(StateOf(st.stages(0).worker_name()), v1::WORKER_STATE_BUSY);
   for (const char* want : {"stage 0 replica 1 hung", "stage 0 replica 1: computing step 7 for 1.0 s",
-                           "stage 1 replica 1: waiting for stage 0 for 1.0 s"}) {
+                           "stage 1 replica 1: waiting for stage 0 for 1.0 s",
+                           "stage 0 replica 0: synchronising step 7 with its replicas for 1.0 s"}) {
     EXPECT_TRUE(Contains(r.cause(), want)) << "missing \"" << want << "\" in " << r.cause();
   }
 }
