@@ -88,22 +88,24 @@ class ActivityLink final : public stage_runtime::Link {
  public:
   ActivityLink(StageRunner* runner, stage_runtime::Link* link, int peer) : runner_(runner), link_(link), peer_(peer) {}
 
+  // Each call restores the phase it interrupted: computing, or the data-parallel sync whose norm
+  // exchange goes over these links.
   absl::Status Send(stage_runtime::LinkMessage m, bool measure_error) override {
-    runner_->Enter(v1::StageActivity::PHASE_SEND, peer_);
+    const v1::StageActivity::Phase before = runner_->Enter(v1::StageActivity::PHASE_SEND, peer_);
     absl::Status s = link_->Send(std::move(m), measure_error);
-    runner_->Enter(v1::StageActivity::PHASE_COMPUTE);
+    runner_->Enter(before);
     return s;
   }
   absl::StatusOr<stage_runtime::LinkMessage> Receive(absl::Duration timeout) override {
-    runner_->Enter(v1::StageActivity::PHASE_RECEIVE, peer_);
+    const v1::StageActivity::Phase before = runner_->Enter(v1::StageActivity::PHASE_RECEIVE, peer_);
     absl::StatusOr<stage_runtime::LinkMessage> m = link_->Receive(timeout);
-    runner_->Enter(v1::StageActivity::PHASE_COMPUTE);
+    runner_->Enter(before);
     return m;
   }
   absl::Status Finish() override {
-    runner_->Enter(v1::StageActivity::PHASE_SEND, peer_);
+    const v1::StageActivity::Phase before = runner_->Enter(v1::StageActivity::PHASE_SEND, peer_);
     absl::Status s = link_->Finish();
-    runner_->Enter(v1::StageActivity::PHASE_COMPUTE);
+    runner_->Enter(before);
     return s;
   }
   void Abort(absl::Status why) override { link_->Abort(std::move(why)); }
@@ -124,9 +126,9 @@ class ActivitySync final : public stage_runtime::GradientSync {
  public:
   ActivitySync(StageRunner* runner, stage_runtime::GradientSync* sync) : runner_(runner), sync_(sync) {}
   absl::StatusOr<Outcome> SyncAndStep(uint64_t step, double loss, const ExchangeNorms& exchange_norms) override {
-    runner_->Enter(v1::StageActivity::PHASE_SYNC);
+    const v1::StageActivity::Phase before = runner_->Enter(v1::StageActivity::PHASE_SYNC);
     absl::StatusOr<Outcome> o = sync_->SyncAndStep(step, loss, exchange_norms);
-    runner_->Enter(v1::StageActivity::PHASE_COMPUTE);
+    runner_->Enter(before);
     return o;
   }
   void Abort(const absl::Status& why) override { sync_->Abort(why); }
@@ -137,11 +139,13 @@ class ActivitySync final : public stage_runtime::GradientSync {
   stage_runtime::GradientSync* const sync_;
 };
 
-void StageRunner::Enter(v1::StageActivity::Phase phase, int peer) {
+v1::StageActivity::Phase StageRunner::Enter(v1::StageActivity::Phase phase, int peer) {
   absl::MutexLock l(&activity_mu_);
+  const v1::StageActivity::Phase before = phase_;
   phase_ = phase;
   phase_peer_ = peer;
   phase_since_ = absl::Now();
+  return before;
 }
 
 v1::StageActivity StageRunner::Activity() {

@@ -128,8 +128,9 @@ class StageRunner {
   // The step's progress message; fills `sample` (the metrics' view of the same step) on the way.
   v1::StepProgress Progress(const stage_runtime::StepResult& r, absl::Duration took, StageStepSample* sample);
   absl::Status Cancelled();
-  // The compute thread enters `phase` (on the link to `peer` for RECEIVE and SEND).
-  void Enter(v1::StageActivity::Phase phase, int peer = -1);
+  // The compute thread enters `phase` (on the link to `peer` for RECEIVE and SEND); returns the
+  // phase it left.
+  v1::StageActivity::Phase Enter(v1::StageActivity::Phase phase, int peer = -1);
   friend class ActivityLink;
   friend class ActivitySync;
 
