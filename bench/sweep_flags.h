@@ -1,0 +1,37 @@
+// `longhaul-bench sweep`'s flags (sweep_bench.cc declares and parses them), shared with the
+// data-parallel cells (dp_sweep_bench.cc, --data-parallel).
+#ifndef LONGHAUL_BENCH_SWEEP_FLAGS_H_
+#define LONGHAUL_BENCH_SWEEP_FLAGS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+namespace longhaul::bench {
+
+struct SweepFlags {
+  std::vector<double> rates = {2, 10, 100};
+  std::vector<std::string> codecs = {"fp32", "fp16", "int4", "tahquant"};
+  std::string backward = "auto", schedule = "gpipe", shaper = "auto", markdown, svg;
+  int64_t steps = 4, layers = 4, hidden = 128, context = 32, micro_batches = 128, micro_batch_size = 1;
+  // GPU runs: a GPT-2 preset's sizes (layers, context still from the flags when given), the
+  // workers' devices, the stages' precision and where the links' codecs run.
+  std::string preset, device = "cpu", precision = "fp32", codec_device = "auto";
+  int64_t stages = 0;  // 0: one per layer
+  int64_t repeats = 3, queue_ms = 3000;
+  bool tc = false, json = false;
+  // --data-parallel
+  bool data_parallel = false;
+  std::vector<std::string> dp_codecs = {"fp32", "sdp4bit", "bitdp2"};
+  int64_t dp_replicas = 4, dp_regions = 2;
+};
+
+// --data-parallel: the data-parallel cells (dp_sweep_bench.cc). `cmd` says which flags were given
+// (the cells have their own defaults for the others).
+int RunDpSweep(const SweepFlags& f, const CLI::App& cmd);
+
+}  // namespace longhaul::bench
+
+#endif  // LONGHAUL_BENCH_SWEEP_FLAGS_H_
