@@ -264,6 +264,8 @@ class CoordinatorService final : public v1::Coordinator::Service {
   bool Alive(uint64_t worker_id) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Checkpoints and recovery progress from a step report of the current attempt.
   void TrackCheckpoints(Job& job, const v1::StepProgress& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The steps a stage holds on its worker's disk: the newest few of `steps`.
+  static void SetLocalCheckpoints(v1::StagePlacement* p, std::vector<int64_t> steps);
   void OnReplicated(Worker& w, const v1::CheckpointReplicated& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sends every running job's workers its checkpoint floor when it advanced.
   void SendFloors(Outbox* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
