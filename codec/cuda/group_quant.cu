@@ -45,12 +45,7 @@ namespace {
 constexpr float kEntropyL1Eps = 1e-12f;
 constexpr float kEntropyLogEps = 1e-12f;
 
-// Results the host reads after the one synchronisation.
-struct Results {
-  unsigned long long first_bad;  // (token << 1) | huge, or ULLONG_MAX
-  unsigned long long transformed;
-  unsigned long long total;      // payload bytes
-};
+using gqa::Results;
 
 using gqt::kChunk;
 using gqt::kThreads;
@@ -64,7 +59,7 @@ __device__ __forceinline__ void SumMaxChunk(const float* row, int len, int lane,
   for (int i = lane; i < len; i += kWarp) {
     const float a = fabsf(row[i]);
     acc = acc + a;
-    mx = a > mx ? a : mx;
+    mx = fmaxf(mx, a);  // == a > mx ? a : mx for a >= +0, mx >= +0, a NaN included (mx kept)
   }
 }
 
@@ -76,15 +71,12 @@ __device__ __forceinline__ int TokenExp(float mx) {
 }
 
 // Warp 0 after the chunks: the token's check and exponent (as group_quant.cc's phase 1). False for a
-// NaN/Inf/huge token, recorded in res->first_bad.
-__device__ __forceinline__ bool TokenExponent(float acc, float mx_lane, int64_t t, int lane, float* sum_out,
-                                              int* exp_out, Results* res) {
+// NaN/Inf/huge token, *exp_out then 1 when it is huge (finite, above 2^100), 0 for NaN/Inf.
+__device__ __forceinline__ bool TokenExponent(float acc, float mx_lane, float* sum_out, int* exp_out) {
   const float sum = WarpSumLanes32(acc);
   const float mx = WarpMax(mx_lane);
   if (!isfinite(sum) || mx > 0x1p100f) {
-    if (lane == 0) {
-      atomicMin(&res->first_bad, (static_cast<unsigned long long>(t) << 1) | (isfinite(sum) ? 1ull : 0ull));
-    }
+    *exp_out = isfinite(sum) ? 1 : 0;
     return false;
   }
   *exp_out = TokenExp(mx);
@@ -92,12 +84,20 @@ __device__ __forceinline__ bool TokenExponent(float acc, float mx_lane, int64_t 
   return true;
 }
 
-// Token blockIdx.x's TokenInfo{entropy, exp, bits 0 (set by AllocateBits), ok, flagged groups, 0}, and
-// each of its groups' outlier test in `pivots` (when the Hadamard option is on).
+// The entropy term of x (p = |x| / (l1 + eps) = |x| * inv_l1): p log2(p + eps), as group_quant.cc.
+__device__ __forceinline__ float EntropyTerm(float x, float inv_l1) {
+  const float p = fabsf(x) * inv_l1;
+  return p * FastLog2(p + kEntropyLogEps);
+}
+
+// Token blockIdx.x's TokenInfo{entropy, exp, bits 0 (set by AllocateBits), ok, flagged groups, 0}
+// (a bad token: ok 0, exp 1 when it is huge, 0 for NaN/Inf), each of its groups' outlier test in
+// `pivots` (when the Hadamard option is on), and its allocation key's digit counted in `hist` (when
+// the allocation selects: then `entropy` says whether the key is the entropy or the hash).
 template <int G, typename T>
 __global__ void __launch_bounds__(kThreads)
     TokenStatsKernel(const T* __restrict__ x, int64_t dim, bool entropy, bool flags, float tau,
-                     TokenInfo* __restrict__ info, int16_t* __restrict__ pivots, Results* __restrict__ res) {
+                     TokenInfo* __restrict__ info, int16_t* __restrict__ pivots, unsigned* __restrict__ hist) {
   __shared__ gqt::TokenSmem sm;
   constexpr int L = G / 8;
   const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
@@ -115,6 +115,7 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
     if (flags) {
       const int noct = (len + 7) / 8;
+      int16_t* chunk_pivots = pivots + t * ng + c0 / G;
       for (int ob = 0; ob < noct; ob += kThreads) {
         const int o = ob + tid;
         float v[8];
@@ -122,7 +123,7 @@ __global__ void __launch_bounds__(kThreads)
         const int gs = (8 * o) & ~(G - 1);
         const int piv = gqt::OctetPivot<G>(v, lane, min(G, len - gs), tau);
         wcount += __popc(__ballot_sync(kFullMask, piv >= 0 && (lane & (L - 1)) == 0));
-        if ((lane & (L - 1)) == 0 && gs < len) pivots[t * ng + (c0 + gs) / G] = static_cast<int16_t>(piv);
+        if ((lane & (L - 1)) == 0 && gs < len) chunk_pivots[gs / G] = static_cast<int16_t>(piv);
       }
     }
     if (warp == 0) SumMaxChunk(sm.row, len, lane, acc, mx);
@@ -131,7 +132,7 @@ __global__ void __launch_bounds__(kThreads)
   float sum = 0.0f;
   int e2 = 0;
   if (warp == 0) {
-    const bool ok = TokenExponent(acc, mx, t, lane, &sum, &e2, res);
+    const bool ok = TokenExponent(acc, mx, &sum, &e2);
     if (lane == 0) {
       sm.ok = ok ? 1 : 0;
       sm.exp = e2;
@@ -142,33 +143,39 @@ __global__ void __launch_bounds__(kThreads)
   const bool ok = sm.ok != 0;
   // The entropy -sum p log2 p, p = |x| / (l1 + eps): warp 0's lane j adds the terms of elements j,
   // j + 32, ... in order (the CPU's lane accumulators). With the row in shared memory (one chunk)
-  // every thread first turns its elements into their terms in place, so warp 0 only adds.
+  // every thread first turns its elements into their terms in place (four at a time: the row
+  // starts 16-byte aligned in shared memory), so warp 0 only adds.
   const bool staged = nch == 1;
   if (ok && entropy && staged) {
     const float inv_l1 = 1.0f / (sm.sum + kEntropyL1Eps);
-    for (int i = tid; i < dim; i += kThreads) {
-      const float p = fabsf(sm.row[i]) * inv_l1;
-      sm.row[i] = p * FastLog2(p + kEntropyLogEps);
+    const int n = static_cast<int>(dim), n4 = n / 4;
+    float4* row4 = reinterpret_cast<float4*>(sm.row);
+    for (int i = tid; i < n4; i += kThreads) {
+      float4 q = row4[i];
+      q.x = EntropyTerm(q.x, inv_l1);
+      q.y = EntropyTerm(q.y, inv_l1);
+      q.z = EntropyTerm(q.z, inv_l1);
+      q.w = EntropyTerm(q.w, inv_l1);
+      row4[i] = q;
     }
+    for (int i = 4 * n4 + tid; i < n; i += kThreads) sm.row[i] = EntropyTerm(sm.row[i], inv_l1);
     __syncthreads();
   }
   if (warp != 0) return;
   if (!ok) {
-    if (lane == 0) info[t] = TokenInfo{0.0f, 0, 0, 0, 0, 0};
+    if (lane == 0) info[t] = TokenInfo{0.0f, e2, 0, 0, 0, 0};
     return;
   }
   float h = 0.0f;
   if (entropy) {
     float e = 0.0f;
     if (staged) {
+      const int n = static_cast<int>(dim);
 #pragma unroll 8
-      for (int i = lane; i < dim; i += kWarp) e = e + sm.row[i];
+      for (int i = lane; i < n; i += kWarp) e = e + sm.row[i];
     } else {
       const float inv_l1 = 1.0f / (sum + kEntropyL1Eps);
-      for (int64_t i = lane; i < dim; i += kWarp) {
-        const float p = fabsf(LoadF(row, i)) * inv_l1;
-        e = e + p * FastLog2(p + kEntropyLogEps);
-      }
+      for (int64_t i = lane; i < dim; i += kWarp) e = e + EntropyTerm(LoadF(row, i), inv_l1);
     }
     h = -WarpSumLanes32(e) + 0.0f;
   }
@@ -176,6 +183,7 @@ __global__ void __launch_bounds__(kThreads)
     int flagged = 0;
     for (int w = 0; w < gqt::kWarps; ++w) flagged += sm.warp_count[0][w];
     info[t] = TokenInfo{h, e2, 0, 1, flagged, 0};
+    if (hist != nullptr) atomicAdd(&hist[gqa::AllocDigit(entropy, gqa::AllocKey(entropy, t, h))], 1u);
   }
 }
 
@@ -390,7 +398,7 @@ __global__ void __launch_bounds__(kThreads) FusedEncode(const T* __restrict__ x,
   EncodeRow<G>(sm, t, row, a, TokenExp(mx), a.fused_bits, 0, t * a.fused_block, nch == 1);
 }
 
-// The results word before the kernels (a kernel, not a copy from pageable host memory).
+// The fused encode's results word before its kernel (a kernel, not a copy from pageable host memory).
 __global__ void InitResults(Results* res) { *res = Results{ULLONG_MAX, 0, 0}; }
 
 // Scratch slots of the workspace, and what they hold during an encode (the decoder, in
@@ -399,7 +407,7 @@ __global__ void InitResults(Results* res) { *res = Results{ULLONG_MAX, 0, 0}; }
 //   kInfo        TokenInfo per token
 //   kPivots      each group's pivot or -1 (the outlier test of the statistics pass, for the encode)
 //   kOffsets     the block ends (inclusive scan of the sizes)
-//   kTemp        the Results word
+//   kTemp        the fused encode's Results word; otherwise the allocation's histogram of key digits
 //   kPayload     the payload (worst case: every group flagged, every token at bits_hi)
 enum Slot { kInfo = 0, kPivots = 1, kOffsets = 5, kTemp = 6, kPayload = 7 };
 static_assert(kOffsets == 5, "group_quant_decode.cu names the offsets slot 5");
@@ -435,6 +443,7 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
   const int64_t fixed_bytes = PivotsOffset(ng);
   const int64_t max_block = 2 + 4 * static_cast<int64_t>(ng) + PackedBytes(dim, p.bits_hi);
   const int64_t n_hi = two_widths ? std::llround(static_cast<double>(p.ratio) * static_cast<double>(tokens)) : tokens;
+  const bool select = !fused && gqa::Selects(n_hi, tokens);
   // Every slot before the first launch: growing one synchronises the device.
   const size_t tok = static_cast<size_t>(tokens);
   auto maybe = [&](int slot, size_t bytes) -> absl::StatusOr<void*> {
@@ -445,7 +454,8 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
   absl::StatusOr<void*> pivots = maybe(kPivots, flags ? sizeof(int16_t) * tok * static_cast<size_t>(ng) : 0);
   absl::StatusOr<void*> offsets = maybe(kOffsets, fused ? 0 : sizeof(unsigned long long) * tok);
   absl::StatusOr<void*> payload = ws.Scratch(kPayload, static_cast<size_t>(max_block) * tok);
-  absl::StatusOr<void*> temp = ws.Scratch(kTemp, sizeof(Results));
+  absl::StatusOr<void*> temp =
+      maybe(kTemp, fused ? sizeof(Results) : select ? sizeof(unsigned) * gqa::kBins : 0);
   absl::StatusOr<void*> pinned = ws.Pinned();
   for (const auto* r : {&info, &pivots, &offsets, &payload, &temp, &pinned}) {
     if (!r->ok()) return r->status();
@@ -453,10 +463,7 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
   auto* ti = static_cast<TokenInfo*>(*info);
   auto* piv = static_cast<int16_t*>(*pivots);
   auto* res = static_cast<Results*>(*pinned);
-  auto* dres = static_cast<Results*>(*temp);
   auto* out = static_cast<uint8_t*>(*payload);
-  InitResults<<<1, 1, 0, st>>>(dres);
-  LONGHAUL_CUDA_OK(cudaGetLastError());
 
   EncArgs args{};
   args.tokens = tokens;
@@ -465,13 +472,16 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
   args.norm = HadamardNorm(g);
   args.flags = flags;
   args.payload = out;
-  args.res = dres;
   const unsigned grid = static_cast<unsigned>(tokens);
   uint64_t total = 0;
   if (fused) {
+    auto* dres = static_cast<Results*>(*temp);
+    InitResults<<<1, 1, 0, st>>>(dres);
+    LONGHAUL_CUDA_OK(cudaGetLastError());
     const int64_t block = fixed_bytes + PackedBytes(dim, p.bits_hi);
     args.fused_bits = p.bits_hi;
     args.fused_block = block;
+    args.res = dres;
     total = static_cast<uint64_t>(block) * static_cast<uint64_t>(tokens);
     absl::Status launched = WithGroupSize(g, [&](auto gc) {
       return WithInputType(x, dtype, [&](const auto* xt) -> absl::Status {
@@ -480,17 +490,23 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
       });
     });
     if (!launched.ok()) return launched;
+    LONGHAUL_CUDA_OK(cudaMemcpyAsync(res, dres, sizeof(Results), cudaMemcpyDeviceToHost, st));
   } else {
+    // The allocation writes the results word straight into the pinned host area.
+    void* res_dev = nullptr;
+    LONGHAUL_CUDA_OK(cudaHostGetDevicePointer(&res_dev, res, 0));
+    auto* hist = static_cast<unsigned*>(*temp);
+    if (select) LONGHAUL_CUDA_OK(cudaMemsetAsync(hist, 0, sizeof(unsigned) * gqa::kBins, st));
     absl::Status stats_launched = WithGroupSize(g, [&](auto gc) {
       return WithInputType(x, dtype, [&](const auto* xt) -> absl::Status {
-        TokenStatsKernel<decltype(gc)::value><<<grid, kThreads, 0, st>>>(xt, dim, entropy, flags, p.tau, ti, piv, dres);
+        TokenStatsKernel<decltype(gc)::value><<<grid, kThreads, 0, st>>>(xt, dim, entropy, flags, p.tau, ti, piv, hist);
         return CudaStatus(cudaGetLastError(), "token statistics kernel");
       });
     });
     if (!stats_launched.ok()) return stats_launched;
     gqa::AllocArgs alloc{tokens, n_hi, p.adaptive, p.bits_hi, p.bits_lo, fixed_bytes, dim};
     auto* ends = static_cast<unsigned long long*>(*offsets);  // ends[t]: the end of token t's block
-    gqa::AllocateBits<<<1, gqa::kAllocThreads, 0, st>>>(alloc, ti, ends, &dres->transformed, &dres->total);
+    gqa::AllocateBits<<<1, gqa::kAllocThreads, 0, st>>>(alloc, ti, hist, ends, static_cast<Results*>(res_dev));
     LONGHAUL_CUDA_OK(cudaGetLastError());
     args.info = ti;
     args.pivots = piv;
@@ -503,7 +519,6 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
     });
     if (!encode_launched.ok()) return encode_launched;
   }
-  LONGHAUL_CUDA_OK(cudaMemcpyAsync(res, dres, sizeof(Results), cudaMemcpyDeviceToHost, st));
   LONGHAUL_CUDA_OK(cudaStreamSynchronize(st));
   if (res->first_bad != ULLONG_MAX) {
     const unsigned long long bad = res->first_bad >> 1;

@@ -1,19 +1,25 @@
-// TAH-Quant's bit allocation on the device, in one block (group_quant.cu, between the statistics
-// and the encode): the n_hi tokens first in the CPU's order get bits_hi, the rest bits_lo; then
-// every token's block size and the inclusive scan of the sizes (the block ends), the flagged groups'
-// total and the payload size. One launch in place of a key set-up, a device-wide radix sort, the
-// sizes and a device-wide scan.
+// TAH-Quant's bit allocation on the device (group_quant.cu, between the statistics and the encode):
+// the n_hi tokens first in the CPU's order get bits_hi, the rest bits_lo; then every token's block
+// size and the inclusive scan of the sizes (the block ends), the flagged groups' total, the payload
+// size and the first bad token, written straight into the host's pinned results word.
 //
 // The CPU's order (group_quant.cc, phase 2: nth_element with ties by token index): entropy
 // descending (adaptive) or SplitMix64(token) ascending. Both become an unsigned key that ascends in
-// that order, ties by index. The selection is a radix select over the keys, 8 bits a pass from the
-// top: it finds kth, the n_hi-th smallest key, and `less`, the keys below it; a token is hi when its
-// key is below kth, or equal to it and among the first n_hi - less such tokens by index.
+// that order, ties by index (AllocKey). The selection finds kth, the n_hi-th smallest key, and
+// `less`, the keys below it; a token is hi when its key is below kth, or equal to it and among the
+// first n_hi - less such tokens by index.
+//
+// The selection is a radix select in two levels: the statistics pass counts every good token's
+// top 16 key bits in a global histogram (65,536 bins, one atomic per token: AllocDigit), so this
+// block finds the top digit of kth by one scan of the histogram, then the remaining bits 8 at a
+// time over the keys that share it (a few hundred for entropies, about one for the hashes) with
+// shared-memory histograms. One block of kAllocThreads threads.
 #ifndef LONGHAUL_CODEC_CUDA_GROUP_QUANT_ALLOC_CUH_
 #define LONGHAUL_CODEC_CUDA_GROUP_QUANT_ALLOC_CUH_
 
 #include <cub/block/block_scan.cuh>
 
+#include <climits>
 #include <cstdint>
 
 #include "codec/cuda/cuda_util.cuh"
@@ -23,12 +29,22 @@
 namespace longhaul::codec::gpu::gqa {
 
 inline constexpr int kAllocThreads = 512;
-// 512 threads with 8 tokens each keep every per-token array in registers (73 of them; 1024 threads
-// get 64 each and spilled). Either way the kernel takes about 35 us for 8,192 tokens on an H200:
-// its instructions, on one SM, are its cost (docs/gpu.md).
+// Tokens per thread and tile in the sizes' pass: 512 threads with 8 tokens each keep every
+// per-token array in registers (1,024 threads get 64 registers each and spill).
 inline constexpr int kPer = 8;
-inline constexpr int kTile = kAllocThreads * kPer;  // tokens per tile
-inline constexpr int kCached = 8192;                // keys kept in shared memory
+inline constexpr int kTile = kAllocThreads * kPer;
+inline constexpr int kCached = 8192;  // entropy keys kept in shared memory
+inline constexpr int kDigitBits = 16;  // the global histogram's digit
+inline constexpr int kBins = 1 << kDigitBits;
+inline constexpr int kBinsPerThread = kBins / kAllocThreads;
+static_assert(kBinsPerThread % 4 == 0, "the histogram is read 16 bytes at a time");
+
+// Results the host reads after the one synchronisation (pinned, written by AllocateBits).
+struct Results {
+  unsigned long long first_bad;  // (token << 1) | huge, or ULLONG_MAX
+  unsigned long long transformed;
+  unsigned long long total;  // payload bytes
+};
 
 struct AllocArgs {
   int64_t tokens;
@@ -39,12 +55,26 @@ struct AllocArgs {
   int64_t dim;
 };
 
-// Token t's key: ascending in the CPU's order. The entropy's bits (+0 for -0, see TokenStatsKernel)
-// mapped so unsigned order is float order, then inverted for descending.
+// Whether the allocation selects (otherwise every token gets `hi` when n_hi == tokens, else `lo`).
+__host__ __device__ inline bool Selects(int64_t n_hi, int64_t tokens) { return n_hi > 0 && n_hi < tokens; }
+
+// The entropy's bits (+0 for -0, see TokenStatsKernel) mapped so unsigned order is float order,
+// then inverted for descending.
 __device__ __forceinline__ uint64_t EntropyKey(float h) {
   const uint32_t b = __float_as_uint(h);
   const uint32_t ordered = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
   return static_cast<uint64_t>(~ordered);
+}
+
+// Token t's key (h: its entropy), ascending in the CPU's order, and the width of its significant bits.
+__device__ __forceinline__ uint64_t AllocKey(bool adaptive, int64_t t, float h) {
+  return adaptive ? EntropyKey(h) : SplitMix64(static_cast<uint64_t>(t));
+}
+__host__ __device__ inline int KeyBits(bool adaptive) { return adaptive ? 32 : 64; }
+
+// The global histogram's bin of a key.
+__device__ __forceinline__ unsigned AllocDigit(bool adaptive, uint64_t key) {
+  return static_cast<unsigned>(key >> (KeyBits(adaptive) - kDigitBits));
 }
 
 // The keys: the hash computed, the entropy's from shared memory for the first kCached tokens (read
@@ -59,46 +89,64 @@ struct Keys {
   }
 };
 
-// The n_hi-th smallest key (1-based; n_hi in 1..tokens) into *kth, the keys below it into *less.
-// Every thread of the block calls it and gets the answer.
-__device__ inline void RadixSelect(const Keys& key, const AllocArgs& a, uint64_t* kth, int64_t* less) {
-  __shared__ unsigned hist[256];
-  __shared__ uint64_t s_prefix;
-  __shared__ int64_t s_need, s_less;
-  const int tid = threadIdx.x, lane = tid % kWarp;
-  if (tid == 0) {
-    s_prefix = 0;
-    s_need = a.n_hi;  // rank still sought among the keys that match the prefix
-    s_less = 0;
+struct SelectState {
+  uint64_t prefix;  // kth's bits found so far
+  int64_t need;     // rank still sought among the keys that match the prefix (1-based)
+  int64_t less;     // keys below the prefix
+};
+
+// Level 1: the top digit of kth from the global histogram. Every thread of the block calls it.
+__device__ inline void SelectTopDigit(const unsigned* __restrict__ hist, const AllocArgs& a, SelectState* s) {
+  using Scan = cub::BlockScan<unsigned, kAllocThreads>;
+  __shared__ typename Scan::TempStorage tmp;
+  const int tid = threadIdx.x;
+  // Thread i counts bins [i * kBinsPerThread, (i + 1) * kBinsPerThread), four 16-byte loads in flight.
+  const uint4* h4 = reinterpret_cast<const uint4*>(hist) + tid * (kBinsPerThread / 4);
+  unsigned own = 0;
+  for (int j0 = 0; j0 < kBinsPerThread / 4; j0 += 4) {
+    uint4 q[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) q[j] = h4[j0 + j];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) own += q[j].x + q[j].y + q[j].z + q[j].w;
   }
-  const int top = a.adaptive ? 24 : 56;  // the highest digit's shift (32- or 64-bit keys)
-  for (int shift = top; shift >= 0; shift -= 8) {
+  unsigned before = 0;
+  Scan(tmp).ExclusiveSum(own, before);
+  if (static_cast<int64_t>(before) < a.n_hi && a.n_hi <= static_cast<int64_t>(before) + own) {
+    const unsigned* c = hist + tid * kBinsPerThread;  // the thread's bins again (one thread)
+    unsigned run = before;
+    int d = 0;
+    for (; d < kBinsPerThread - 1 && static_cast<int64_t>(run + c[d]) < a.n_hi; ++d) run += c[d];
+    const int shift = KeyBits(a.adaptive) - kDigitBits;
+    s->prefix = static_cast<uint64_t>(tid * kBinsPerThread + d) << shift;
+    s->need = a.n_hi - run;
+    s->less = run;
+  }
+  __syncthreads();
+}
+
+// Level 2: the remaining bits of kth, 8 a pass, over the keys that match the prefix. Every thread of
+// the block calls it.
+__device__ inline void SelectLowDigits(const Keys& key, const AllocArgs& a, SelectState* s) {
+  __shared__ unsigned hist[256];
+  const int tid = threadIdx.x, lane = tid % kWarp;
+  for (int shift = KeyBits(a.adaptive) - kDigitBits - 8; shift >= 0; shift -= 8) {
     for (int i = tid; i < 256; i += kAllocThreads) hist[i] = 0;
     __syncthreads();
-    const uint64_t prefix = s_prefix;
-    const uint64_t hi_mask = shift + 8 >= 64 ? 0 : ~((uint64_t{1} << (shift + 8)) - 1);
-    for (int64_t t0 = 0; t0 < a.tokens; t0 += kTile) {
-      uint64_t k[kPer];
-#pragma unroll
-      for (int j = 0; j < kPer; ++j) {
-        const int64_t t = t0 + j * kAllocThreads + tid;
-        k[j] = t < a.tokens ? key(t) : 0;
-      }
-#pragma unroll
-      for (int j = 0; j < kPer; ++j) {
-        const int64_t t = t0 + j * kAllocThreads + tid;
-        const bool match = t < a.tokens && (k[j] & hi_mask) == prefix;
-        const unsigned digit = static_cast<unsigned>(k[j] >> shift) & 255u;
-        // The lanes with the first matching lane's digit add once (most keys share their top
-        // digits), the others one by one.
-        const unsigned active = __ballot_sync(kFullMask, match);
-        if (active != 0) {
-          const int src = __ffs(active) - 1;
-          const unsigned d0 = __shfl_sync(kFullMask, digit, src);
-          const unsigned same = __ballot_sync(kFullMask, match && digit == d0);
-          if (lane == src) atomicAdd(&hist[d0], static_cast<unsigned>(__popc(same)));
-          if (match && digit != d0) atomicAdd(&hist[digit], 1u);
-        }
+    const uint64_t prefix = s->prefix;
+    const uint64_t hi_mask = ~((uint64_t{1} << (shift + 8)) - 1);
+    for (int64_t t = tid; t - tid < a.tokens; t += kAllocThreads) {
+      const uint64_t k = t < a.tokens ? key(t) : 0;
+      const bool match = t < a.tokens && (k & hi_mask) == prefix;
+      // The matching lanes of a digit add once (matches share most of their digits).
+      const unsigned digit = static_cast<unsigned>(k >> shift) & 255u;
+      unsigned active = __ballot_sync(kFullMask, match);
+      while (active != 0) {
+        const int src = __ffs(active) - 1;
+        const unsigned d0 = __shfl_sync(kFullMask, digit, src);
+        const unsigned same = __ballot_sync(kFullMask, match && digit == d0);
+        if (lane == src) atomicAdd(&hist[d0], static_cast<unsigned>(__popc(same)));
+        active &= ~same;
       }
     }
     __syncthreads();
@@ -115,37 +163,44 @@ __device__ inline void RadixSelect(const Keys& key, const AllocArgs& a, uint64_t
         const unsigned o = __shfl_up_sync(kFullMask, incl, h);
         if (lane >= h) incl += o;
       }
-      const int64_t need = s_need;
-      __syncwarp();  // every lane has read s_need before the picking lane writes it
+      const int64_t need = s->need;
+      __syncwarp();  // every lane has read need before the picking lane writes it
       const unsigned before = incl - own;
-      // The lane whose digits hold the need-th key picks the digit.
       if (static_cast<int64_t>(before) < need && need <= static_cast<int64_t>(incl)) {
         unsigned run = before;
         int d = 0;
         for (; d < 7 && static_cast<int64_t>(run + c[d]) < need; ++d) run += c[d];
-        s_prefix = prefix | (static_cast<uint64_t>(8 * lane + d) << shift);
-        s_need = need - run;
-        s_less += run;
+        s->prefix = prefix | (static_cast<uint64_t>(8 * lane + d) << shift);
+        s->need = need - run;
+        s->less += run;
       }
     }
     __syncthreads();
   }
-  *kth = s_prefix;
-  *less = s_less;
 }
 
 // Bits, sizes and ends of every token, in tiles of kTile tokens in index order (thread i takes
-// kPer consecutive tokens of a tile). Launched with one block of kAllocThreads threads.
+// kPer consecutive tokens of a tile); the results word into `res` (pinned host memory). hist: the
+// statistics pass's histogram of AllocDigit (when Selects). Launched with one block of
+// kAllocThreads threads.
 __global__ void __launch_bounds__(kAllocThreads)
-    AllocateBits(AllocArgs a, TokenInfo* __restrict__ info, unsigned long long* __restrict__ ends,
-                 unsigned long long* __restrict__ transformed, unsigned long long* __restrict__ total) {
+    AllocateBits(AllocArgs a, TokenInfo* __restrict__ info, const unsigned* __restrict__ hist,
+                 unsigned long long* __restrict__ ends, Results* __restrict__ res) {
   using IntScan = cub::BlockScan<int, kAllocThreads>;
   using SizeScan = cub::BlockScan<unsigned long long, kAllocThreads>;
-  __shared__ typename IntScan::TempStorage int_tmp;
-  __shared__ typename SizeScan::TempStorage size_tmp;
+  __shared__ union {
+    typename IntScan::TempStorage ints;
+    typename SizeScan::TempStorage sizes;
+  } scan_tmp;
   __shared__ uint32_t cached[kCached];
+  __shared__ SelectState sel;
+  __shared__ unsigned long long first_bad;
   const int tid = threadIdx.x;
-  const bool select = a.n_hi > 0 && a.n_hi < a.tokens;
+  const bool select = Selects(a.n_hi, a.tokens);
+  if (tid == 0) {
+    sel = SelectState{0, a.n_hi, 0};
+    first_bad = ULLONG_MAX;
+  }
   if (select && a.adaptive) {
     constexpr int kLoads = kCached / kAllocThreads;
     float h[kLoads];
@@ -156,15 +211,17 @@ __global__ void __launch_bounds__(kAllocThreads)
     }
 #pragma unroll
     for (int j = 0; j < kLoads; ++j) cached[j * kAllocThreads + tid] = static_cast<uint32_t>(EntropyKey(h[j]));
-    __syncthreads();
   }
+  __syncthreads();
   const Keys key{info, cached, a.adaptive};
-  uint64_t kth = 0;
-  int64_t less = 0;
-  if (select) RadixSelect(key, a, &kth, &less);
-  const int64_t take_equal = a.n_hi - less;  // keys equal to kth that are hi, lowest indices first
+  if (select) {
+    SelectTopDigit(hist, a, &sel);
+    SelectLowDigits(key, a, &sel);
+  }
+  const uint64_t kth = sel.prefix;
+  const int64_t take_equal = a.n_hi - sel.less;  // keys equal to kth that are hi, lowest indices first
   int64_t equal_before = 0;
-  unsigned long long carry = 0, flagged_sum = 0;
+  unsigned long long carry = 0, flagged_sum = 0, bad = ULLONG_MAX;
   for (int64_t t0 = 0; t0 < a.tokens; t0 += kTile) {
     const int64_t first = t0 + static_cast<int64_t>(tid) * kPer;
     int equal[kPer], flagged[kPer];
@@ -176,10 +233,16 @@ __global__ void __launch_bounds__(kAllocThreads)
       const uint64_t k = select && in ? key(t) : 0;
       equal[j] = select && in && k == kth ? 1 : 0;
       below[j] = select ? k < kth : a.n_hi >= a.tokens;
-      flagged[j] = in ? info[t].flagged : 0;
+      flagged[j] = 0;
+      if (in) {
+        const TokenInfo ti = info[t];
+        flagged[j] = ti.flagged;
+        // A bad token: its exp says huge (1) or NaN/Inf (0), see TokenStatsKernel.
+        if (ti.ok == 0 && bad == ULLONG_MAX) bad = (static_cast<unsigned long long>(t) << 1) | (ti.exp != 0 ? 1ull : 0ull);
+      }
     }
     int equal_rank[kPer], equal_tile = 0;
-    IntScan(int_tmp).ExclusiveSum(equal, equal_rank, equal_tile);
+    IntScan(scan_tmp.ints).ExclusiveSum(equal, equal_rank, equal_tile);
     unsigned long long size[kPer], end[kPer], tile_total = 0;
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
@@ -193,7 +256,8 @@ __global__ void __launch_bounds__(kAllocThreads)
         flagged_sum += static_cast<unsigned long long>(flagged[j]);
       }
     }
-    SizeScan(size_tmp).InclusiveSum(size, end, tile_total);
+    __syncthreads();  // the storage is the sizes' scan's now
+    SizeScan(scan_tmp.sizes).InclusiveSum(size, end, tile_total);
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
       if (first + j < a.tokens) ends[first + j] = carry + end[j];
@@ -202,9 +266,16 @@ __global__ void __launch_bounds__(kAllocThreads)
     carry += tile_total;
     __syncthreads();  // the scans' storage is reused by the next tile
   }
+  if (bad != ULLONG_MAX) atomicMin(&first_bad, bad);
   flagged_sum = WarpSumLanes32(flagged_sum);
-  if (tid % kWarp == 0 && flagged_sum != 0) atomicAdd(transformed, flagged_sum);
-  if (tid == 0) *total = carry;
+  __shared__ unsigned long long warp_flagged[kAllocThreads / kWarp];
+  if (tid % kWarp == 0) warp_flagged[tid / kWarp] = flagged_sum;
+  __syncthreads();
+  if (tid == 0) {
+    unsigned long long transformed = 0;
+    for (int w = 0; w < kAllocThreads / kWarp; ++w) transformed += warp_flagged[w];
+    *res = Results{first_bad, transformed, carry};
+  }
 }
 
 }  // namespace longhaul::codec::gpu::gqa

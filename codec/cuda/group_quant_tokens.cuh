@@ -9,10 +9,9 @@
 // Bit-exactness with the CPU reference (group_quant.cc, scalar kernels), step by step:
 //  - sum of |x| and max: warp 0's lane j adds the elements j, j + 32, ... in order (a chunk starts
 //    at a multiple of 32), as the CPU's 32 lane accumulators; combined as ReduceLanes32.
-//  - the outlier test: each lane the scalar Top2Abs over its 8 elements, then segments combine
-//    (lower range, upper range): m1 = the larger (the lower's on ties, so the pivot is the first
-//    index of the maximum), m2 = max(the smaller m1, both m2): the top two of the multiset, which
-//    is what the sequential scan computes (values are |x| >= +0, so order cannot change bits).
+//  - the outlier test: the top two of the group's multiset of |x| by a min/max network (what the
+//    scalar Top2Abs's sequential scan computes: values are |x| >= +0, so order cannot change bits),
+//    the pivot the first index of the maximum (OctetPivot).
 //  - min/max: each lane left to right from its first element, segments combined taking the upper
 //    range's value only when strictly smaller (larger): the first occurrence in order, as MinMax's
 //    fold; where the warp's octets are complete, fminf/fmaxf (only the sign of a zero could
@@ -135,39 +134,36 @@ __device__ __forceinline__ void StoreOctet(float* row, int o, const float (&v)[8
 
 // The outlier test of the lane's group (n: its elements, G when complete): the pivot, or -1. Every
 // lane of the warp calls it; every lane of a segment gets the same answer.
+// The two largest |v| of the group as the scalar Top2Abs's scan gives them (a multiset: m2 == m1
+// when the maximum repeats) by a min/max network: per element m2 = max(m2, min(m1, a)), m1 =
+// max(m1, a); segments combine m1 = max of both, m2 = max(the smaller m1, both m2). The values are
+// |x| >= +0 (a NaN makes the token fail before its pivots are read), so fminf/fmaxf give the
+// scan's bits. Then the test as the CPU's; the pivot, the first index of the maximum (the scan's
+// last strict rise), only in warps where a group is flagged.
 template <int G>
 __device__ __forceinline__ int OctetPivot(const float (&v)[8], int lane, int n, float tau) {
   constexpr int L = G / 8;
   float m1 = 0.0f, m2 = 0.0f;
-  int piv = 0;
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {  // the scalar Top2Abs, the pivot at the last strict rise
-    const float a = AbsF(v[j]);
-    if (a > m1) {
-      m2 = m1;
-      m1 = a;
-      piv = j;
-    } else if (a > m2) {
-      m2 = a;
-    }
+  for (int j = 0; j < 8; ++j) {
+    const float a = fabsf(v[j]);
+    m2 = fmaxf(m2, fminf(m1, a));
+    m1 = fmaxf(m1, a);
   }
-  piv += 8 * (lane & (L - 1));
 #pragma unroll
   for (int h = 1; h < L; h *= 2) {
     const float o1 = __shfl_xor_sync(kFullMask, m1, h), o2 = __shfl_xor_sync(kFullMask, m2, h);
-    const int op = __shfl_xor_sync(kFullMask, piv, h);
-    const bool mine_lower = (lane & h) == 0;
-    const float l1 = mine_lower ? m1 : o1, l2 = mine_lower ? m2 : o2;
-    const float u1 = mine_lower ? o1 : m1, u2 = mine_lower ? o2 : m2;
-    const int lp = mine_lower ? piv : op, up = mine_lower ? op : piv;
-    const bool rise = u1 > l1;
-    const float second = rise ? l1 : u1;
-    const float m2s = l2 > u2 ? l2 : u2;
-    m2 = second > m2s ? second : m2s;
-    m1 = rise ? u1 : l1;
-    piv = rise ? up : lp;
+    m2 = fmaxf(fminf(m1, o1), fmaxf(m2, o2));
+    m1 = fmaxf(m1, o1);
   }
-  return n == G && m1 / (m2 + kGroupRhoEps) > tau ? piv : -1;
+  const bool flagged = n == G && m1 / (m2 + kGroupRhoEps) > tau;
+  if (!__any_sync(kFullMask, flagged)) return -1;
+  int piv = G;  // the lane's first index of the maximum in the group, G when it has none
+#pragma unroll
+  for (int j = 7; j >= 0; --j) piv = fabsf(v[j]) == m1 ? 8 * (lane & (L - 1)) + j : piv;
+#pragma unroll
+  for (int h = 1; h < L; h *= 2) piv = min(piv, __shfl_xor_sync(kFullMask, piv, h));
+  return flagged ? piv : -1;
 }
 
 // Swaps elements 0 and piv of each flagged segment (piv >= 0, the same in every lane of a segment):

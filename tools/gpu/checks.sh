@@ -8,7 +8,8 @@
 #             (CODECS to name fewer families)
 #   codecprof where the grouped codecs' time goes: Nsight Compute's duration, throughput, occupancy
 #             and main stall for each kernel of one tahquant and one int8 encode and decode (PROF_CODECS,
-#             PROF_LINES; clocks unlocked as in the bench, PROF_CLOCKS=base to lock them)
+#             PROF_LINES; clocks unlocked as in the bench, PROF_CLOCKS=base to lock them; PROF_SOURCE=REGEX
+#             adds the matching kernels' SASS with instructions executed per line)
 #   sweep     docs/gpu-sweep.md: 4 workers sharing cuda:0, each in its own network namespace with tc
 #             tbf access links, a gpt2-xl-shaped pipeline (SWEEP_LAYERS, default 48, over 4 stages,
 #             bf16), fp32 vs tahquant/int8 links at 1000, 500, 300 and 100 Mbit/s (SWEEP_RATES;
@@ -84,6 +85,14 @@ PY
         echo "-- $codec"
         grep -E "^  [A-Za-z_].*\(|Duration|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Warp Cycles Per Issued|each warp of this workload spends" "$OUT/ncu-$codec.txt" \
           | sed -E 's/^  (void )?([^ (][^(]*)\(.*/  \2/' | cut -c1-190 | head -"${PROF_LINES:-48}"
+        # PROF_SOURCE=REGEX: each matching kernel's SASS with its executed instructions and stall
+        # samples per line (the first launch of each), in ncu-source-CODEC.txt.
+        if [[ -n "${PROF_SOURCE:-}" ]]; then
+          "$ncu_bin" --target-processes all --clock-control "${PROF_CLOCKS:-none}" --cache-control none -k "regex:$PROF_SOURCE" -c "${PROF_SOURCE_COUNT:-2}" \
+            --section SourceCounters --page source --print-source sass \
+            build/bin/longhaul-bench codec --device=cuda:0 --codec="$codec" --tokens=8192 --hidden=4096 --iters=1 --json \
+            >"$OUT/ncu-source-$codec.txt" 2>&1 || { echo "ncu source $codec failed:"; tail -5 "$OUT/ncu-source-$codec.txt"; }
+        fi
       done ;;
     sweep)
       ./longhaul.sh build longhaul-bench longhaul-worker longhaul-coordinator >"$OUT/build-sweep.log" 2>&1 \
