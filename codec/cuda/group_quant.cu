@@ -49,6 +49,7 @@ using gqa::Results;
 
 using gqt::kChunk;
 using gqt::kThreads;
+inline constexpr int kRounds = kChunk / 8 / kThreads;  // rounds of octets in a chunk
 
 __device__ __forceinline__ int NumChunks(int64_t dim) { return static_cast<int>((dim + kChunk - 1) / kChunk); }
 
@@ -183,7 +184,7 @@ __global__ void __launch_bounds__(kThreads)
     int flagged = 0;
     for (int w = 0; w < gqt::kWarps; ++w) flagged += sm.warp_count[0][w];
     info[t] = TokenInfo{h, e2, 0, 1, flagged, 0};
-    if (hist != nullptr) atomicAdd(&hist[gqa::AllocDigit(entropy, gqa::AllocKey(entropy, t, h))], 1u);
+    if (hist != nullptr) gqa::CountKey(hist, gqa::AllocDigit(entropy, gqa::AllocKey(entropy, t, h)));
   }
 }
 
@@ -231,13 +232,24 @@ __device__ __forceinline__ void EncodeRow(gqt::TokenSmem& sm, int64_t t, const T
     const int64_t c0 = static_cast<int64_t>(c) * kChunk;
     const int len = static_cast<int>(a.dim - c0 < kChunk ? a.dim - c0 : kChunk);
     const int noct = (len + 7) / 8;
+    // The statistics pass's outlier test of each round's group (flags: only TokenStatsKernel's
+    // tokens), loaded before the row so that both loads are in flight together.
+    int16_t round_piv[kRounds];
+#pragma unroll
+    for (int r = 0; r < kRounds; ++r) {
+      const int gs = (8 * (r * kThreads + tid)) & ~(G - 1);
+      round_piv[r] = a.flags && gs < len ? a.pivots[t * a.ng + (c0 + gs) / G] : int16_t{-1};
+    }
     if (!staged) {
       if (c > 0) __syncthreads();  // phase C of the previous chunk is done with the row
       gqt::LoadChunk(sm.row, row + c0, len, tid);
       __syncthreads();
     }
     // A.
-    for (int ob = 0; ob < noct; ob += kThreads, ++round) {
+#pragma unroll
+    for (int r = 0; r < kRounds; ++r, ++round) {
+      const int ob = r * kThreads;
+      if (ob >= noct) break;
       const int o = ob + tid;
       float v[8];
       gqt::LoadOctet(sm.row, o, len, v);
@@ -246,8 +258,7 @@ __device__ __forceinline__ void EncodeRow(gqt::TokenSmem& sm, int64_t t, const T
       const int cnt = len - e0 < 0 ? 0 : (len - e0 < 8 ? len - e0 : 8);
       int piv = -1;
       if (a.flags) {
-        // The statistics pass's outlier test of the group (flags: only TokenStatsKernel's tokens).
-        piv = gs < len ? a.pivots[t * a.ng + (c0 + gs) / G] : -1;
+        piv = round_piv[r];
         // The flagged group's ordinal in the token: earlier rounds, earlier warps, earlier lanes.
         const bool lead_flag = piv >= 0 && leader;
         const unsigned m = __ballot_sync(kFullMask, lead_flag);
@@ -295,7 +306,13 @@ __device__ __forceinline__ void EncodeRow(gqt::TokenSmem& sm, int64_t t, const T
       const int cnt = len - e0 < 0 ? 0 : (len - e0 < 8 ? len - e0 : 8);
       uint64_t w = 0;
       int nb = 0;
-      if (cnt > 0) {
+      const bool whole = 8 * (o - lane) + 8 * kWarp <= len;  // every lane of the warp has 8
+      if (whole) {
+        const gqt::GroupRange gp = sm.group[e0 / G];
+        w = bits <= 4 ? gqt::QuantOctet<false>(v, gp.lo, gp.hi, fmaxq, bits)
+                      : gqt::QuantOctet<true>(v, gp.lo, gp.hi, fmaxq, bits);
+        nb = bits;
+      } else if (cnt > 0) {
         const gqt::GroupRange gp = sm.group[e0 / G];  // lo: the decoded lo; hi: 1 / the decoded scale
         uint32_t w_lo = 0, w_hi = 0;
 #pragma unroll
@@ -313,7 +330,7 @@ __device__ __forceinline__ void EncodeRow(gqt::TokenSmem& sm, int64_t t, const T
         nb = (cnt * bits + 7) / 8;
       }
       const int64_t at = codes_at + (c0 / 8 + (o - lane)) * bits;
-      gqt::WriteWarpCodes(sm.stage[warp], lane, w, nb, bits, at, a.payload, 8 * (o - lane) + 8 * kWarp <= len);
+      gqt::WriteWarpCodes(sm.stage[warp], lane, w, nb, bits, at, a.payload, whole);
     }
   }
 }
@@ -455,7 +472,7 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
   absl::StatusOr<void*> offsets = maybe(kOffsets, fused ? 0 : sizeof(unsigned long long) * tok);
   absl::StatusOr<void*> payload = ws.Scratch(kPayload, static_cast<size_t>(max_block) * tok);
   absl::StatusOr<void*> temp =
-      maybe(kTemp, fused ? sizeof(Results) : select ? sizeof(unsigned) * gqa::kBins : 0);
+      maybe(kTemp, fused ? sizeof(Results) : select ? sizeof(unsigned) * gqa::kHistWords : 0);
   absl::StatusOr<void*> pinned = ws.Pinned();
   for (const auto* r : {&info, &pivots, &offsets, &payload, &temp, &pinned}) {
     if (!r->ok()) return r->status();
@@ -496,7 +513,7 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
     void* res_dev = nullptr;
     LONGHAUL_CUDA_OK(cudaHostGetDevicePointer(&res_dev, res, 0));
     auto* hist = static_cast<unsigned*>(*temp);
-    if (select) LONGHAUL_CUDA_OK(cudaMemsetAsync(hist, 0, sizeof(unsigned) * gqa::kBins, st));
+    if (select) LONGHAUL_CUDA_OK(cudaMemsetAsync(hist, 0, sizeof(unsigned) * gqa::kHistWords, st));
     absl::Status stats_launched = WithGroupSize(g, [&](auto gc) {
       return WithInputType(x, dtype, [&](const auto* xt) -> absl::Status {
         TokenStatsKernel<decltype(gc)::value><<<grid, kThreads, 0, st>>>(xt, dim, entropy, flags, p.tau, ti, piv, hist);

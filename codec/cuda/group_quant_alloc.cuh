@@ -10,10 +10,10 @@
 // first n_hi - less such tokens by index.
 //
 // The selection is a radix select in two levels: the statistics pass counts every good token's
-// top 16 key bits in a global histogram (65,536 bins, one atomic per token: AllocDigit), so this
-// block finds the top digit of kth by one scan of the histogram, then the remaining bits 8 at a
-// time over the keys that share it (a few hundred for entropies, about one for the hashes) with
-// shared-memory histograms. One block of kAllocThreads threads.
+// top 16 key bits (AllocDigit) in a global histogram of 65,536 bins and their top 8 in one of 256
+// (two atomics a token: CountKey), so this block finds the top 16 bits of kth from 256 + 256 bins,
+// then the remaining bits 8 at a time over the keys that share them (a few hundred for entropies,
+// about one for the hashes) with shared-memory histograms. One block of kAllocThreads threads.
 #ifndef LONGHAUL_CODEC_CUDA_GROUP_QUANT_ALLOC_CUH_
 #define LONGHAUL_CODEC_CUDA_GROUP_QUANT_ALLOC_CUH_
 
@@ -36,8 +36,16 @@ inline constexpr int kTile = kAllocThreads * kPer;
 inline constexpr int kCached = 8192;  // entropy keys kept in shared memory
 inline constexpr int kDigitBits = 16;  // the global histogram's digit
 inline constexpr int kBins = 1 << kDigitBits;
-inline constexpr int kBinsPerThread = kBins / kAllocThreads;
-static_assert(kBinsPerThread % 4 == 0, "the histogram is read 16 bytes at a time");
+// The coarse histogram (the digit's top 8 bits), after the fine one in the same buffer.
+inline constexpr int kCoarseBins = 256;
+inline constexpr int kHistWords = kBins + kCoarseBins;
+static_assert(kCoarseBins * kCoarseBins == kBins && kCoarseBins <= kAllocThreads, "two 8-bit levels");
+
+// Counts a good token's key in both histograms (the statistics pass).
+__device__ __forceinline__ void CountKey(unsigned* hist, unsigned digit) {
+  atomicAdd(&hist[digit], 1u);
+  atomicAdd(&hist[kBins + (digit >> 8)], 1u);
+}
 
 // Results the host reads after the one synchronisation (pinned, written by AllocateBits).
 struct Results {
@@ -95,30 +103,29 @@ struct SelectState {
   int64_t less;     // keys below the prefix
 };
 
-// Level 1: the top digit of kth from the global histogram. Every thread of the block calls it.
+// Level 1: the top digit of kth from the global histograms, the coarse one first (two loads a
+// thread). Every thread of the block calls it.
 __device__ inline void SelectTopDigit(const unsigned* __restrict__ hist, const AllocArgs& a, SelectState* s) {
   using Scan = cub::BlockScan<unsigned, kAllocThreads>;
   __shared__ typename Scan::TempStorage tmp;
+  __shared__ unsigned coarse;
+  __shared__ int64_t coarse_less;
   const int tid = threadIdx.x;
-  // Thread i counts bins [i * kBinsPerThread, (i + 1) * kBinsPerThread), four 16-byte loads in flight.
-  const uint4* h4 = reinterpret_cast<const uint4*>(hist) + tid * (kBinsPerThread / 4);
-  unsigned own = 0;
-  for (int j0 = 0; j0 < kBinsPerThread / 4; j0 += 4) {
-    uint4 q[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) q[j] = h4[j0 + j];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) own += q[j].x + q[j].y + q[j].z + q[j].w;
-  }
+  const unsigned c = tid < kCoarseBins ? hist[kBins + tid] : 0u;
   unsigned before = 0;
-  Scan(tmp).ExclusiveSum(own, before);
-  if (static_cast<int64_t>(before) < a.n_hi && a.n_hi <= static_cast<int64_t>(before) + own) {
-    const unsigned* c = hist + tid * kBinsPerThread;  // the thread's bins again (one thread)
-    unsigned run = before;
-    int d = 0;
-    for (; d < kBinsPerThread - 1 && static_cast<int64_t>(run + c[d]) < a.n_hi; ++d) run += c[d];
-    const int shift = KeyBits(a.adaptive) - kDigitBits;
-    s->prefix = static_cast<uint64_t>(tid * kBinsPerThread + d) << shift;
+  Scan(tmp).ExclusiveSum(c, before);
+  if (static_cast<int64_t>(before) < a.n_hi && a.n_hi <= static_cast<int64_t>(before) + c) {
+    coarse = static_cast<unsigned>(tid);
+    coarse_less = before;
+  }
+  __syncthreads();  // also: the scan's storage is free again
+  const int64_t less0 = coarse_less;
+  const unsigned fine = coarse * kCoarseBins + static_cast<unsigned>(tid);
+  const unsigned f = tid < kCoarseBins ? hist[fine] : 0u;
+  Scan(tmp).ExclusiveSum(f, before);
+  const int64_t run = less0 + before;
+  if (run < a.n_hi && a.n_hi <= run + f) {
+    s->prefix = static_cast<uint64_t>(fine) << (KeyBits(a.adaptive) - kDigitBits);
     s->need = a.n_hi - run;
     s->less = run;
   }

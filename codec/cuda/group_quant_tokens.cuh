@@ -121,6 +121,21 @@ __device__ __forceinline__ uint32_t QuantCode(float y, float fmaxq) {
   return __float_as_uint(__fadd_rn(y, 12582912.0f)) - 0x4B400000u;
 }
 
+// The codes of a complete octet against its group's decoded lo and 1 / scale, packed (code j at bit
+// j * bits): QuantCode's, in two 32-bit halves of four codes; kWide when bits > 4 (the halves then
+// joined in 64 bits).
+template <bool kWide>
+__device__ __forceinline__ uint64_t QuantOctet(const float (&v)[8], float lo, float inv, float fmaxq, int bits) {
+  uint32_t w_lo = 0, w_hi = 0;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    w_lo |= QuantCode((v[j] - lo) * inv, fmaxq) << (j * bits);
+    w_hi |= QuantCode((v[j + 4] - lo) * inv, fmaxq) << (j * bits);
+  }
+  if constexpr (kWide) return static_cast<uint64_t>(w_lo) | (static_cast<uint64_t>(w_hi) << (4 * bits));
+  return w_lo | (w_hi << (4 * bits));
+}
+
 // A code (below 2^23) as a float, exactly as static_cast<float>, without the conversion instruction.
 __device__ __forceinline__ float CodeToFloat(uint32_t q) {
   return __fsub_rn(__uint_as_float(0x4B000000u | q), 8388608.0f);
@@ -176,9 +191,13 @@ __device__ __forceinline__ void SegmentSwap(float (&v)[8], int lane, int piv) {
   const int p = flagged ? piv : 0;
   const int leader = lane & ~(L - 1);
   const int src = leader + (p >> 3);
-  float mine_p = v[0];
-#pragma unroll
-  for (int j = 1; j < 8; ++j) mine_p = (p & 7) == j ? v[j] : mine_p;
+  // v[p & 7] by a tree of selects on p's bits: a loop of compares becomes an indexed load, which
+  // puts the whole octet in local memory.
+  const int q = p & 7;
+  const float s01 = (q & 1) ? v[1] : v[0], s23 = (q & 1) ? v[3] : v[2];
+  const float s45 = (q & 1) ? v[5] : v[4], s67 = (q & 1) ? v[7] : v[6];
+  const float s03 = (q & 2) ? s23 : s01, s47 = (q & 2) ? s67 : s45;
+  const float mine_p = (q & 4) ? s47 : s03;
   const float val0 = __shfl_sync(kFullMask, v[0], leader);
   const float valp = __shfl_sync(kFullMask, mine_p, src);  // src has this segment's p
   if (flagged) {
