@@ -50,6 +50,9 @@ using gqa::Results;
 using gqt::kChunk;
 using gqt::kThreads;
 inline constexpr int kRounds = kChunk / 8 / kThreads;  // rounds of octets in a chunk
+// EncodeTokens' blocks resident on an SM: 6 leave it 40 registers a thread (no spills), where it
+// would take 45 and fit 5.
+inline constexpr int kEncodeBlocksPerSm = 6;
 
 __device__ __forceinline__ int NumChunks(int64_t dim) { return static_cast<int>((dim + kChunk - 1) / kChunk); }
 
@@ -203,8 +206,31 @@ struct EncArgs {
   Results* res;
 };
 
+// Each round's outlier test (its group's pivot or -1) of a chunk, for the thread's octets.
+struct RoundPivots {
+  int16_t p[kRounds];
+};
+__device__ __forceinline__ RoundPivots NoPivots() {
+  RoundPivots r;
+#pragma unroll
+  for (int k = 0; k < kRounds; ++k) r.p[k] = -1;
+  return r;
+}
+// The statistics pass's (flags: only TokenStatsKernel's tokens) for the chunk at c0 of token t.
+template <int G>
+__device__ __forceinline__ RoundPivots LoadRoundPivots(const EncArgs& a, int64_t t, int64_t c0, int len, int tid) {
+  RoundPivots r;
+  const int16_t* chunk = a.flags ? a.pivots + t * a.ng + c0 / G : nullptr;
+#pragma unroll
+  for (int k = 0; k < kRounds; ++k) {
+    const int gs = (8 * (k * kThreads + tid)) & ~(G - 1);
+    r.p[k] = a.flags && gs < len ? chunk[gs / G] : int16_t{-1};
+  }
+  return r;
+}
+
 // Token t's groups, from chunk 0 (staged: chunk 0 is already in shared memory and is the row's only
-// one), its block at blk_off. Per chunk, three phases:
+// one, staged_piv its outlier tests), its block at blk_off. Per chunk, three phases:
 //  A. each lane's octet: its group's outlier test (kept by the statistics pass), the flagged
 //     groups' pivots (ordinals by a block-wide count), the swap and transform (written back to the
 //     staged row), the group's range by its segment, kept in shared memory;
@@ -213,7 +239,8 @@ struct EncArgs {
 //  C. each lane's octet again from the staged row: codes against its group's parameters, packed.
 template <int G, typename T>
 __device__ __forceinline__ void EncodeRow(gqt::TokenSmem& sm, int64_t t, const T* __restrict__ row, const EncArgs& a,
-                                          int exp, int bits, int flagged_total, int64_t blk_off, bool staged) {
+                                          int exp, int bits, int flagged_total, int64_t blk_off, bool staged,
+                                          RoundPivots staged_piv) {
   constexpr int L = G / 8;
   const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
   uint8_t* blk = a.payload + blk_off;
@@ -232,14 +259,8 @@ __device__ __forceinline__ void EncodeRow(gqt::TokenSmem& sm, int64_t t, const T
     const int64_t c0 = static_cast<int64_t>(c) * kChunk;
     const int len = static_cast<int>(a.dim - c0 < kChunk ? a.dim - c0 : kChunk);
     const int noct = (len + 7) / 8;
-    // The statistics pass's outlier test of each round's group (flags: only TokenStatsKernel's
-    // tokens), loaded before the row so that both loads are in flight together.
-    int16_t round_piv[kRounds];
-#pragma unroll
-    for (int r = 0; r < kRounds; ++r) {
-      const int gs = (8 * (r * kThreads + tid)) & ~(G - 1);
-      round_piv[r] = a.flags && gs < len ? a.pivots[t * a.ng + (c0 + gs) / G] : int16_t{-1};
-    }
+    // Loaded before the row, so that both loads are in flight together.
+    const RoundPivots round_piv = staged ? staged_piv : LoadRoundPivots<G>(a, t, c0, len, tid);
     if (!staged) {
       if (c > 0) __syncthreads();  // phase C of the previous chunk is done with the row
       gqt::LoadChunk(sm.row, row + c0, len, tid);
@@ -258,7 +279,7 @@ __device__ __forceinline__ void EncodeRow(gqt::TokenSmem& sm, int64_t t, const T
       const int cnt = len - e0 < 0 ? 0 : (len - e0 < 8 ? len - e0 : 8);
       int piv = -1;
       if (a.flags) {
-        piv = round_piv[r];
+        piv = round_piv.p[r];
         // The flagged group's ordinal in the token: earlier rounds, earlier warps, earlier lanes.
         const bool lead_flag = piv >= 0 && leader;
         const unsigned m = __ballot_sync(kFullMask, lead_flag);
@@ -337,13 +358,23 @@ __device__ __forceinline__ void EncodeRow(gqt::TokenSmem& sm, int64_t t, const T
 
 // The payload of every good token (after TokenStatsKernel and AllocateBits), last token first.
 template <int G, typename T>
-__global__ void __launch_bounds__(kThreads) EncodeTokens(const T* __restrict__ x, EncArgs a) {
+__global__ void __launch_bounds__(kThreads, kEncodeBlocksPerSm) EncodeTokens(const T* __restrict__ x, EncArgs a) {
   __shared__ gqt::TokenSmem sm;
   const int64_t t = a.tokens - 1 - static_cast<int64_t>(blockIdx.x);
+  const T* row = x + t * a.dim;
+  // A single-chunk token's loads all issued before any is used: its info, block end, outlier tests
+  // and row (a bad token's too: the whole block returns after them).
   const TokenInfo ti = a.info[t];
-  if (ti.ok == 0) return;  // the encode fails; the block is not written
   const int64_t blk_off = t == 0 ? 0 : static_cast<int64_t>(a.ends[t - 1]);
-  EncodeRow<G>(sm, t, x + t * a.dim, a, ti.exp, ti.bits, ti.flagged, blk_off, false);
+  const bool staged = a.dim <= kChunk;
+  RoundPivots piv = NoPivots();
+  if (staged) {
+    piv = LoadRoundPivots<G>(a, t, 0, static_cast<int>(a.dim), threadIdx.x);
+    gqt::LoadChunk(sm.row, row, static_cast<int>(a.dim), threadIdx.x);
+    __syncthreads();
+  }
+  if (ti.ok == 0) return;  // the encode fails; the block is not written
+  EncodeRow<G>(sm, t, row, a, ti.exp, ti.bits, ti.flagged, blk_off, staged, piv);
 }
 
 // int<k>: statistics and payload of token blockIdx.x in one pass. An int<k> token needs only the
@@ -412,7 +443,7 @@ __global__ void __launch_bounds__(kThreads) FusedEncode(const T* __restrict__ x,
     if (tid == 0) atomicMin(&a.res->first_bad, (static_cast<unsigned long long>(t) << 1) | (sum_finite ? 1ull : 0ull));
     return;
   }
-  EncodeRow<G>(sm, t, row, a, TokenExp(mx), a.fused_bits, 0, t * a.fused_block, nch == 1);
+  EncodeRow<G>(sm, t, row, a, TokenExp(mx), a.fused_bits, 0, t * a.fused_block, nch == 1, NoPivots());
 }
 
 // The fused encode's results word before its kernel (a kernel, not a copy from pageable host memory).

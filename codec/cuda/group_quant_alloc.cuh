@@ -33,7 +33,8 @@ inline constexpr int kAllocThreads = 512;
 // per-token array in registers (1,024 threads get 64 registers each and spill).
 inline constexpr int kPer = 8;
 inline constexpr int kTile = kAllocThreads * kPer;
-inline constexpr int kCached = 8192;  // entropy keys kept in shared memory
+inline constexpr int kCached = 8192;     // entropy keys kept in shared memory
+inline constexpr int kCandidates = 1024;  // keys sharing kth's top digit listed in shared memory
 inline constexpr int kDigitBits = 16;  // the global histogram's digit
 inline constexpr int kBins = 1 << kDigitBits;
 // The coarse histogram (the digit's top 8 bits), after the fine one in the same buffer.
@@ -132,28 +133,59 @@ __device__ inline void SelectTopDigit(const unsigned* __restrict__ hist, const A
   __syncthreads();
 }
 
-// Level 2: the remaining bits of kth, 8 a pass, over the keys that match the prefix. Every thread of
-// the block calls it.
-__device__ inline void SelectLowDigits(const Keys& key, const AllocArgs& a, SelectState* s) {
+// Adds the warp's matching lanes to hist[digit], once per distinct digit (matches share most of
+// their digits). Every lane of the warp calls it.
+__device__ __forceinline__ void CountDigits(unsigned* hist, bool match, unsigned digit, int lane) {
+  unsigned active = __ballot_sync(kFullMask, match);
+  while (active != 0) {
+    const int src = __ffs(active) - 1;
+    const unsigned d0 = __shfl_sync(kFullMask, digit, src);
+    const unsigned same = __ballot_sync(kFullMask, match && digit == d0);
+    if (lane == src) atomicAdd(&hist[d0], static_cast<unsigned>(__popc(same)));
+    active &= ~same;
+  }
+}
+
+// Level 2: the remaining bits of kth, 8 a pass, over the keys that share its top digit: listed in
+// shared memory first (cand: kCandidates; when they fit, else every key is tested in every pass).
+// Every thread of the block calls it.
+__device__ inline void SelectLowDigits(const Keys& key, const AllocArgs& a, SelectState* s, uint64_t* cand) {
   __shared__ unsigned hist[256];
+  __shared__ int ncand;
   const int tid = threadIdx.x, lane = tid % kWarp;
-  for (int shift = KeyBits(a.adaptive) - kDigitBits - 8; shift >= 0; shift -= 8) {
+  const int low = KeyBits(a.adaptive) - kDigitBits;  // the bits below the top digit
+  const uint64_t top = s->prefix >> low;
+  if (tid == 0) ncand = 0;
+  __syncthreads();
+  // t - tid is the same in every thread, so whole warps take each step.
+  for (int64_t t = tid; t - tid < a.tokens; t += kAllocThreads) {
+    const uint64_t k = t < a.tokens ? key(t) : 0;
+    const bool match = t < a.tokens && (k >> low) == top;
+    const unsigned m = __ballot_sync(kFullMask, match);
+    if (m == 0) continue;
+    int base = 0;
+    if (lane == 0) base = atomicAdd(&ncand, __popc(m));
+    base = __shfl_sync(kFullMask, base, 0);
+    const int at = base + __popc(m & ((1u << lane) - 1u));
+    if (match && at < kCandidates) cand[at] = k;
+  }
+  __syncthreads();
+  const int n = ncand;
+  const bool listed = n <= kCandidates;
+  for (int shift = low - 8; shift >= 0; shift -= 8) {
     for (int i = tid; i < 256; i += kAllocThreads) hist[i] = 0;
     __syncthreads();
     const uint64_t prefix = s->prefix;
     const uint64_t hi_mask = ~((uint64_t{1} << (shift + 8)) - 1);
-    for (int64_t t = tid; t - tid < a.tokens; t += kAllocThreads) {
-      const uint64_t k = t < a.tokens ? key(t) : 0;
-      const bool match = t < a.tokens && (k & hi_mask) == prefix;
-      // The matching lanes of a digit add once (matches share most of their digits).
-      const unsigned digit = static_cast<unsigned>(k >> shift) & 255u;
-      unsigned active = __ballot_sync(kFullMask, match);
-      while (active != 0) {
-        const int src = __ffs(active) - 1;
-        const unsigned d0 = __shfl_sync(kFullMask, digit, src);
-        const unsigned same = __ballot_sync(kFullMask, match && digit == d0);
-        if (lane == src) atomicAdd(&hist[d0], static_cast<unsigned>(__popc(same)));
-        active &= ~same;
+    if (listed) {
+      for (int i = tid; i - tid < n; i += kAllocThreads) {
+        const uint64_t k = i < n ? cand[i] : 0;
+        CountDigits(hist, i < n && (k & hi_mask) == prefix, static_cast<unsigned>(k >> shift) & 255u, lane);
+      }
+    } else {
+      for (int64_t t = tid; t - tid < a.tokens; t += kAllocThreads) {
+        const uint64_t k = t < a.tokens ? key(t) : 0;
+        CountDigits(hist, t < a.tokens && (k & hi_mask) == prefix, static_cast<unsigned>(k >> shift) & 255u, lane);
       }
     }
     __syncthreads();
@@ -196,6 +228,7 @@ __global__ void __launch_bounds__(kAllocThreads)
   using IntScan = cub::BlockScan<int, kAllocThreads>;
   using SizeScan = cub::BlockScan<unsigned long long, kAllocThreads>;
   __shared__ union {
+    uint64_t cand[kCandidates];  // the selection's (SelectLowDigits), then the scans'
     typename IntScan::TempStorage ints;
     typename SizeScan::TempStorage sizes;
   } scan_tmp;
@@ -223,7 +256,7 @@ __global__ void __launch_bounds__(kAllocThreads)
   const Keys key{info, cached, a.adaptive};
   if (select) {
     SelectTopDigit(hist, a, &sel);
-    SelectLowDigits(key, a, &sel);
+    SelectLowDigits(key, a, &sel, scan_tmp.cand);
   }
   const uint64_t kth = sel.prefix;
   const int64_t take_equal = a.n_hi - sel.less;  // keys equal to kth that are hi, lowest indices first
