@@ -11,9 +11,12 @@
 //  - otherwise (tahquant): the block sizes depend on the bit allocation over all tokens and on
 //    the outlier flags, so
 //      1. TokenStatsKernel: statistics, the entropy (adaptive TAH-Quant) and the outlier test of
-//         every group (kept for step 3, and counted per token), the input read once;
+//         every group (kept for step 3, and counted per token), each token's allocation key
+//         counted in a global histogram, the input read once;
 //      2. AllocateBits (group_quant_alloc.cuh), one block: the set of bits_hi tokens nth_element
-//         picks on the CPU (a radix select), each token's bits and block size, the block ends;
+//         picks on the CPU (a radix select whose top 16 bits come from the histogram), each
+//         token's bits and block size, the block ends, and the results word, written straight
+//         into pinned host memory;
 //      3. EncodeTokens: the tokens again, last first (the statistics pass's last rows are still in
 //         L2), the kept outlier tests, the flagged groups' ordinals by a block-wide count,
 //         header, params, pivots and codes (EncodeRow's phases).
@@ -50,9 +53,6 @@ using gqa::Results;
 using gqt::kChunk;
 using gqt::kThreads;
 inline constexpr int kRounds = kChunk / 8 / kThreads;  // rounds of octets in a chunk
-// EncodeTokens' blocks resident on an SM: 6 leave it 40 registers a thread (no spills), where it
-// would take 45 and fit 5.
-inline constexpr int kEncodeBlocksPerSm = 6;
 
 __device__ __forceinline__ int NumChunks(int64_t dim) { return static_cast<int>((dim + kChunk - 1) / kChunk); }
 
@@ -94,14 +94,15 @@ __device__ __forceinline__ float EntropyTerm(float x, float inv_l1) {
   return p * FastLog2(p + kEntropyLogEps);
 }
 
-// Token blockIdx.x's TokenInfo{entropy, exp, bits 0 (set by AllocateBits), ok, flagged groups, 0}
-// (a bad token: ok 0, exp 1 when it is huge, 0 for NaN/Inf), each of its groups' outlier test in
-// `pivots` (when the Hadamard option is on), and its allocation key's digit counted in `hist` (when
-// the allocation selects: then `entropy` says whether the key is the entropy or the hash).
+// Token blockIdx.x's TokenInfo{entropy, exp, 0, ok, flagged groups, 0} (a bad token: ok 0), its
+// entropy and flagged groups (a bad token: -1 NaN/Inf, -2 huge) in `tok`, each of its groups'
+// outlier test in `pivots` (when the Hadamard option is on), and its allocation key counted in
+// `hist` (when the allocation selects: then `entropy` says whether the key is the entropy or the hash).
 template <int G, typename T>
 __global__ void __launch_bounds__(kThreads)
     TokenStatsKernel(const T* __restrict__ x, int64_t dim, bool entropy, bool flags, float tau,
-                     TokenInfo* __restrict__ info, int16_t* __restrict__ pivots, unsigned* __restrict__ hist) {
+                     TokenInfo* __restrict__ info, gqa::TokenArrays tok, int16_t* __restrict__ pivots,
+                     unsigned* __restrict__ hist) {
   __shared__ gqt::TokenSmem sm;
   constexpr int L = G / 8;
   const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
@@ -167,7 +168,11 @@ __global__ void __launch_bounds__(kThreads)
   }
   if (warp != 0) return;
   if (!ok) {
-    if (lane == 0) info[t] = TokenInfo{0.0f, e2, 0, 0, 0, 0};
+    if (lane == 0) {
+      info[t] = TokenInfo{0.0f, 0, 0, 0, 0, 0};
+      tok.key[t] = 0.0f;
+      tok.flagged[t] = e2 != 0 ? -2 : -1;  // TokenExponent: e2 1 when huge
+    }
     return;
   }
   float h = 0.0f;
@@ -187,6 +192,8 @@ __global__ void __launch_bounds__(kThreads)
     int flagged = 0;
     for (int w = 0; w < gqt::kWarps; ++w) flagged += sm.warp_count[0][w];
     info[t] = TokenInfo{h, e2, 0, 1, flagged, 0};
+    tok.key[t] = h;
+    tok.flagged[t] = flagged;
     if (hist != nullptr) gqa::CountKey(hist, gqa::AllocDigit(entropy, gqa::AllocKey(entropy, t, h)));
   }
 }
@@ -200,6 +207,7 @@ struct EncArgs {
   int fused_bits;
   int64_t fused_block;
   const TokenInfo* info;
+  const uint8_t* bits;             // each token's bit width (AllocateBits)
   const int16_t* pivots;           // each group's pivot (0..G - 1) or -1 (TokenStatsKernel), with flags
   const unsigned long long* ends;  // ends[t]: the end of token t's block (inclusive scan)
   uint8_t* payload;
@@ -358,23 +366,14 @@ __device__ __forceinline__ void EncodeRow(gqt::TokenSmem& sm, int64_t t, const T
 
 // The payload of every good token (after TokenStatsKernel and AllocateBits), last token first.
 template <int G, typename T>
-__global__ void __launch_bounds__(kThreads, kEncodeBlocksPerSm) EncodeTokens(const T* __restrict__ x, EncArgs a) {
+__global__ void __launch_bounds__(kThreads) EncodeTokens(const T* __restrict__ x, EncArgs a) {
   __shared__ gqt::TokenSmem sm;
   const int64_t t = a.tokens - 1 - static_cast<int64_t>(blockIdx.x);
-  const T* row = x + t * a.dim;
-  // A single-chunk token's loads all issued before any is used: its info, block end, outlier tests
-  // and row (a bad token's too: the whole block returns after them).
   const TokenInfo ti = a.info[t];
-  const int64_t blk_off = t == 0 ? 0 : static_cast<int64_t>(a.ends[t - 1]);
-  const bool staged = a.dim <= kChunk;
-  RoundPivots piv = NoPivots();
-  if (staged) {
-    piv = LoadRoundPivots<G>(a, t, 0, static_cast<int>(a.dim), threadIdx.x);
-    gqt::LoadChunk(sm.row, row, static_cast<int>(a.dim), threadIdx.x);
-    __syncthreads();
-  }
   if (ti.ok == 0) return;  // the encode fails; the block is not written
-  EncodeRow<G>(sm, t, row, a, ti.exp, ti.bits, ti.flagged, blk_off, staged, piv);
+  const int bits = a.bits[t];
+  const int64_t blk_off = t == 0 ? 0 : static_cast<int64_t>(a.ends[t - 1]);
+  EncodeRow<G>(sm, t, x + t * a.dim, a, ti.exp, bits, ti.flagged, blk_off, false, NoPivots());
 }
 
 // int<k>: statistics and payload of token blockIdx.x in one pass. An int<k> token needs only the
@@ -453,11 +452,21 @@ __global__ void InitResults(Results* res) { *res = Results{ULLONG_MAX, 0, 0}; }
 // group_quant_decode.cu, uses kOffsets only; the fused int<k> encode only kTemp and kPayload; the
 // other slots are the symmetric and BitDP codecs'):
 //   kInfo        TokenInfo per token
+//   kTokens      the statistics' and the allocation's per-token arrays (gqa::TokenArrays)
 //   kPivots      each group's pivot or -1 (the outlier test of the statistics pass, for the encode)
 //   kOffsets     the block ends (inclusive scan of the sizes)
 //   kTemp        the fused encode's Results word; otherwise the allocation's histogram of key digits
 //   kPayload     the payload (worst case: every group flagged, every token at bits_hi)
-enum Slot { kInfo = 0, kPivots = 1, kOffsets = 5, kTemp = 6, kPayload = 7 };
+enum Slot { kInfo = 0, kPivots = 1, kTokens = 2, kOffsets = 5, kTemp = 6, kPayload = 7 };
+
+// gqa::TokenArrays in one scratch area of TokenArraysBytes(tokens) bytes, each array 32-byte aligned.
+size_t TokenArrayStride(size_t tokens) { return (4 * tokens + 31) / 32 * 32; }
+size_t TokenArraysBytes(size_t tokens) { return 2 * TokenArrayStride(tokens) + tokens; }
+gqa::TokenArrays TokenArraysAt(void* base, size_t tokens) {
+  auto* b = static_cast<uint8_t*>(base);
+  const size_t stride = TokenArrayStride(tokens);
+  return gqa::TokenArrays{reinterpret_cast<float*>(b), reinterpret_cast<int32_t*>(b + stride), b + 2 * stride};
+}
 static_assert(kOffsets == 5, "group_quant_decode.cu names the offsets slot 5");
 static_assert(kPayload == Workspace::kSlots - 1, "the payload slot is the last, as the other codecs'");
 
@@ -499,13 +508,14 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
     return ws.Scratch(slot, bytes);
   };
   absl::StatusOr<void*> info = maybe(kInfo, fused ? 0 : sizeof(TokenInfo) * tok);
+  absl::StatusOr<void*> token_arrays = maybe(kTokens, fused ? 0 : TokenArraysBytes(tok));
   absl::StatusOr<void*> pivots = maybe(kPivots, flags ? sizeof(int16_t) * tok * static_cast<size_t>(ng) : 0);
   absl::StatusOr<void*> offsets = maybe(kOffsets, fused ? 0 : sizeof(unsigned long long) * tok);
   absl::StatusOr<void*> payload = ws.Scratch(kPayload, static_cast<size_t>(max_block) * tok);
   absl::StatusOr<void*> temp =
       maybe(kTemp, fused ? sizeof(Results) : select ? sizeof(unsigned) * gqa::kHistWords : 0);
   absl::StatusOr<void*> pinned = ws.Pinned();
-  for (const auto* r : {&info, &pivots, &offsets, &payload, &temp, &pinned}) {
+  for (const auto* r : {&info, &token_arrays, &pivots, &offsets, &payload, &temp, &pinned}) {
     if (!r->ok()) return r->status();
   }
   auto* ti = static_cast<TokenInfo*>(*info);
@@ -544,19 +554,22 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
     void* res_dev = nullptr;
     LONGHAUL_CUDA_OK(cudaHostGetDevicePointer(&res_dev, res, 0));
     auto* hist = static_cast<unsigned*>(*temp);
+    const gqa::TokenArrays arrays = TokenArraysAt(*token_arrays, tok);
     if (select) LONGHAUL_CUDA_OK(cudaMemsetAsync(hist, 0, sizeof(unsigned) * gqa::kHistWords, st));
     absl::Status stats_launched = WithGroupSize(g, [&](auto gc) {
       return WithInputType(x, dtype, [&](const auto* xt) -> absl::Status {
-        TokenStatsKernel<decltype(gc)::value><<<grid, kThreads, 0, st>>>(xt, dim, entropy, flags, p.tau, ti, piv, hist);
+        TokenStatsKernel<decltype(gc)::value>
+            <<<grid, kThreads, 0, st>>>(xt, dim, entropy, flags, p.tau, ti, arrays, piv, hist);
         return CudaStatus(cudaGetLastError(), "token statistics kernel");
       });
     });
     if (!stats_launched.ok()) return stats_launched;
     gqa::AllocArgs alloc{tokens, n_hi, p.adaptive, p.bits_hi, p.bits_lo, fixed_bytes, dim};
     auto* ends = static_cast<unsigned long long*>(*offsets);  // ends[t]: the end of token t's block
-    gqa::AllocateBits<<<1, gqa::kAllocThreads, 0, st>>>(alloc, ti, hist, ends, static_cast<Results*>(res_dev));
+    gqa::AllocateBits<<<1, gqa::kAllocThreads, 0, st>>>(alloc, arrays, hist, ends, static_cast<Results*>(res_dev));
     LONGHAUL_CUDA_OK(cudaGetLastError());
     args.info = ti;
+    args.bits = arrays.bits;
     args.pivots = piv;
     args.ends = ends;
     absl::Status encode_launched = WithGroupSize(g, [&](auto gc) {

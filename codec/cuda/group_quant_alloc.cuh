@@ -86,15 +86,23 @@ __device__ __forceinline__ unsigned AllocDigit(bool adaptive, uint64_t key) {
   return static_cast<unsigned>(key >> (KeyBits(adaptive) - kDigitBits));
 }
 
+// The statistics pass's per-token figures for the allocation, as arrays (a warp's loads of them
+// coalesce), and the allocation's bit widths for the encode.
+struct TokenArrays {
+  float* key;        // the entropy (+0 for -0); 0 without the adaptive option
+  int32_t* flagged;  // flagged groups; a bad token: -1 NaN/Inf, -2 huge
+  uint8_t* bits;     // set by AllocateBits
+};
+
 // The keys: the hash computed, the entropy's from shared memory for the first kCached tokens (read
 // from the token statistics once), from global memory after them.
 struct Keys {
-  const TokenInfo* info;
+  const float* entropy;
   const uint32_t* cached;
   bool adaptive;
   __device__ uint64_t operator()(int64_t t) const {
     if (!adaptive) return SplitMix64(static_cast<uint64_t>(t));
-    return t < kCached ? cached[t] : EntropyKey(info[t].key);
+    return t < kCached ? cached[t] : EntropyKey(entropy[t]);
   }
 };
 
@@ -218,13 +226,13 @@ __device__ inline void SelectLowDigits(const Keys& key, const AllocArgs& a, Sele
   }
 }
 
-// Bits, sizes and ends of every token, in tiles of kTile tokens in index order (thread i takes
-// kPer consecutive tokens of a tile); the results word into `res` (pinned host memory). hist: the
-// statistics pass's histogram of AllocDigit (when Selects). Launched with one block of
-// kAllocThreads threads.
+// Bits (tok.bits), sizes and ends of every token, in tiles of kTile tokens in index order (thread i
+// takes kPer consecutive tokens of a tile); the results word into `res` (pinned host memory). hist:
+// the statistics pass's histograms (CountKey, when Selects). tok.bits, tok.flagged and ends are
+// 32-byte aligned. Launched with one block of kAllocThreads threads.
 __global__ void __launch_bounds__(kAllocThreads)
-    AllocateBits(AllocArgs a, TokenInfo* __restrict__ info, const unsigned* __restrict__ hist,
-                 unsigned long long* __restrict__ ends, Results* __restrict__ res) {
+    AllocateBits(AllocArgs a, TokenArrays tok, const unsigned* __restrict__ hist, unsigned long long* __restrict__ ends,
+                 Results* __restrict__ res) {
   using IntScan = cub::BlockScan<int, kAllocThreads>;
   using SizeScan = cub::BlockScan<unsigned long long, kAllocThreads>;
   __shared__ union {
@@ -247,13 +255,13 @@ __global__ void __launch_bounds__(kAllocThreads)
 #pragma unroll
     for (int j = 0; j < kLoads; ++j) {  // every load issued before the first store
       const int64_t t = j * kAllocThreads + tid;
-      h[j] = t < a.tokens ? info[t].key : 0.0f;
+      h[j] = t < a.tokens ? tok.key[t] : 0.0f;
     }
 #pragma unroll
     for (int j = 0; j < kLoads; ++j) cached[j * kAllocThreads + tid] = static_cast<uint32_t>(EntropyKey(h[j]));
   }
   __syncthreads();
-  const Keys key{info, cached, a.adaptive};
+  const Keys key{tok.key, cached, a.adaptive};
   if (select) {
     SelectTopDigit(hist, a, &sel);
     SelectLowDigits(key, a, &sel, scan_tmp.cand);
@@ -264,8 +272,24 @@ __global__ void __launch_bounds__(kAllocThreads)
   unsigned long long carry = 0, flagged_sum = 0, bad = ULLONG_MAX;
   for (int64_t t0 = 0; t0 < a.tokens; t0 += kTile) {
     const int64_t first = t0 + static_cast<int64_t>(tid) * kPer;
+    // The thread's kPer tokens whole: 16-byte loads and stores (first is a multiple of kPer).
+    const bool whole = first + kPer <= a.tokens;
     int equal[kPer], flagged[kPer];
     bool below[kPer];
+    if (whole) {
+      const int4* f4 = reinterpret_cast<const int4*>(tok.flagged + first);
+#pragma unroll
+      for (int q = 0; q < kPer / 4; ++q) {
+        const int4 v = f4[q];
+        flagged[4 * q] = v.x;
+        flagged[4 * q + 1] = v.y;
+        flagged[4 * q + 2] = v.z;
+        flagged[4 * q + 3] = v.w;
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) flagged[j] = first + j < a.tokens ? tok.flagged[first + j] : 0;
+    }
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
       const int64_t t = first + j;
@@ -273,17 +297,15 @@ __global__ void __launch_bounds__(kAllocThreads)
       const uint64_t k = select && in ? key(t) : 0;
       equal[j] = select && in && k == kth ? 1 : 0;
       below[j] = select ? k < kth : a.n_hi >= a.tokens;
-      flagged[j] = 0;
-      if (in) {
-        const TokenInfo ti = info[t];
-        flagged[j] = ti.flagged;
-        // A bad token: its exp says huge (1) or NaN/Inf (0), see TokenStatsKernel.
-        if (ti.ok == 0 && bad == ULLONG_MAX) bad = (static_cast<unsigned long long>(t) << 1) | (ti.exp != 0 ? 1ull : 0ull);
+      if (flagged[j] < 0) {  // a bad token (the first of the thread's is its lowest)
+        if (bad == ULLONG_MAX) bad = (static_cast<unsigned long long>(t) << 1) | (flagged[j] == -2 ? 1ull : 0ull);
+        flagged[j] = 0;
       }
     }
     int equal_rank[kPer], equal_tile = 0;
     IntScan(scan_tmp.ints).ExclusiveSum(equal, equal_rank, equal_tile);
     unsigned long long size[kPer], end[kPer], tile_total = 0;
+    uint64_t packed_bits = 0;
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
       const int64_t t = first + j;
@@ -291,16 +313,27 @@ __global__ void __launch_bounds__(kAllocThreads)
       const int bits = hi_token ? a.hi : a.lo;
       size[j] = 0;
       if (t < a.tokens) {
-        info[t].bits = bits;
+        packed_bits |= static_cast<uint64_t>(bits) << (8 * j);
         size[j] = static_cast<unsigned long long>(a.fixed_bytes + flagged[j] + (a.dim * bits + 7) / 8);
         flagged_sum += static_cast<unsigned long long>(flagged[j]);
       }
     }
     __syncthreads();  // the storage is the sizes' scan's now
     SizeScan(scan_tmp.sizes).InclusiveSum(size, end, tile_total);
+    if (whole) {
+      static_assert(kPer == 8, "a thread's bit widths are one 8-byte store");
+      *reinterpret_cast<uint64_t*>(tok.bits + first) = packed_bits;
+      ulonglong2* e2 = reinterpret_cast<ulonglong2*>(ends + first);
 #pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      if (first + j < a.tokens) ends[first + j] = carry + end[j];
+      for (int q = 0; q < kPer / 2; ++q) e2[q] = make_ulonglong2(carry + end[2 * q], carry + end[2 * q + 1]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) {
+        if (first + j < a.tokens) {
+          tok.bits[first + j] = static_cast<uint8_t>(packed_bits >> (8 * j));
+          ends[first + j] = carry + end[j];
+        }
+      }
     }
     equal_before += equal_tile;
     carry += tile_total;

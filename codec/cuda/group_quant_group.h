@@ -202,7 +202,7 @@ LONGHAUL_HD LONGHAUL_GQ_INLINE void EncodeGroupInPlace(float* v, int n, int exp,
 struct TokenInfo {
   float key;              // entropy (+0.0, so that -0 and +0 sort as equal)
   int32_t exp;            // token exponent E
-  int32_t bits;           // bit width, set by the allocation
+  int32_t bits;           // bit width (the host reference's; the kernels keep theirs in gqa::TokenArrays)
   int32_t ok;             // 0: NaN/Inf/huge (the encode fails; the block is not written)
   int32_t flagged;        // groups the outlier test flags (TokenStatsKernel; TokenBlockBytes in the reference)
   int32_t first_ordinal;  // flagged groups of all earlier tokens (TokenBlockBytes; the kernels count in place)
