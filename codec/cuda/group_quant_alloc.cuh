@@ -33,8 +33,7 @@ inline constexpr int kAllocThreads = 512;
 // per-token array in registers (1,024 threads get 64 registers each and spill).
 inline constexpr int kPer = 8;
 inline constexpr int kTile = kAllocThreads * kPer;
-inline constexpr int kCached = 8192;     // entropy keys kept in shared memory
-inline constexpr int kCandidates = 1024;  // keys sharing kth's top digit listed in shared memory
+inline constexpr int kCandidates = 4096;  // keys sharing kth's top digit listed in shared memory
 inline constexpr int kDigitBits = 16;  // the global histogram's digit
 inline constexpr int kBins = 1 << kDigitBits;
 // The coarse histogram (the digit's top 8 bits), after the fine one in the same buffer.
@@ -94,15 +93,12 @@ struct TokenArrays {
   uint8_t* bits;     // set by AllocateBits
 };
 
-// The keys: the hash computed, the entropy's from shared memory for the first kCached tokens (read
-// from the token statistics once), from global memory after them.
+// The keys: the hash computed, the entropy's from the statistics' array.
 struct Keys {
   const float* entropy;
-  const uint32_t* cached;
   bool adaptive;
   __device__ uint64_t operator()(int64_t t) const {
-    if (!adaptive) return SplitMix64(static_cast<uint64_t>(t));
-    return t < kCached ? cached[t] : EntropyKey(entropy[t]);
+    return adaptive ? EntropyKey(entropy[t]) : SplitMix64(static_cast<uint64_t>(t));
   }
 };
 
@@ -141,17 +137,17 @@ __device__ inline void SelectTopDigit(const unsigned* __restrict__ hist, const A
   __syncthreads();
 }
 
-// Adds the warp's matching lanes to hist[digit], once per distinct digit (matches share most of
-// their digits). Every lane of the warp calls it.
+// Adds the warp's matching lanes to hist[digit]: the lanes with the first match's digit once (the
+// top digits of the keys mostly agree), the others each their own (the low ones mostly differ).
+// Every lane of the warp calls it.
 __device__ __forceinline__ void CountDigits(unsigned* hist, bool match, unsigned digit, int lane) {
-  unsigned active = __ballot_sync(kFullMask, match);
-  while (active != 0) {
-    const int src = __ffs(active) - 1;
-    const unsigned d0 = __shfl_sync(kFullMask, digit, src);
-    const unsigned same = __ballot_sync(kFullMask, match && digit == d0);
-    if (lane == src) atomicAdd(&hist[d0], static_cast<unsigned>(__popc(same)));
-    active &= ~same;
-  }
+  const unsigned active = __ballot_sync(kFullMask, match);
+  if (active == 0) return;
+  const int src = __ffs(active) - 1;
+  const unsigned d0 = __shfl_sync(kFullMask, digit, src);
+  const unsigned same = __ballot_sync(kFullMask, match && digit == d0);
+  if (lane == src) atomicAdd(&hist[d0], static_cast<unsigned>(__popc(same)));
+  if (match && digit != d0) atomicAdd(&hist[digit], 1u);
 }
 
 // Level 2: the remaining bits of kth, 8 a pass, over the keys that share its top digit: listed in
@@ -165,17 +161,26 @@ __device__ inline void SelectLowDigits(const Keys& key, const AllocArgs& a, Sele
   const uint64_t top = s->prefix >> low;
   if (tid == 0) ncand = 0;
   __syncthreads();
-  // t - tid is the same in every thread, so whole warps take each step.
-  for (int64_t t = tid; t - tid < a.tokens; t += kAllocThreads) {
-    const uint64_t k = t < a.tokens ? key(t) : 0;
-    const bool match = t < a.tokens && (k >> low) == top;
-    const unsigned m = __ballot_sync(kFullMask, match);
-    if (m == 0) continue;
-    int base = 0;
-    if (lane == 0) base = atomicAdd(&ncand, __popc(m));
-    base = __shfl_sync(kFullMask, base, 0);
-    const int at = base + __popc(m & ((1u << lane) - 1u));
-    if (match && at < kCandidates) cand[at] = k;
+  // t0 is the same in every thread, so whole warps take each step; kBatch loads in flight.
+  constexpr int kBatch = 4;
+  for (int64_t t0 = 0; t0 < a.tokens; t0 += kBatch * kAllocThreads) {
+    uint64_t k[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int64_t t = t0 + u * kAllocThreads + tid;
+      k[u] = t < a.tokens ? key(t) : 0;
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const bool match = t0 + u * kAllocThreads + tid < a.tokens && (k[u] >> low) == top;
+      const unsigned m = __ballot_sync(kFullMask, match);
+      if (m == 0) continue;
+      int base = 0;
+      if (lane == 0) base = atomicAdd(&ncand, __popc(m));
+      base = __shfl_sync(kFullMask, base, 0);
+      const int at = base + __popc(m & ((1u << lane) - 1u));
+      if (match && at < kCandidates) cand[at] = k[u];
+    }
   }
   __syncthreads();
   const int n = ncand;
@@ -240,7 +245,6 @@ __global__ void __launch_bounds__(kAllocThreads)
     typename IntScan::TempStorage ints;
     typename SizeScan::TempStorage sizes;
   } scan_tmp;
-  __shared__ uint32_t cached[kCached];
   __shared__ SelectState sel;
   __shared__ unsigned long long first_bad;
   const int tid = threadIdx.x;
@@ -249,19 +253,8 @@ __global__ void __launch_bounds__(kAllocThreads)
     sel = SelectState{0, a.n_hi, 0};
     first_bad = ULLONG_MAX;
   }
-  if (select && a.adaptive) {
-    constexpr int kLoads = kCached / kAllocThreads;
-    float h[kLoads];
-#pragma unroll
-    for (int j = 0; j < kLoads; ++j) {  // every load issued before the first store
-      const int64_t t = j * kAllocThreads + tid;
-      h[j] = t < a.tokens ? tok.key[t] : 0.0f;
-    }
-#pragma unroll
-    for (int j = 0; j < kLoads; ++j) cached[j * kAllocThreads + tid] = static_cast<uint32_t>(EntropyKey(h[j]));
-  }
   __syncthreads();
-  const Keys key{tok.key, cached, a.adaptive};
+  const Keys key{tok.key, a.adaptive};
   if (select) {
     SelectTopDigit(hist, a, &sel);
     SelectLowDigits(key, a, &sel, scan_tmp.cand);
@@ -275,26 +268,37 @@ __global__ void __launch_bounds__(kAllocThreads)
     // The thread's kPer tokens whole: 16-byte loads and stores (first is a multiple of kPer).
     const bool whole = first + kPer <= a.tokens;
     int equal[kPer], flagged[kPer];
+    float entropy[kPer];
     bool below[kPer];
     if (whole) {
       const int4* f4 = reinterpret_cast<const int4*>(tok.flagged + first);
+      const float4* h4 = reinterpret_cast<const float4*>(tok.key + first);
 #pragma unroll
       for (int q = 0; q < kPer / 4; ++q) {
         const int4 v = f4[q];
+        const float4 h = h4[q];
         flagged[4 * q] = v.x;
         flagged[4 * q + 1] = v.y;
         flagged[4 * q + 2] = v.z;
         flagged[4 * q + 3] = v.w;
+        entropy[4 * q] = h.x;
+        entropy[4 * q + 1] = h.y;
+        entropy[4 * q + 2] = h.z;
+        entropy[4 * q + 3] = h.w;
       }
     } else {
 #pragma unroll
-      for (int j = 0; j < kPer; ++j) flagged[j] = first + j < a.tokens ? tok.flagged[first + j] : 0;
+      for (int j = 0; j < kPer; ++j) {
+        const bool in = first + j < a.tokens;
+        flagged[j] = in ? tok.flagged[first + j] : 0;
+        entropy[j] = in ? tok.key[first + j] : 0.0f;
+      }
     }
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
       const int64_t t = first + j;
       const bool in = t < a.tokens;
-      const uint64_t k = select && in ? key(t) : 0;
+      const uint64_t k = !select || !in ? 0 : a.adaptive ? EntropyKey(entropy[j]) : SplitMix64(static_cast<uint64_t>(t));
       equal[j] = select && in && k == kth ? 1 : 0;
       below[j] = select ? k < kth : a.n_hi >= a.tokens;
       if (flagged[j] < 0) {  // a bad token (the first of the thread's is its lowest)
