@@ -57,9 +57,9 @@ Decision Decide(const v1::JobSpec& spec, const std::vector<Candidate>& cands, Li
     return d;
   }
   d.job = *shape;
-  // Each of the D pipelines runs micro_batches / D of the step (job_spec.h).
+  // Each of the D pipelines runs its share of the step's micro-batches.
   d.job.replicas = Replicas(spec);
-  d.job.micro_batches = std::max(1, d.job.micro_batches / d.job.replicas);
+  d.job.micro_batches = MicroBatchesPerReplica(spec);
   const int N = static_cast<int>(cands.size());
   std::vector<double> known;
   for (const Candidate& c : cands) {

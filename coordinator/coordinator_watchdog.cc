@@ -12,6 +12,7 @@
 #include "common/log.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/job_cost.h"
+#include "coordinator/job_spec.h"
 
 namespace longhaul::coordinator {
 namespace {
@@ -169,8 +170,7 @@ void CoordinatorService::TrackStep(Job& job, const v1::StepProgress& p) {
     if (d.size() >= kMinComputeSamples) measured[t] = Median(std::vector<double>(d.begin(), d.end()));
   }
   const double factor = spec.recovery().straggler_factor();
-  // Each replica computes micro_batches / replicas of the step (job_spec.h).
-  const int micro_batches = std::max(1, shape->micro_batches / (slots / S));
+  const int micro_batches = MicroBatchesPerReplica(spec);  // each replica's share of the step
   auto flops = [&](int t) { return shape->stage_flops[static_cast<size_t>(t % S)]; };
   for (int t = 0; t < slots; ++t) {
     v1::StagePlacement* sp = job.status.mutable_stages(t);

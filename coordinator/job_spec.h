@@ -63,10 +63,12 @@
 #ifndef LONGHAUL_COORDINATOR_JOB_SPEC_H_
 #define LONGHAUL_COORDINATOR_JOB_SPEC_H_
 
+#include <algorithm>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "longhaul/v1/control_plane.pb.h"
+#include "proto/data_parallel_spec.h"
 
 namespace longhaul::coordinator {
 
@@ -80,11 +82,14 @@ absl::StatusOr<v1::JobSpec> ParseJobSpec(const std::string& yaml, int64_t steps_
 // Replicas per stage (the spec's 0 means 1) and the workers a job needs (stages x replicas).
 inline int Replicas(const v1::JobSpec& spec) { return spec.replicas() > 1 ? spec.replicas() : 1; }
 inline int WorkersNeeded(const v1::JobSpec& spec) { return spec.stages() * Replicas(spec); }
-// Whether the replicas shard the optimizer state among themselves (data_parallel.codec sdp4bit or
-// zeropp: each keeps 1/N of AdamW's moments and main weights, in its own checkpoints).
+// The micro-batches of a step each replica of a stage runs: its share of the step's (validation
+// makes micro_batches a multiple of replicas; at least 1).
+inline int MicroBatchesPerReplica(const v1::JobSpec& spec) {
+  return std::max(1, spec.micro_batches() / Replicas(spec));
+}
+// Whether the replicas shard the optimizer state among themselves (DpCodecShardsOptimizerState).
 inline bool ShardsOptimizerState(const v1::JobSpec& spec) {
-  const std::string& dp = spec.data_parallel().codec();
-  return Replicas(spec) > 1 && (dp == "sdp4bit" || dp == "zeropp");
+  return Replicas(spec) > 1 && DpCodecShardsOptimizerState(spec.data_parallel().codec());
 }
 
 // Checks a spec's values (used by ParseJobSpec; exposed for specs built in code). Returns every

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "proto/data_parallel_spec.h"
 
 namespace longhaul::worker {
 
@@ -23,7 +24,7 @@ constexpr char kMainKey[] = "main";
 constexpr char kExpAvgKey[] = "exp_avg";
 constexpr char kExpAvgSqKey[] = "exp_avg_sq";
 
-bool Sharded(DpCodec c) { return c == DpCodec::kSdp4Bit || c == DpCodec::kZeroPP; }
+bool Sharded(DpCodec c) { return DpCodecShardsOptimizerState(DpCodecName(c)); }
 
 torch::Tensor ToTensor(absl::Span<const float> v) {
   if (v.empty()) return torch::empty({0}, torch::kFloat32);
