@@ -254,8 +254,8 @@ absl::Status GrpcTransport::SendMessage(int peer, uint64_t tag, absl::string_vie
   absl::Status shaped = absl::OkStatus();
   if (ok && shaper.shaped()) {
     // The emulated link delivers the last chunk at `arrival`; the message is not the receiver's
-    // before then.
-    shaped = SleepUntil(arrival, deadline, "the shaped link delivers the message");
+    // before then. This rank's Abort ends the wait of a message (not of an abort notice).
+    shaped = SleepUntil(arrival, deadline, "the shaped link delivers the message", cancellable ? box_.get() : nullptr);
     if (!shaped.ok()) ctx.TryCancel();
   }
   if (ok && shaped.ok()) w->WritesDone();

@@ -30,7 +30,9 @@ class InProcessTransport final : public Transport {
     }
     const absl::Time t0 = absl::Now();
     if (!hub_->alive(rank_)) return absl::UnavailableError(absl::StrCat("rank ", rank_, " is down"));
-    absl::Status s = shapers_[peer]->Pace(static_cast<int64_t>(data.size()), kPaceChunkBytes, deadline);
+    // This rank's mailbox is aborted by any rank's Abort: it ends the wait for the link too.
+    absl::Status s =
+        shapers_[peer]->Pace(static_cast<int64_t>(data.size()), kPaceChunkBytes, deadline, hub_->boxes_[rank_].get());
     if (s.ok() && !hub_->alive(peer)) s = absl::UnavailableError("the peer is down");
     if (s.ok()) s = hub_->boxes_[peer]->Deliver(rank_, tag, std::string(data), deadline);
     absl::MutexLock l(&mu_);

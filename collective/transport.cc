@@ -82,6 +82,13 @@ absl::Status Mailbox::aborted() {
   return aborted_;
 }
 
+absl::Status Mailbox::SleepUnlessAborted(absl::Time until) {
+  absl::MutexLock l(&mu_);
+  auto is_aborted = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return !aborted_.ok(); };
+  mu_.AwaitWithDeadline(absl::Condition(&is_aborted), until);
+  return aborted_;
+}
+
 int64_t Mailbox::buffered_bytes() {
   absl::MutexLock l(&mu_);
   return buffered_;
@@ -95,23 +102,24 @@ absl::Time PeerShaper::Admit(int64_t bytes) {
   return shaper_.Admit(bytes);
 }
 
-absl::Status PeerShaper::Pace(int64_t bytes, int64_t chunk_bytes, absl::Time deadline) {
+absl::Status PeerShaper::Pace(int64_t bytes, int64_t chunk_bytes, absl::Time deadline, Mailbox* abort_on) {
   if (!shaped_) return absl::OkStatus();
   absl::Time arrival = absl::Now();
   for (int64_t off = 0; off < bytes || off == 0; off += chunk_bytes) {
     arrival = Admit(std::min(chunk_bytes, bytes - off));
     if (bytes == 0) break;
   }
-  return SleepUntil(arrival, deadline, "the shaped link delivers the message");
+  return SleepUntil(arrival, deadline, "the shaped link delivers the message", abort_on);
 }
 
-absl::Status SleepUntil(absl::Time t, absl::Time deadline, absl::string_view what) {
-  const absl::Time now = absl::Now();
-  if (t > deadline) {
-    absl::SleepFor(deadline - now);
-    return absl::DeadlineExceededError(absl::StrCat(what, " after the deadline"));
+absl::Status SleepUntil(absl::Time t, absl::Time deadline, absl::string_view what, Mailbox* abort_on) {
+  const absl::Time until = std::min(t, deadline);
+  if (abort_on != nullptr) {
+    if (absl::Status a = abort_on->SleepUnlessAborted(until); !a.ok()) return a;
+  } else if (const absl::Time now = absl::Now(); until > now) {
+    absl::SleepFor(until - now);
   }
-  if (t > now) absl::SleepFor(t - now);
+  if (t > deadline) return absl::DeadlineExceededError(absl::StrCat(what, " after the deadline"));
   return absl::OkStatus();
 }
 

@@ -99,6 +99,8 @@ class Mailbox {
   // Every pending and later Take and Deliver fails with `why` (the first reason sticks).
   void Abort(absl::Status why);
   absl::Status aborted();
+  // Sleeps until `until` or until Abort, whichever comes first; the abort reason, or OK.
+  absl::Status SleepUnlessAborted(absl::Time until);
   int64_t buffered_bytes();
 
  private:
@@ -122,8 +124,9 @@ class PeerShaper {
   explicit PeerShaper(const netem::LinkProfile& p);
   bool shaped() const { return shaped_; }
   // Paces `bytes` in pieces of `chunk_bytes` and returns when they arrive; DeadlineExceeded (after
-  // sleeping until `deadline`) when that is later than `deadline`.
-  absl::Status Pace(int64_t bytes, int64_t chunk_bytes, absl::Time deadline);
+  // sleeping until `deadline`) when that is later than `deadline`; the abort reason at once when
+  // `abort_on` (if given) is aborted meanwhile.
+  absl::Status Pace(int64_t bytes, int64_t chunk_bytes, absl::Time deadline, Mailbox* abort_on = nullptr);
   // For a sender that writes as it paces: admits one chunk, returns its arrival time.
   absl::Time Admit(int64_t bytes);
 
@@ -134,8 +137,8 @@ class PeerShaper {
 };
 
 // Sleeps until `t` unless that is after `deadline` (then until `deadline`, returning
-// DeadlineExceeded with `what`).
-absl::Status SleepUntil(absl::Time t, absl::Time deadline, absl::string_view what);
+// DeadlineExceeded with `what`). With `abort_on`, returns its abort reason as soon as it is aborted.
+absl::Status SleepUntil(absl::Time t, absl::Time deadline, absl::string_view what, Mailbox* abort_on = nullptr);
 
 }  // namespace longhaul::collective
 

@@ -142,6 +142,25 @@ TEST_P(TransportTest, AbortEndsThisRanksSendToADeadPeer) {
   }
 }
 
+// A send waiting for its emulated link to deliver (here a 20 s one-way delay) ends at this rank's
+// Abort with the reason, not when the link would have delivered.
+TEST_P(TransportTest, AbortEndsThisRanksWaitForTheShapedLink) {
+  testing::ClusterOptions o;
+  o.link.rate_bytes_per_s = 1e8;
+  o.link.delay = absl::Seconds(20);
+  Cluster c(GetParam(), {"a", "b"}, o);
+  absl::Status got;
+  const absl::Time t0 = absl::Now();
+  std::thread sender([&] { got = c.transport(0).Send(1, 1, std::string(1000, 'x'), t0 + absl::Seconds(60)); });
+  absl::SleepFor(absl::Milliseconds(300));
+  c.transport(0).Abort(absl::CancelledError("the job was cancelled"));
+  sender.join();
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(5));
+  EXPECT_FALSE(got.ok());
+  EXPECT_TRUE(absl::StrContains(got.message(), "the job was cancelled")) << got;
+  EXPECT_TRUE(absl::StrContains(got.message(), "rank 1")) << got;
+}
+
 INSTANTIATE_TEST_SUITE_P(Both, TransportTest, ::testing::Values(Kind::kInProcess, Kind::kGrpc),
                          [](const ::testing::TestParamInfo<Kind>& i) { return testing::KindName(i.param); });
 
