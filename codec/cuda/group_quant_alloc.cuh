@@ -116,6 +116,12 @@ __device__ inline void SelectTopDigit(const unsigned* __restrict__ hist, const A
   __shared__ unsigned coarse;
   __shared__ int64_t coarse_less;
   const int tid = threadIdx.x;
+  // The bin stays 0 when no bin holds rank n_hi (bad tokens are not counted; the encode then fails).
+  if (tid == 0) {
+    coarse = 0;
+    coarse_less = 0;
+  }
+  __syncthreads();
   const unsigned c = tid < kCoarseBins ? hist[kBins + tid] : 0u;
   unsigned before = 0;
   Scan(tmp).ExclusiveSum(c, before);
