@@ -95,9 +95,10 @@ __device__ __forceinline__ float EntropyTerm(float x, float inv_l1) {
 }
 
 // Token blockIdx.x's TokenInfo{entropy, exp, 0, ok, flagged groups, 0} (a bad token: ok 0), its
-// entropy and flagged groups (a bad token: -1 NaN/Inf, -2 huge) in `tok`, each of its groups'
-// outlier test in `pivots` (when the Hadamard option is on), and its allocation key counted in
-// `hist` (when the allocation selects: then `entropy` says whether the key is the entropy or the hash).
+// entropy and flagged groups (a bad token: entropy 0, flagged -1 NaN/Inf, -2 huge) in `tok`, each
+// of its groups' outlier test in `pivots` (when the Hadamard option is on), and its allocation key
+// counted in `hist` (when the allocation selects: then `entropy` says whether the key is the
+// entropy or the hash).
 template <int G, typename T>
 __global__ void __launch_bounds__(kThreads)
     TokenStatsKernel(const T* __restrict__ x, int64_t dim, bool entropy, bool flags, float tau,
@@ -170,8 +171,11 @@ __global__ void __launch_bounds__(kThreads)
   if (!ok) {
     if (lane == 0) {
       info[t] = TokenInfo{0.0f, 0, 0, 0, 0, 0};
-      tok.key[t] = 0.0f;
+      tok.entropy[t] = 0.0f;
       tok.flagged[t] = e2 != 0 ? -2 : -1;  // TokenExponent: e2 1 when huge
+      // Counted too, with the key the allocation computes for it (entropy 0): both levels of its
+      // selection then count every token, bad or not, as the CPU's nth_element does.
+      if (hist != nullptr) gqa::CountKey(hist, gqa::AllocDigit(entropy, gqa::AllocKey(entropy, t, 0.0f)));
     }
     return;
   }
@@ -192,7 +196,7 @@ __global__ void __launch_bounds__(kThreads)
     int flagged = 0;
     for (int w = 0; w < gqt::kWarps; ++w) flagged += sm.warp_count[0][w];
     info[t] = TokenInfo{h, e2, 0, 1, flagged, 0};
-    tok.key[t] = h;
+    tok.entropy[t] = h;
     tok.flagged[t] = flagged;
     if (hist != nullptr) gqa::CountKey(hist, gqa::AllocDigit(entropy, gqa::AllocKey(entropy, t, h)));
   }
@@ -203,7 +207,7 @@ struct EncArgs {
   int ng;
   float norm;  // HadamardNorm(G), computed on the host
   bool flags;  // the Hadamard option (then `pivots` holds every group's outlier test)
-  // FusedEncode: every token at fused_bits, blocks of fused_block bytes; EncodeTokens: info, ends.
+  // FusedEncode: every token at fused_bits, blocks of fused_block bytes; EncodeTokens: info, bits, ends.
   int fused_bits;
   int64_t fused_block;
   const TokenInfo* info;
@@ -218,13 +222,8 @@ struct EncArgs {
 struct RoundPivots {
   int16_t p[kRounds];
 };
-__device__ __forceinline__ RoundPivots NoPivots() {
-  RoundPivots r;
-#pragma unroll
-  for (int k = 0; k < kRounds; ++k) r.p[k] = -1;
-  return r;
-}
-// The statistics pass's (flags: only TokenStatsKernel's tokens) for the chunk at c0 of token t.
+// The statistics pass's outlier tests (flags: only TokenStatsKernel's tokens) for the chunk at c0
+// of token t.
 template <int G>
 __device__ __forceinline__ RoundPivots LoadRoundPivots(const EncArgs& a, int64_t t, int64_t c0, int len, int tid) {
   RoundPivots r;
@@ -238,7 +237,7 @@ __device__ __forceinline__ RoundPivots LoadRoundPivots(const EncArgs& a, int64_t
 }
 
 // Token t's groups, from chunk 0 (staged: chunk 0 is already in shared memory and is the row's only
-// one, staged_piv its outlier tests), its block at blk_off. Per chunk, three phases:
+// one), its block at blk_off. Per chunk, three phases:
 //  A. each lane's octet: its group's outlier test (kept by the statistics pass), the flagged
 //     groups' pivots (ordinals by a block-wide count), the swap and transform (written back to the
 //     staged row), the group's range by its segment, kept in shared memory;
@@ -247,8 +246,7 @@ __device__ __forceinline__ RoundPivots LoadRoundPivots(const EncArgs& a, int64_t
 //  C. each lane's octet again from the staged row: codes against its group's parameters, packed.
 template <int G, typename T>
 __device__ __forceinline__ void EncodeRow(gqt::TokenSmem& sm, int64_t t, const T* __restrict__ row, const EncArgs& a,
-                                          int exp, int bits, int flagged_total, int64_t blk_off, bool staged,
-                                          RoundPivots staged_piv) {
+                                          int exp, int bits, int flagged_total, int64_t blk_off, bool staged) {
   constexpr int L = G / 8;
   const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
   uint8_t* blk = a.payload + blk_off;
@@ -268,7 +266,7 @@ __device__ __forceinline__ void EncodeRow(gqt::TokenSmem& sm, int64_t t, const T
     const int len = static_cast<int>(a.dim - c0 < kChunk ? a.dim - c0 : kChunk);
     const int noct = (len + 7) / 8;
     // Loaded before the row, so that both loads are in flight together.
-    const RoundPivots round_piv = staged ? staged_piv : LoadRoundPivots<G>(a, t, c0, len, tid);
+    const RoundPivots round_piv = LoadRoundPivots<G>(a, t, c0, len, tid);
     if (!staged) {
       if (c > 0) __syncthreads();  // phase C of the previous chunk is done with the row
       gqt::LoadChunk(sm.row, row + c0, len, tid);
@@ -373,7 +371,7 @@ __global__ void __launch_bounds__(kThreads) EncodeTokens(const T* __restrict__ x
   if (ti.ok == 0) return;  // the encode fails; the block is not written
   const int bits = a.bits[t];
   const int64_t blk_off = t == 0 ? 0 : static_cast<int64_t>(a.ends[t - 1]);
-  EncodeRow<G>(sm, t, x + t * a.dim, a, ti.exp, bits, ti.flagged, blk_off, false, NoPivots());
+  EncodeRow<G>(sm, t, x + t * a.dim, a, ti.exp, bits, ti.flagged, blk_off, false);
 }
 
 // int<k>: statistics and payload of token blockIdx.x in one pass. An int<k> token needs only the
@@ -442,7 +440,7 @@ __global__ void __launch_bounds__(kThreads) FusedEncode(const T* __restrict__ x,
     if (tid == 0) atomicMin(&a.res->first_bad, (static_cast<unsigned long long>(t) << 1) | (sum_finite ? 1ull : 0ull));
     return;
   }
-  EncodeRow<G>(sm, t, row, a, TokenExp(mx), a.fused_bits, 0, t * a.fused_block, nch == 1, NoPivots());
+  EncodeRow<G>(sm, t, row, a, TokenExp(mx), a.fused_bits, 0, t * a.fused_block, nch == 1);
 }
 
 // The fused encode's results word before its kernel (a kernel, not a copy from pageable host memory).
@@ -450,7 +448,7 @@ __global__ void InitResults(Results* res) { *res = Results{ULLONG_MAX, 0, 0}; }
 
 // Scratch slots of the workspace, and what they hold during an encode (the decoder, in
 // group_quant_decode.cu, uses kOffsets only; the fused int<k> encode only kTemp and kPayload; the
-// other slots are the symmetric and BitDP codecs'):
+// symmetric and BitDP codecs use kPayload):
 //   kInfo        TokenInfo per token
 //   kTokens      the statistics' and the allocation's per-token arrays (gqa::TokenArrays)
 //   kPivots      each group's pivot or -1 (the outlier test of the statistics pass, for the encode)

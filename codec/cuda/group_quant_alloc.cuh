@@ -9,7 +9,7 @@
 // `less`, the keys below it; a token is hi when its key is below kth, or equal to it and among the
 // first n_hi - less such tokens by index.
 //
-// The selection is a radix select in two levels: the statistics pass counts every good token's
+// The selection is a radix select in two levels: the statistics pass counts every token's
 // top 16 key bits (AllocDigit) in a global histogram of 65,536 bins and their top 8 in one of 256
 // (two atomics a token: CountKey), so this block finds the top 16 bits of kth from 256 + 256 bins,
 // then the remaining bits 8 at a time over the keys that share them (a few hundred for entropies,
@@ -41,7 +41,7 @@ inline constexpr int kCoarseBins = 256;
 inline constexpr int kHistWords = kBins + kCoarseBins;
 static_assert(kCoarseBins * kCoarseBins == kBins && kCoarseBins <= kAllocThreads, "two 8-bit levels");
 
-// Counts a good token's key in both histograms (the statistics pass).
+// Counts a token's key in both histograms (the statistics pass).
 __device__ __forceinline__ void CountKey(unsigned* hist, unsigned digit) {
   atomicAdd(&hist[digit], 1u);
   atomicAdd(&hist[kBins + (digit >> 8)], 1u);
@@ -88,7 +88,7 @@ __device__ __forceinline__ unsigned AllocDigit(bool adaptive, uint64_t key) {
 // The statistics pass's per-token figures for the allocation, as arrays (a warp's loads of them
 // coalesce), and the allocation's bit widths for the encode.
 struct TokenArrays {
-  float* key;        // the entropy (+0 for -0); 0 without the adaptive option
+  float* entropy;    // +0 for -0; 0 without the adaptive option and for a bad token
   int32_t* flagged;  // flagged groups; a bad token: -1 NaN/Inf, -2 huge
   uint8_t* bits;     // set by AllocateBits
 };
@@ -116,7 +116,7 @@ __device__ inline void SelectTopDigit(const unsigned* __restrict__ hist, const A
   __shared__ unsigned coarse;
   __shared__ int64_t coarse_less;
   const int tid = threadIdx.x;
-  // The bin stays 0 when no bin holds rank n_hi (bad tokens are not counted; the encode then fails).
+  // Every token is counted, so some bin holds rank n_hi; were none to, bin 0 keeps the reads in range.
   if (tid == 0) {
     coarse = 0;
     coarse_less = 0;
@@ -160,7 +160,7 @@ __device__ __forceinline__ void CountDigits(unsigned* hist, bool match, unsigned
 // shared memory first (cand: kCandidates; when they fit, else every key is tested in every pass).
 // Every thread of the block calls it.
 __device__ inline void SelectLowDigits(const Keys& key, const AllocArgs& a, SelectState* s, uint64_t* cand) {
-  __shared__ unsigned hist[256];
+  __shared__ unsigned digits[256];
   __shared__ int ncand;
   const int tid = threadIdx.x, lane = tid % kWarp;
   const int low = KeyBits(a.adaptive) - kDigitBits;  // the bits below the top digit
@@ -192,19 +192,19 @@ __device__ inline void SelectLowDigits(const Keys& key, const AllocArgs& a, Sele
   const int n = ncand;
   const bool listed = n <= kCandidates;
   for (int shift = low - 8; shift >= 0; shift -= 8) {
-    for (int i = tid; i < 256; i += kAllocThreads) hist[i] = 0;
+    for (int i = tid; i < 256; i += kAllocThreads) digits[i] = 0;
     __syncthreads();
     const uint64_t prefix = s->prefix;
     const uint64_t hi_mask = ~((uint64_t{1} << (shift + 8)) - 1);
     if (listed) {
       for (int i = tid; i - tid < n; i += kAllocThreads) {
         const uint64_t k = i < n ? cand[i] : 0;
-        CountDigits(hist, i < n && (k & hi_mask) == prefix, static_cast<unsigned>(k >> shift) & 255u, lane);
+        CountDigits(digits, i < n && (k & hi_mask) == prefix, static_cast<unsigned>(k >> shift) & 255u, lane);
       }
     } else {
       for (int64_t t = tid; t - tid < a.tokens; t += kAllocThreads) {
         const uint64_t k = t < a.tokens ? key(t) : 0;
-        CountDigits(hist, t < a.tokens && (k & hi_mask) == prefix, static_cast<unsigned>(k >> shift) & 255u, lane);
+        CountDigits(digits, t < a.tokens && (k & hi_mask) == prefix, static_cast<unsigned>(k >> shift) & 255u, lane);
       }
     }
     __syncthreads();
@@ -212,7 +212,7 @@ __device__ inline void SelectLowDigits(const Keys& key, const AllocArgs& a, Sele
       unsigned c[8], own = 0;
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        c[j] = hist[8 * lane + j];
+        c[j] = digits[8 * lane + j];
         own += c[j];
       }
       unsigned incl = own;
@@ -239,8 +239,8 @@ __device__ inline void SelectLowDigits(const Keys& key, const AllocArgs& a, Sele
 
 // Bits (tok.bits), sizes and ends of every token, in tiles of kTile tokens in index order (thread i
 // takes kPer consecutive tokens of a tile); the results word into `res` (pinned host memory). hist:
-// the statistics pass's histograms (CountKey, when Selects). tok.bits, tok.flagged and ends are
-// 32-byte aligned. Launched with one block of kAllocThreads threads.
+// the statistics pass's histograms (CountKey, when Selects). The arrays of tok and ends are 32-byte
+// aligned. Launched with one block of kAllocThreads threads.
 __global__ void __launch_bounds__(kAllocThreads)
     AllocateBits(AllocArgs a, TokenArrays tok, const unsigned* __restrict__ hist, unsigned long long* __restrict__ ends,
                  Results* __restrict__ res) {
@@ -260,7 +260,7 @@ __global__ void __launch_bounds__(kAllocThreads)
     first_bad = ULLONG_MAX;
   }
   __syncthreads();
-  const Keys key{tok.key, a.adaptive};
+  const Keys key{tok.entropy, a.adaptive};
   if (select) {
     SelectTopDigit(hist, a, &sel);
     SelectLowDigits(key, a, &sel, scan_tmp.cand);
@@ -278,7 +278,7 @@ __global__ void __launch_bounds__(kAllocThreads)
     bool below[kPer];
     if (whole) {
       const int4* f4 = reinterpret_cast<const int4*>(tok.flagged + first);
-      const float4* h4 = reinterpret_cast<const float4*>(tok.key + first);
+      const float4* h4 = reinterpret_cast<const float4*>(tok.entropy + first);
 #pragma unroll
       for (int q = 0; q < kPer / 4; ++q) {
         const int4 v = f4[q];
@@ -297,7 +297,7 @@ __global__ void __launch_bounds__(kAllocThreads)
       for (int j = 0; j < kPer; ++j) {
         const bool in = first + j < a.tokens;
         flagged[j] = in ? tok.flagged[first + j] : 0;
-        entropy[j] = in ? tok.key[first + j] : 0.0f;
+        entropy[j] = in ? tok.entropy[first + j] : 0.0f;
       }
     }
 #pragma unroll

@@ -138,10 +138,13 @@ TEST_F(GpuGroupQuant, RejectsNonFiniteAndHugeInputNamingTheFirstToken) {
   int8.bits_hi = int8.bits_lo = 8;
   int8.hadamard = false;
   for (const GroupQuantParams& p : {GroupQuantParams{}, int8}) {
-    for (float bad : {NAN, INFINITY, 0x1p101f}) {
+    // Two bad tokens, then every token bad (fewer good tokens than the allocation's n_hi).
+    for (const auto& [bad, every] : {std::pair{NAN, false}, std::pair{INFINITY, false}, std::pair{0x1p101f, false},
+                                     std::pair{NAN, true}, std::pair{0x1p101f, true}}) {
       std::vector<float> x = Activations(s.tokens, s.dim, 7);
       x[23 * s.dim + 5] = bad;
       x[31 * s.dim + 1] = bad;
+      for (int64_t t = 0; every && t < s.tokens; ++t) x[t * s.dim + 3] = bad;
       std::string cpu;
       const absl::Status want = GroupQuantEncode(x.data(), s.tokens, s.dim, p, 1, ScalarKernels(), &cpu, nullptr);
       ASSERT_FALSE(want.ok());
@@ -156,9 +159,9 @@ TEST_F(GpuGroupQuant, RejectsNonFiniteAndHugeInputNamingTheFirstToken) {
   }
 }
 
-// More tokens than the allocation block's tile (4,096) and than the keys it keeps in shared memory
-// (8,192), with every row repeated in runs of 7 so that equal entropies straddle the tiles and the
-// n_hi-th key: the ties go to the lower token index, as on the CPU.
+// More tokens than the allocation block's tile (4,096) and than its list of keys that share the
+// selected key's top bits (4,096), with every row repeated in runs of 7 so that equal entropies
+// straddle the tiles and the n_hi-th key: the ties go to the lower token index, as on the CPU.
 TEST_F(GpuGroupQuant, ManyTokensWithTiedEntropiesAllocateAsTheCpu) {
   SKIP_WITHOUT_GPU();
   const Shape s{10007, 16};
