@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/list_dir.h"
@@ -204,10 +205,26 @@ bool StageRunner::Cancel(absl::Status why) {
   absl::MutexLock l(&mu_);
   if (!cancelled_.ok()) return false;
   cancelled_ = why.ok() ? absl::CancelledError("cancelled") : why;
+  cancelled_at_ = absl::Now();
+  activity_at_cancel_ = Activity();
   if (from_prev_) from_prev_->Cancel(cancelled_);
   if (from_next_) from_next_->Cancel(cancelled_);
   if (live_loop_ != nullptr) live_loop_->Cancel(cancelled_);
   return true;
+}
+
+std::string StageRunner::SlowStopNote() {
+  absl::MutexLock l(&mu_);
+  if (cancelled_.ok()) return "";
+  const absl::Duration took = absl::Now() - cancelled_at_;
+  if (took < kSlowStop) return "";
+  const v1::StageActivity& a = activity_at_cancel_;
+  return absl::StrCat(" (stopped ", absl::FormatDuration(absl::Trunc(took, absl::Milliseconds(1))),
+                      " after its cancel; it was in ", v1::StageActivity::Phase_Name(a.phase()),
+                      a.phase() == v1::StageActivity::PHASE_RECEIVE || a.phase() == v1::StageActivity::PHASE_SEND
+                          ? absl::StrCat(" with stage ", a.peer_stage())
+                          : "",
+                      " for ", absl::StrFormat("%.3f", a.seconds()), " s at step ", a.step(), " when cancelled)");
 }
 
 absl::StatusOr<std::unique_ptr<GrpcLink>> StageRunner::Connect(bool forward, const codec::Codec* codec) {

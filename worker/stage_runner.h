@@ -27,6 +27,7 @@
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "codec/spec.h"
 #include "longhaul/v1/control_plane.pb.h"
 #include "stage_runtime/executor.h"
@@ -106,6 +107,10 @@ class StageRunner {
   // Makes Run() stop at its next wait (and tears the links down). Any thread. False when it had
   // been cancelled already.
   bool Cancel(absl::Status why);
+  // After Run: " (stopped N s after its cancel; it was <activity> when cancelled)" when it took
+  // longer than kSlowStop to stop, else empty. For the log line that says how the stage ended.
+  std::string SlowStopNote();
+  static constexpr absl::Duration kSlowStop = absl::Seconds(5);
 
   uint64_t job_id() const { return a_.job_id(); }
   int stage() const { return a_.stage(); }
@@ -179,6 +184,8 @@ class StageRunner {
 
   absl::Mutex mu_;
   absl::Status cancelled_ ABSL_GUARDED_BY(mu_);
+  absl::Time cancelled_at_ ABSL_GUARDED_BY(mu_);
+  v1::StageActivity activity_at_cancel_ ABSL_GUARDED_BY(mu_);  // what it was doing then
   stage_runtime::StageLoop* live_loop_ ABSL_GUARDED_BY(mu_) = nullptr;  // published for Cancel()
 };
 

@@ -378,7 +378,8 @@ void Worker::StartJob(const v1::StageAssignment& a) {
         m.set_worker_id(id);
         *m.mutable_finished() = runner->Run();
         common::Log(who, absl::StrCat("job ", runner->job_id(), " stage ", runner->stage(),
-                                      m.finished().ok() ? " finished" : " failed: ", m.finished().error()));
+                                      m.finished().ok() ? " finished" : " failed: ", m.finished().error(),
+                                      runner->SlowStopNote()));
         // Done before the end is sent, so that an assignment the coordinator answers it with finds
         // this worker free; sent under progress_mu_, so that a session opening meanwhile delivers it.
         {
