@@ -8,6 +8,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "codec/crc32c.h"
@@ -122,18 +123,25 @@ TEST_P(TransportTest, SendToADeadPeerFailsWithinTheDeadlineNamingIt) {
   EXPECT_TRUE(absl::StrContains(dead[0], "rank 2")) << dead[0];
 }
 
+// Rank 0 sends `bytes` to `peer` with a 60 s deadline and aborts 0.3 s later ("the job was
+// cancelled"); the send's outcome and how long it took from the start.
+std::pair<absl::Status, absl::Duration> SendThenAbort(Cluster& c, int peer, size_t bytes) {
+  absl::Status got;
+  const absl::Time t0 = absl::Now();
+  std::thread sender([&] { got = c.transport(0).Send(peer, 1, std::string(bytes, 'x'), t0 + absl::Seconds(60)); });
+  absl::SleepFor(absl::Milliseconds(300));
+  c.transport(0).Abort(absl::CancelledError("the job was cancelled"));
+  sender.join();
+  return {got, absl::Now() - t0};
+}
+
 // A replica stuck sending to a dead peer (over gRPC: waiting for its server to come back) must end
 // when its own stage is cancelled, not at the message's deadline.
 TEST_P(TransportTest, AbortEndsThisRanksSendToADeadPeer) {
   Cluster c(GetParam(), {"a", "a", "a"});
   c.Kill(2);
-  absl::Status got;
-  const absl::Time t0 = absl::Now();
-  std::thread sender([&] { got = c.transport(0).Send(2, 1, std::string(100000, 'x'), t0 + absl::Seconds(60)); });
-  absl::SleepFor(absl::Milliseconds(300));
-  c.transport(0).Abort(absl::CancelledError("the job was cancelled"));
-  sender.join();
-  EXPECT_LT(absl::Now() - t0, absl::Seconds(10));
+  const auto [got, took] = SendThenAbort(c, 2, 100000);
+  EXPECT_LT(took, absl::Seconds(10));
   EXPECT_FALSE(got.ok());
   EXPECT_TRUE(absl::StrContains(got.message(), "rank 2")) << got;
   if (GetParam() == Kind::kGrpc) {
@@ -149,13 +157,8 @@ TEST_P(TransportTest, AbortEndsThisRanksWaitForTheShapedLink) {
   o.link.rate_bytes_per_s = 1e8;
   o.link.delay = absl::Seconds(20);
   Cluster c(GetParam(), {"a", "b"}, o);
-  absl::Status got;
-  const absl::Time t0 = absl::Now();
-  std::thread sender([&] { got = c.transport(0).Send(1, 1, std::string(1000, 'x'), t0 + absl::Seconds(60)); });
-  absl::SleepFor(absl::Milliseconds(300));
-  c.transport(0).Abort(absl::CancelledError("the job was cancelled"));
-  sender.join();
-  EXPECT_LT(absl::Now() - t0, absl::Seconds(5));
+  const auto [got, took] = SendThenAbort(c, 1, 1000);
+  EXPECT_LT(took, absl::Seconds(5));
   EXPECT_FALSE(got.ok());
   EXPECT_TRUE(absl::StrContains(got.message(), "the job was cancelled")) << got;
   EXPECT_TRUE(absl::StrContains(got.message(), "rank 1")) << got;
