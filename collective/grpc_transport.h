@@ -14,9 +14,9 @@
 // room up to the call's deadline. Several groups (stages, jobs) share one service.
 // Sending side: one channel per peer (its own TCP connection, as pipeline links), shaped per peer
 // by the optional netem::LinkProfile, counters as TransportCounters.
-// Threading: as Transport (Abort also cancels the calls of messages being sent); the service must
-// outlive the server it is registered with, and each
-// transport unregisters its mailbox on destruction.
+// Threading: as Transport (Abort also cancels the calls of messages being sent and ends their waits
+// for a shaped link); the service must outlive the server it is registered with, and each transport
+// unregisters its mailbox on destruction.
 #ifndef LONGHAUL_COLLECTIVE_GRPC_TRANSPORT_H_
 #define LONGHAUL_COLLECTIVE_GRPC_TRANSPORT_H_
 

@@ -13,6 +13,7 @@
 #include "coordinator/coordinator.h"
 #include "coordinator/job_cost.h"
 #include "coordinator/job_spec.h"
+#include "proto/stage_activity.h"
 
 namespace longhaul::coordinator {
 namespace {
@@ -40,25 +41,6 @@ double Median(std::vector<double> v) {
 void Push(std::deque<double>* d, double v, size_t keep) {
   d->push_back(v);
   while (d->size() > keep) d->pop_front();
-}
-
-// What a stage's compute thread is doing, for the watchdog's messages.
-std::string Doing(const v1::StageActivity& a) {
-  const std::string since = absl::StrFormat(" for %.1f s", a.seconds());
-  switch (a.phase()) {
-    case v1::StageActivity::PHASE_SETUP:
-      return absl::StrCat("setting up (building, restoring, connecting)", since);
-    case v1::StageActivity::PHASE_COMPUTE:
-      return absl::StrCat("computing step ", a.step() + 1, since);
-    case v1::StageActivity::PHASE_RECEIVE:
-      return absl::StrCat("waiting for stage ", a.peer_stage(), since);
-    case v1::StageActivity::PHASE_SEND:
-      return absl::StrCat("waiting to send to stage ", a.peer_stage(), since);
-    case v1::StageActivity::PHASE_SYNC:
-      return absl::StrCat("synchronising step ", a.step() + 1, " with its replicas", since);
-    default:
-      return "doing nothing it reported";
-  }
 }
 
 // A replica in its data-parallel sync waits on the others (the hung one computes elsewhere).
@@ -273,7 +255,7 @@ void CoordinatorService::CheckProgress(Outbox* out) {
         doing.push_back(absl::StrCat(SlotName(job.status, s), ": no activity reported"));
         continue;
       }
-      doing.push_back(absl::StrCat(SlotName(job.status, s), ": ", Doing(a->second)));
+      doing.push_back(absl::StrCat(SlotName(job.status, s), ": ", DescribeActivity(a->second)));
       const bool setting_up = a->second.phase() == v1::StageActivity::PHASE_SETUP;
       if (starting.empty() ? !WaitsOnALink(a->second) : setting_up) hung.push_back(s);
     }

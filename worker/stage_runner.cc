@@ -9,12 +9,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/list_dir.h"
 #include "common/log.h"
 #include "proto/link_spec.h"
+#include "proto/stage_activity.h"
 #include "stage_runtime/data.h"
 #include "worker/link_settings.h"
 #include "worker/spec_paths.h"
@@ -218,13 +218,8 @@ std::string StageRunner::SlowStopNote() {
   if (cancelled_.ok()) return "";
   const absl::Duration took = absl::Now() - cancelled_at_;
   if (took < kSlowStop) return "";
-  const v1::StageActivity& a = activity_at_cancel_;
   return absl::StrCat(" (stopped ", absl::FormatDuration(absl::Trunc(took, absl::Milliseconds(1))),
-                      " after its cancel; it was in ", v1::StageActivity::Phase_Name(a.phase()),
-                      a.phase() == v1::StageActivity::PHASE_RECEIVE || a.phase() == v1::StageActivity::PHASE_SEND
-                          ? absl::StrCat(" with stage ", a.peer_stage())
-                          : "",
-                      " for ", absl::StrFormat("%.3f", a.seconds()), " s at step ", a.step(), " when cancelled)");
+                      " after its cancel; it was ", DescribeActivity(activity_at_cancel_), " when cancelled)");
 }
 
 absl::StatusOr<std::unique_ptr<GrpcLink>> StageRunner::Connect(bool forward, const codec::Codec* codec) {

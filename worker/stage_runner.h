@@ -107,7 +107,7 @@ class StageRunner {
   // Makes Run() stop at its next wait (and tears the links down). Any thread. False when it had
   // been cancelled already.
   bool Cancel(absl::Status why);
-  // After Run: " (stopped N s after its cancel; it was <activity> when cancelled)" when it took
+  // After Run: " (stopped N s after its cancel; it was <DescribeActivity> when cancelled)" when it took
   // longer than kSlowStop to stop, else empty. For the log line that says how the stage ended.
   std::string SlowStopNote();
   static constexpr absl::Duration kSlowStop = absl::Seconds(5);
