@@ -8,14 +8,13 @@
 #include "absl/strings/str_cat.h"
 #include "codec/int_util.h"
 #include "codec/byte_io.h"
+#include "codec/cpu/kernels_common.h"
 #include "codec/minifloat.h"
 #include "codec/parallel.h"
 
 namespace longhaul::codec {
 namespace {
 
-constexpr float kEntropyL1Eps = 1e-12f;  // eps1 of the paper's p_i = |x_i| / (|x|_1 + eps1)
-constexpr float kEntropyLogEps = 1e-12f; // eps2 inside the log
 constexpr float kRhoEps = 1e-12f;        // eps of rho = a1 / (a2 + eps)
 constexpr int kMaxGroup = 256;
 constexpr uint8_t kFlagAdaptive = 1, kFlagHadamard = 2;
@@ -102,8 +101,10 @@ absl::Status GroupQuantEncode(const float* x, int64_t tokens, int64_t dim,
   ParallelFor(tokens, threads, [&](int chunk, int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) {
       const float* row = x + t * dim;
-      float sum, mx;
-      k.abs_sum_max(row, dim, &sum, &mx);
+      const bool adaptive = two_widths && p.adaptive;
+      TokenSums sums;
+      k.token_sums(row, dim, adaptive, &sums);
+      const float sum = sums.sum, mx = sums.max;
       if (!std::isfinite(sum) || mx > 0x1p100f) {
         bad[chunk] = t;
         bad_kind[chunk] = std::isfinite(sum) ? 2 : 1;
@@ -112,9 +113,7 @@ absl::Status GroupQuantEncode(const float* x, int64_t tokens, int64_t dim,
       int e2 = 0;
       if (mx > 0.0f) std::frexp(mx, &e2);
       ts[t].exp = static_cast<int8_t>(std::clamp(e2 + 4, kMinTokenExp, kMaxTokenExp));
-      ts[t].entropy = (two_widths && p.adaptive)
-                          ? k.entropy(row, dim, 1.0f / (sum + kEntropyL1Eps), kEntropyLogEps)
-                          : 0.0f;
+      ts[t].entropy = adaptive ? TokenEntropy(sum, sums.alog) : 0.0f;
     }
   });
   for (int i = 0; i < nchunks; ++i) {

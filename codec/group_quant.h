@@ -8,7 +8,9 @@
 // Codes q = round((v - lo) / scale) in [0, 2^b - 1], bit-packed.
 //
 // TAH-Quant (the TAH-Quant paper), all switchable for ablations:
-//  - adaptive bits: tokens ranked by entropy H = -sum p log2(p + eps), p = |x| / (|x|_1 + eps);
+//  - adaptive bits: tokens ranked by entropy H = -sum p log2 p, p = |x| / (|x|_1 + eps), computed
+//    as (log2(|x|_1 + eps) |x|_1 - sum |x| log2 |x|) / (|x|_1 + eps) from two sums and a fixed
+//    polynomial log2 (TokenEntropy, codec/cpu/kernels_common.h);
 //    the top `ratio` fraction get bits_hi, the rest bits_lo. adaptive=false keeps the same count
 //    of bits_hi tokens but picks them by a fixed hash of the token index (same bit budget,
 //    no entropy signal).

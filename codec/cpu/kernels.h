@@ -2,7 +2,8 @@
 // and one AVX2 implementation chosen at run time. Every AVX2 entry is bit-identical to the scalar
 // one (tests/codec/kernels_test.cc), and so are the CUDA kernels (codec/cuda/): sums are accumulated
 // in 32 lanes, lane j taking the elements i = j mod 32 in order, and the lanes are combined pairwise
-// (ReduceLanes32 in kernels_common.h) in every backend.
+// (ReduceLanes32 in kernels_common.h) in every backend; the grouped encoder's token sums in 2048
+// lanes (ReduceLanesAscending), so a GPU block can add a token's elements in parallel.
 //
 //   const Kernels& k = BestKernels();     // AVX2 when the CPU has it; LONGHAUL_KERNELS=scalar forces
 //   k.quantize(v, 64, lo, 1 / scale, 15.f, codes);
@@ -13,13 +14,18 @@
 
 namespace longhaul::codec {
 
+struct TokenSums {
+  float sum = 0.0f, max = 0.0f, alog = 0.0f;
+};
+
 struct Kernels {
   const char* name;
   // sum and max of |x_i|.
   void (*abs_sum_max)(const float* x, int64_t n, float* sum, float* max);
-  // Token entropy in bits: -sum_i p_i * log2(p_i + eps), p_i = |x_i| * inv_l1. log2 is a fixed
-  // polynomial approximation (abs error < 2e-4), identical in every backend.
-  float (*entropy)(const float* x, int64_t n, float inv_l1, float eps);
+  // A token's statistics for the grouped encoder: sum and max of |x_i|, and with `with_alog` the
+  // sum of |x_i| * FastLog2(|x_i|) (each term added by a fused multiply-add; its entropy then
+  // comes from TokenEntropy), both sums in kTokenLanes lanes (kernels_common.h).
+  void (*token_sums)(const float* x, int64_t n, bool with_alog, TokenSums* out);
   // The two largest |g_i| (a1 >= a2, a2 == a1 when the maximum repeats).
   void (*top2_abs)(const float* g, int n, float* a1, float* a2);
   void (*min_max)(const float* v, int n, float* lo, float* hi);

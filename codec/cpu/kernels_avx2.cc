@@ -1,6 +1,6 @@
 // AVX2 kernels, bit-identical to kernels_scalar.cc (tests/codec/kernels_test.cc checks every entry
-// on random inputs). This file is compiled with -mavx2; it uses no templates shared with baseline
-// code, and Avx2Kernels() returns nullptr unless the running CPU reports AVX2.
+// on random inputs). This file is compiled with -mavx2 -mfma; it uses no templates shared with
+// baseline code, and Avx2Kernels() returns nullptr unless the running CPU reports AVX2 and FMA.
 #include <immintrin.h>
 
 #include <cstring>
@@ -54,36 +54,72 @@ void AbsSumMax(const float* x, int64_t n, float* sum, float* max) {
   *max = m;
 }
 
-inline __m256 FastLog2V(__m256 x) {
+inline __m256 FastLog2V(__m256 x) {  // x >= +0
   const __m256i bits = _mm256_castps_si256(x);
-  const __m256 e = _mm256_cvtepi32_ps(
-      _mm256_sub_epi32(_mm256_srli_epi32(bits, 23), _mm256_set1_epi32(127)));
+  const __m256 e = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(bits, 23), _mm256_set1_epi32(127)));
   const __m256 m = _mm256_castsi256_ps(_mm256_or_si256(
       _mm256_and_si256(bits, _mm256_set1_epi32(0x007FFFFF)), _mm256_set1_epi32(0x3F800000)));
-  __m256 p = _mm256_add_ps(_mm256_mul_ps(_mm256_set1_ps(kLog2C4), m), _mm256_set1_ps(kLog2C3));
-  p = _mm256_add_ps(_mm256_mul_ps(p, m), _mm256_set1_ps(kLog2C2));
-  p = _mm256_add_ps(_mm256_mul_ps(p, m), _mm256_set1_ps(kLog2C1));
-  p = _mm256_add_ps(_mm256_mul_ps(p, m), _mm256_set1_ps(kLog2C0));
+  __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(kLog2C4), m, _mm256_set1_ps(kLog2C3));
+  p = _mm256_fmadd_ps(p, m, _mm256_set1_ps(kLog2C2));
+  p = _mm256_fmadd_ps(p, m, _mm256_set1_ps(kLog2C1));
+  p = _mm256_fmadd_ps(p, m, _mm256_set1_ps(kLog2C0));
   return _mm256_add_ps(e, p);
 }
 
-float Entropy(const float* x, int64_t n, float inv_l1, float eps) {
-  const __m256 vinv = _mm256_set1_ps(inv_l1), veps = _mm256_set1_ps(eps);
-  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-  int64_t i = 0;
-  for (; i + kSumLanes <= n; i += kSumLanes) {
-    for (int k = 0; k < 4; ++k) {
-      const __m256 p = _mm256_mul_ps(Abs(_mm256_loadu_ps(x + i + 8 * k)), vinv);
-      acc[k] = _mm256_add_ps(acc[k], _mm256_mul_ps(p, FastLog2V(_mm256_add_ps(p, veps))));
+// The stride-doubling levels h = 1, 2, 4 of ReduceLanesAscending for eight runs of 8 lanes at once:
+// lane k of the result is run k's ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)).
+inline __m256 SumRunsOf8(const __m256* v) {
+  const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+  const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+// ReduceLanesAscending(l, n) with l zero from n up to p (a power of two >= n, at most kTokenLanes):
+// the first three levels by SumRunsOf8, which leaves the runs' sums compacted in l[0, p / 8), where
+// the next three levels are the same steps again.
+float ReduceTokenLanes(float* l, int64_t n) {
+  int64_t p = 1;
+  while (p < n) p *= 2;
+  for (int64_t i = n; i < p; ++i) l[i] = 0.0f;
+  for (; p >= 64; p /= 8) {
+    for (int64_t b = 0; b < p; b += 64) {
+      __m256 v[8];
+      for (int k = 0; k < 8; ++k) v[k] = _mm256_load_ps(l + b + 8 * k);
+      _mm256_store_ps(l + b / 8, SumRunsOf8(v));
     }
   }
-  alignas(32) float lanes[kSumLanes];
-  StoreLanes(acc, lanes);
-  for (; i < n; ++i) {
-    const float p = (x[i] < 0 ? -x[i] : x[i]) * inv_l1;
-    lanes[i % kSumLanes] += p * FastLog2(p + eps);
+  return ReduceLanesAscending(l, p);
+}
+
+template <bool kAlog>
+void SumsOfTokenT(const float* x, int64_t n, TokenSums* out) {
+  alignas(32) float sum[kTokenLanes], alog[kTokenLanes];
+  const int64_t lanes = n < kTokenLanes ? n : kTokenLanes;
+  for (int64_t j = 0; j < lanes; ++j) sum[j] = alog[j] = 0.0f;
+  __m256 mx = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const int64_t j = i % kTokenLanes;  // a multiple of 8
+    const __m256 a = Abs(_mm256_loadu_ps(x + i));
+    _mm256_store_ps(sum + j, _mm256_add_ps(_mm256_load_ps(sum + j), a));
+    if constexpr (kAlog) _mm256_store_ps(alog + j, _mm256_fmadd_ps(a, FastLog2V(a), _mm256_load_ps(alog + j)));
+    mx = _mm256_max_ps(mx, a);
   }
-  return -ReduceLanes32(lanes);
+  float m = HMax(mx);
+  for (; i < n; ++i) {
+    const float a = x[i] < 0 ? -x[i] : x[i];
+    const int64_t j = i % kTokenLanes;
+    sum[j] += a;
+    if constexpr (kAlog) alog[j] = Fma(a, FastLog2(a), alog[j]);
+    m = a > m ? a : m;
+  }
+  out->sum = ReduceTokenLanes(sum, lanes);
+  out->alog = kAlog ? ReduceTokenLanes(alog, lanes) : 0.0f;
+  out->max = m;
+}
+
+void SumsOfToken(const float* x, int64_t n, bool with_alog, TokenSums* out) {
+  with_alog ? SumsOfTokenT<true>(x, n, out) : SumsOfTokenT<false>(x, n, out);
 }
 
 void Top2Abs(const float* g, int n, float* a1, float* a2) {
@@ -231,13 +267,13 @@ void Unpack(const uint8_t* in, int64_t n, int bits, uint8_t* q) {
   if (i < n) ScalarKernels().unpack(in, n - i, bits, q + i);
 }
 
-const Kernels kAvx2 = {"avx2", AbsSumMax, Entropy, Top2Abs, MinMax, Fwht,
+const Kernels kAvx2 = {"avx2", AbsSumMax, SumsOfToken, Top2Abs, MinMax, Fwht,
                        Quantize, Dequantize, Pack, Unpack};
 
 }  // namespace
 
 const Kernels* Avx2Kernels() {
-  static const bool have = __builtin_cpu_supports("avx2");
+  static const bool have = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return have ? &kAvx2 : nullptr;
 }
 

@@ -23,13 +23,21 @@ void AbsSumMax(const float* x, int64_t n, float* sum, float* max) {
   *max = m;
 }
 
-float Entropy(const float* x, int64_t n, float inv_l1, float eps) {
-  float acc[kSumLanes] = {};
+void SumsOfToken(const float* x, int64_t n, bool with_alog, TokenSums* out) {
+  float sum[kTokenLanes], alog[kTokenLanes];
+  const int64_t lanes = n < kTokenLanes ? n : kTokenLanes;
+  for (int64_t j = 0; j < lanes; ++j) sum[j] = alog[j] = 0.0f;
+  float m = 0.0f;
   for (int64_t i = 0; i < n; ++i) {
-    const float p = std::fabs(x[i]) * inv_l1;
-    acc[i % kSumLanes] += p * FastLog2(p + eps);
+    const float a = std::fabs(x[i]);
+    const int64_t j = i % kTokenLanes;
+    sum[j] += a;
+    if (with_alog) alog[j] = Fma(a, FastLog2(a), alog[j]);
+    m = a > m ? a : m;
   }
-  return -ReduceLanes32(acc);
+  out->sum = ReduceLanesAscending(sum, lanes);
+  out->alog = with_alog ? ReduceLanesAscending(alog, lanes) : 0.0f;
+  out->max = m;
 }
 
 void Top2Abs(const float* g, int n, float* a1, float* a2) {
@@ -116,7 +124,7 @@ void Unpack(const uint8_t* in, int64_t n, int bits, uint8_t* q) {
   }
 }
 
-const Kernels kScalar = {"scalar", AbsSumMax, Entropy, Top2Abs, MinMax, Fwht,
+const Kernels kScalar = {"scalar", AbsSumMax, SumsOfToken, Top2Abs, MinMax, Fwht,
                          Quantize, Dequantize, Pack, Unpack};
 
 }  // namespace

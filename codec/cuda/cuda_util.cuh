@@ -62,6 +62,29 @@ __device__ __forceinline__ float Widen(uint16_t bits) {
   }
 }
 
+// Elements e0 .. e0 + 7 of x as floats (those at n or past it: 0). aligned: x starts on 16 bytes,
+// and e0 is a multiple of 8, so a whole octet is two 16-byte loads (fp32) or one (16-bit types).
+template <typename T>
+__device__ __forceinline__ void LoadOctetGlobal(const T* __restrict__ x, int64_t e0, int64_t n, bool aligned,
+                                          float (&v)[8]) {
+  if (aligned && e0 + 8 <= n) {
+    if constexpr (std::is_same_v<T, float>) {
+      const float4 a = reinterpret_cast<const float4*>(x + e0)[0];
+      const float4 b = reinterpret_cast<const float4*>(x + e0)[1];
+      v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+      v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+    } else {
+      const uint4 r = *reinterpret_cast<const uint4*>(x + e0);
+      const uint32_t wd[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+      for (int k = 0; k < 8; ++k) v[k] = Widen<T>(static_cast<uint16_t>(wd[k / 2] >> (16 * (k % 2))));
+    }
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) v[j] = e0 + j < n ? LoadF(x, e0 + j) : 0.0f;
+}
+
 // Calls f(static_cast<const T*>(x)) with T the element type of `dtype`.
 template <typename F>
 absl::Status WithInputType(const void* x, FrameDtype dtype, F&& f) {
@@ -90,6 +113,18 @@ __device__ __forceinline__ float WarpMin(float v) {
 }
 __device__ __forceinline__ int WarpSumInt(int v) {
   for (int h = kWarp / 2; h >= 1; h /= 2) v += __shfl_xor_sync(kFullMask, v, h);
+  return v;
+}
+
+// The CPU's ReduceLanesAscending (kernels_common.h) over a thread's 8 token lanes: ((l0 + l1) +
+// (l2 + l3)) + ((l4 + l5) + (l6 + l7)); also the last levels, over a block's 8 warps.
+__device__ __forceinline__ float SumOf8(const float (&l)[8]) {
+  return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
+// The next five levels of ReduceLanesAscending, across the warp (lane i holds the sum of its 8
+// lanes): xor 1, 2, 4, 8, 16, every lane ending with the warp's sum.
+__device__ __forceinline__ float WarpSumAscending(float v) {
+  for (int h = 1; h < kWarp; h *= 2) v = v + __shfl_xor_sync(kFullMask, v, h);
   return v;
 }
 

@@ -44,28 +44,14 @@
 namespace longhaul::codec::gpu {
 namespace {
 
-// As in group_quant.cc.
-constexpr float kEntropyL1Eps = 1e-12f;
-constexpr float kEntropyLogEps = 1e-12f;
-
 using gqa::Results;
 
 using gqt::kChunk;
 using gqt::kThreads;
 inline constexpr int kRounds = kChunk / 8 / kThreads;  // rounds of octets in a chunk
+static_assert(gqt::kWarps == 8, "the block's last levels of the token sums are SumOf8 over its warps");
 
 __device__ __forceinline__ int NumChunks(int64_t dim) { return static_cast<int>((dim + kChunk - 1) / kChunk); }
-
-// Warp 0, lane j: the running sum of |x| over the chunk's elements j, j + 32, ... (the CPU's lane
-// accumulator j: chunks start at multiples of 32) and their maximum.
-__device__ __forceinline__ void SumMaxChunk(const float* row, int len, int lane, float& acc, float& mx) {
-#pragma unroll 8
-  for (int i = lane; i < len; i += kWarp) {
-    const float a = fabsf(row[i]);
-    acc = acc + a;
-    mx = fmaxf(mx, a);  // == a > mx ? a : mx for a >= +0, mx >= +0, a NaN included (mx kept)
-  }
-}
 
 // The token exponent from the maximum of |x| (as group_quant.cc's phase 1).
 __device__ __forceinline__ int TokenExp(float mx) {
@@ -74,132 +60,94 @@ __device__ __forceinline__ int TokenExp(float mx) {
   return min(max(e2 + 4, kMinTokenExp), kMaxTokenExp);
 }
 
-// Warp 0 after the chunks: the token's check and exponent (as group_quant.cc's phase 1). False for a
-// NaN/Inf/huge token, *exp_out then 1 when it is huge (finite, above 2^100), 0 for NaN/Inf.
-__device__ __forceinline__ bool TokenExponent(float acc, float mx_lane, float* sum_out, int* exp_out) {
-  const float sum = WarpSumLanes32(acc);
-  const float mx = WarpMax(mx_lane);
-  if (!isfinite(sum) || mx > 0x1p100f) {
-    *exp_out = isfinite(sum) ? 1 : 0;
-    return false;
-  }
-  *exp_out = TokenExp(mx);
-  *sum_out = sum;
-  return true;
+// The block's total of v (each warp's lanes already combined: WarpSumAscending) in every thread:
+// the last three levels of ReduceLanesAscending over the warps. scratch: kWarps floats of shared
+// memory; every thread calls it.
+__device__ __forceinline__ float BlockSumOfWarps(float v, float* scratch) {
+  const int tid = threadIdx.x;
+  __syncthreads();  // scratch's earlier readers are done
+  if (tid % kWarp == 0) scratch[tid / kWarp] = v;
+  __syncthreads();
+  float w[gqt::kWarps];
+#pragma unroll
+  for (int i = 0; i < gqt::kWarps; ++i) w[i] = scratch[i];
+  return SumOf8(w);
 }
 
-// The entropy term of x (p = |x| / (l1 + eps) = |x| * inv_l1): p log2(p + eps), as group_quant.cc.
-__device__ __forceinline__ float EntropyTerm(float x, float inv_l1) {
-  const float p = fabsf(x) * inv_l1;
-  return p * FastLog2(p + kEntropyLogEps);
-}
-
-// Token blockIdx.x's TokenInfo{entropy, exp, 0, ok, flagged groups, 0} (a bad token: ok 0), its
-// entropy and flagged groups (a bad token: entropy 0, flagged -1 NaN/Inf, -2 huge) in `tok`, each
-// of its groups' outlier test in `pivots` (when the Hadamard option is on), and its allocation key
-// counted in `hist` (when the allocation selects: then `entropy` says whether the key is the
-// entropy or the hash).
+// Token blockIdx.x's statistics, its row read once straight from global memory: thread tid takes
+// the octets o = tid, tid + 256, ..., which are the CPU's token lanes 8 tid .. 8 tid + 7
+// (kernels.h token_sums), runs their groups' outlier test (a group: L = G / 8 lanes of a warp), and
+// adds their |x| (and |x| log2 |x|) into its 8 lanes; the lanes are then combined as
+// ReduceLanesAscending, within the thread, across the warp, across the warps.
+// Writes TokenInfo{entropy, exp, 0, ok, flagged groups, 0} (a bad token: ok 0), its entropy and
+// flagged groups (a bad token: entropy 0, flagged -1 NaN/Inf, -2 huge) in `tok`, each group's
+// outlier test in `pivots` (when the Hadamard option is on), and counts its allocation key in
+// `hist` (when the allocation selects: then `entropy` says whether the key is the entropy or the
+// hash).
 template <int G, typename T>
 __global__ void __launch_bounds__(kThreads)
     TokenStatsKernel(const T* __restrict__ x, int64_t dim, bool entropy, bool flags, float tau,
                      TokenInfo* __restrict__ info, gqa::TokenArrays tok, int16_t* __restrict__ pivots,
                      unsigned* __restrict__ hist) {
-  __shared__ gqt::TokenSmem sm;
+  __shared__ float scratch[2][gqt::kWarps];
+  __shared__ float warp_max[gqt::kWarps];
+  __shared__ int warp_flagged[gqt::kWarps];
   constexpr int L = G / 8;
   const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
   const int64_t t = blockIdx.x;
   const T* row = x + t * dim;
-  const int nch = NumChunks(dim);
-  const int64_t ng = (dim + G - 1) / G;
-  float acc = 0.0f, mx = 0.0f;
-  int wcount = 0;  // lane 0: flagged groups the warp saw
-  for (int c = 0; c < nch; ++c) {
-    const int64_t c0 = static_cast<int64_t>(c) * kChunk;
-    const int len = static_cast<int>(dim - c0 < kChunk ? dim - c0 : kChunk);
-    if (c > 0) __syncthreads();  // the previous chunk's readers are done
-    gqt::LoadChunk(sm.row, row + c0, len, tid);
-    __syncthreads();
+  const bool aligned = (reinterpret_cast<uintptr_t>(row) & 15u) == 0;
+  const int64_t noct = (dim + 7) / 8, ng = (dim + G - 1) / G;
+  float sum[8] = {}, alog[8] = {};
+  float mx = 0.0f;
+  int wcount = 0;  // flagged groups the warp saw (the same in every lane)
+  for (int64_t ob = 0; ob < noct; ob += kThreads) {  // the same trip count in every thread
+    const int64_t o = ob + tid;
+    float v[8];
+    LoadOctetGlobal(row, 8 * o, dim, aligned, v);
     if (flags) {
-      const int noct = (len + 7) / 8;
-      int16_t* chunk_pivots = pivots + t * ng + c0 / G;
-      for (int ob = 0; ob < noct; ob += kThreads) {
-        const int o = ob + tid;
-        float v[8];
-        gqt::LoadOctet(sm.row, o, len, v);
-        const int gs = (8 * o) & ~(G - 1);
-        const int piv = gqt::OctetPivot<G>(v, lane, min(G, len - gs), tau);
-        wcount += __popc(__ballot_sync(kFullMask, piv >= 0 && (lane & (L - 1)) == 0));
-        if ((lane & (L - 1)) == 0 && gs < len) chunk_pivots[gs / G] = static_cast<int16_t>(piv);
-      }
+      const int64_t gs = (8 * o) & ~static_cast<int64_t>(G - 1);
+      const int n = gs < dim ? static_cast<int>(min(static_cast<int64_t>(G), dim - gs)) : 0;
+      const int piv = gqt::OctetPivot<G>(v, lane, n, tau);
+      wcount += __popc(__ballot_sync(kFullMask, piv >= 0 && (lane & (L - 1)) == 0));
+      if ((lane & (L - 1)) == 0 && gs < dim) pivots[t * ng + gs / G] = static_cast<int16_t>(piv);
     }
-    if (warp == 0) SumMaxChunk(sm.row, len, lane, acc, mx);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const float a = fabsf(v[k]);
+      sum[k] = sum[k] + a;
+      mx = fmaxf(mx, a);  // drops a NaN, which the sum keeps
+      if (entropy) alog[k] = Fma(a, FastLog2(a), alog[k]);
+    }
   }
-  if (lane == 0) sm.warp_count[0][warp] = wcount;
-  float sum = 0.0f;
-  int e2 = 0;
-  if (warp == 0) {
-    const bool ok = TokenExponent(acc, mx, &sum, &e2);
-    if (lane == 0) {
-      sm.ok = ok ? 1 : 0;
-      sm.exp = e2;
-      sm.sum = sum;
-    }
+  const float s = BlockSumOfWarps(WarpSumAscending(SumOf8(sum)), scratch[0]);
+  const float al = entropy ? BlockSumOfWarps(WarpSumAscending(SumOf8(alog)), scratch[1]) : 0.0f;
+  mx = WarpMax(mx);
+  if (lane == 0) {
+    warp_max[warp] = mx;
+    warp_flagged[warp] = wcount;
   }
   __syncthreads();
-  const bool ok = sm.ok != 0;
-  // The entropy -sum p log2 p, p = |x| / (l1 + eps): warp 0's lane j adds the terms of elements j,
-  // j + 32, ... in order (the CPU's lane accumulators). With the row in shared memory (one chunk)
-  // every thread first turns its elements into their terms in place (four at a time: the row
-  // starts 16-byte aligned in shared memory), so warp 0 only adds.
-  const bool staged = nch == 1;
-  if (ok && entropy && staged) {
-    const float inv_l1 = 1.0f / (sm.sum + kEntropyL1Eps);
-    const int n = static_cast<int>(dim), n4 = n / 4;
-    float4* row4 = reinterpret_cast<float4*>(sm.row);
-    for (int i = tid; i < n4; i += kThreads) {
-      float4 q = row4[i];
-      q.x = EntropyTerm(q.x, inv_l1);
-      q.y = EntropyTerm(q.y, inv_l1);
-      q.z = EntropyTerm(q.z, inv_l1);
-      q.w = EntropyTerm(q.w, inv_l1);
-      row4[i] = q;
-    }
-    for (int i = 4 * n4 + tid; i < n; i += kThreads) sm.row[i] = EntropyTerm(sm.row[i], inv_l1);
-    __syncthreads();
+  if (tid != 0) return;
+  int flagged = 0;
+  for (int w = 0; w < gqt::kWarps; ++w) {
+    mx = fmaxf(mx, warp_max[w]);
+    flagged += warp_flagged[w];
   }
-  if (warp != 0) return;
-  if (!ok) {
-    if (lane == 0) {
-      info[t] = TokenInfo{0.0f, 0, 0, 0, 0, 0};
-      tok.entropy[t] = 0.0f;
-      tok.flagged[t] = e2 != 0 ? -2 : -1;  // TokenExponent: e2 1 when huge
-      // Counted too, with the key the allocation computes for it (entropy 0): both levels of its
-      // selection then count every token, bad or not, as the CPU's nth_element does.
-      if (hist != nullptr) gqa::CountKey(hist, gqa::AllocDigit(entropy, gqa::AllocKey(entropy, t, 0.0f)));
-    }
+  if (!isfinite(s) || mx > 0x1p100f) {  // as group_quant.cc's phase 1
+    info[t] = TokenInfo{0.0f, 0, 0, 0, 0, 0};
+    tok.entropy[t] = 0.0f;
+    tok.flagged[t] = isfinite(s) ? -2 : -1;
+    // Counted too, with the key the allocation computes for it (entropy 0): both levels of its
+    // selection then count every token, bad or not, as the CPU's nth_element does.
+    if (hist != nullptr) gqa::CountKey(hist, gqa::AllocDigit(entropy, gqa::AllocKey(entropy, t, 0.0f)));
     return;
   }
-  float h = 0.0f;
-  if (entropy) {
-    float e = 0.0f;
-    if (staged) {
-      const int n = static_cast<int>(dim);
-#pragma unroll 8
-      for (int i = lane; i < n; i += kWarp) e = e + sm.row[i];
-    } else {
-      const float inv_l1 = 1.0f / (sum + kEntropyL1Eps);
-      for (int64_t i = lane; i < dim; i += kWarp) e = e + EntropyTerm(LoadF(row, i), inv_l1);
-    }
-    h = -WarpSumLanes32(e) + 0.0f;
-  }
-  if (lane == 0) {
-    int flagged = 0;
-    for (int w = 0; w < gqt::kWarps; ++w) flagged += sm.warp_count[0][w];
-    info[t] = TokenInfo{h, e2, 0, 1, flagged, 0};
-    tok.entropy[t] = h;
-    tok.flagged[t] = flagged;
-    if (hist != nullptr) gqa::CountKey(hist, gqa::AllocDigit(entropy, gqa::AllocKey(entropy, t, h)));
-  }
+  const float h = entropy ? TokenEntropy(s, al) : 0.0f;
+  info[t] = TokenInfo{h, TokenExp(mx), 0, 1, flagged, 0};
+  tok.entropy[t] = h;
+  tok.flagged[t] = flagged;
+  if (hist != nullptr) gqa::CountKey(hist, gqa::AllocDigit(entropy, gqa::AllocKey(entropy, t, h)));
 }
 
 struct EncArgs {
@@ -375,7 +323,7 @@ __global__ void __launch_bounds__(kThreads) EncodeTokens(const T* __restrict__ x
 }
 
 // int<k>: statistics and payload of token blockIdx.x in one pass. An int<k> token needs only the
-// maximum of |x| (its exponent) and the CPU's check (the sum of |x| in lane order finite, the
+// maximum of |x| (its exponent) and the CPU's check (the sum of |x| in token-lane order finite, the
 // maximum at most 2^100), so every thread takes its share of the maximum and of the finiteness
 // test; the sum in the CPU's order is computed only where it could decide the error's kind (no
 // NaN/Inf element, but a maximum large enough for the sum to overflow).
@@ -427,14 +375,17 @@ __global__ void __launch_bounds__(kThreads) FusedEncode(const T* __restrict__ x,
   }
   bool sum_finite = finite;
   if (finite && (mx > 0x1p100f || static_cast<double>(mx) * static_cast<double>(a.dim) >= 0x1p127)) {
-    if (warp == 0) {  // (the same in every thread: the block takes this branch together)
-      float acc = 0.0f;
-      for (int64_t i = lane; i < a.dim; i += kWarp) acc = acc + fabsf(LoadF(row, i));
-      const float sum = WarpSumLanes32(acc);
-      if (lane == 0) sm.ok = isfinite(sum) ? 1 : 0;
+    // (the same in every thread: the block takes this branch together) The sum in the token
+    // lanes' order, as TokenStatsKernel.
+    const bool aligned = (reinterpret_cast<uintptr_t>(row) & 15u) == 0;
+    float lanes[8] = {};
+    for (int64_t o = tid; 8 * o < a.dim; o += kThreads) {
+      float v[8];
+      LoadOctetGlobal(row, 8 * o, a.dim, aligned, v);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) lanes[k] = lanes[k] + fabsf(v[k]);
     }
-    __syncthreads();
-    sum_finite = sm.ok != 0;
+    sum_finite = isfinite(BlockSumOfWarps(WarpSumAscending(SumOf8(lanes)), sm.warp_max));
   }
   if (!sum_finite || mx > 0x1p100f) {
     if (tid == 0) atomicMin(&a.res->first_bad, (static_cast<unsigned long long>(t) << 1) | (sum_finite ? 1ull : 0ull));

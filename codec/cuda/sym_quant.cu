@@ -219,27 +219,6 @@ __global__ void __launch_bounds__(kThreads) SymEncodeKernel(const T* __restrict_
 constexpr int kOctRounds = 2;                          // octets per thread, loaded before any work
 constexpr int kOctSpan = kThreads * 8 * kOctRounds;   // elements per block
 
-template <typename T>
-__device__ __forceinline__ void LoadOctet(const T* __restrict__ x, int64_t e0, int64_t n, bool aligned,
-                                          float (&v)[8]) {
-  if (aligned && e0 + 8 <= n) {
-    if constexpr (std::is_same_v<T, float>) {
-      const float4 a = reinterpret_cast<const float4*>(x + e0)[0];
-      const float4 b = reinterpret_cast<const float4*>(x + e0)[1];
-      v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
-      v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
-    } else {
-      const uint4 r = *reinterpret_cast<const uint4*>(x + e0);
-      const uint32_t wd[4] = {r.x, r.y, r.z, r.w};
-#pragma unroll
-      for (int k = 0; k < 8; ++k) v[k] = Widen<T>(static_cast<uint16_t>(wd[k / 2] >> (16 * (k % 2))));
-    }
-    return;
-  }
-#pragma unroll
-  for (int j = 0; j < 8; ++j) v[j] = e0 + j < n ? LoadF(x, e0 + j) : 0.0f;
-}
-
 // Every lane of the warp calls it (shuffles); L = G / 8 lanes per group.
 template <int L>
 __device__ __forceinline__ void EncodeOctet(float (&v)[8], int64_t e0, int lane, const EncodeArgs& a) {
@@ -315,7 +294,7 @@ __global__ void __launch_bounds__(kThreads) SymEncodeOctets(const T* __restrict_
   const int64_t first = static_cast<int64_t>(blockIdx.x) * (kOctRounds * kThreads) + threadIdx.x;
   float v[kOctRounds][8];
 #pragma unroll
-  for (int r = 0; r < kOctRounds; ++r) LoadOctet(x, 8 * (first + r * kThreads), a.n, aligned, v[r]);
+  for (int r = 0; r < kOctRounds; ++r) LoadOctetGlobal(x, 8 * (first + r * kThreads), a.n, aligned, v[r]);
 #pragma unroll
   for (int r = 0; r < kOctRounds; ++r) EncodeOctet<L>(v[r], 8 * (first + r * kThreads), lane, a);
 }

@@ -1,9 +1,11 @@
 // Every optimised kernel against the scalar reference, bit for bit; and the scalar reference
 // against the mathematical definition, within named tolerances.
 #include "codec/cpu/kernels.h"
+#include "codec/cpu/kernels_common.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -35,7 +37,7 @@ class KernelsVsScalar : public ::testing::Test {
   const Kernels* fast_ = nullptr;
 };
 
-TEST_F(KernelsVsScalar, AbsSumMaxAndEntropy) {
+TEST_F(KernelsVsScalar, AbsSumMax) {
   for (int n : {0, 1, 7, 8, 9, 63, 64, 1000, 2048, 2051}) {
     auto v = RandomFloats(n, n + 1, 30.0f);
     float s1, m1, s2, m2;
@@ -43,8 +45,22 @@ TEST_F(KernelsVsScalar, AbsSumMaxAndEntropy) {
     fast_->abs_sum_max(v.data(), n, &s2, &m2);
     ASSERT_TRUE(SameBits(s1, s2)) << n;
     ASSERT_TRUE(SameBits(m1, m2)) << n;
-    const float inv = 1.0f / (s1 + 1e-12f);
-    ASSERT_TRUE(SameBits(ref_.entropy(v.data(), n, inv, 1e-12f), fast_->entropy(v.data(), n, inv, 1e-12f))) << n;
+  }
+}
+
+// Every lane count the reduction meets: below one run of 8, between the compaction's steps, one
+// and several rows of 2048 lanes, ragged tails; zeros (whose terms are -0) and subnormals included.
+TEST_F(KernelsVsScalar, TokenSums) {
+  for (int n : {1, 5, 8, 9, 31, 33, 64, 65, 100, 513, 768, 2047, 2048, 2049, 4096, 4103, 12289}) {
+    for (bool alog : {false, true}) {
+      auto v = RandomFloats(n, n + 3, 30.0f);
+      if (n > 4) v[1] = 0.0f, v[2] = -0.0f, v[3] = 1e-40f;
+      TokenSums a, b;
+      ref_.token_sums(v.data(), n, alog, &a);
+      fast_->token_sums(v.data(), n, alog, &b);
+      ASSERT_TRUE(SameBits(a.sum, b.sum) && SameBits(a.max, b.max) && SameBits(a.alog, b.alog))
+          << n << " alog " << alog << ": " << a.sum << " " << b.sum << " " << a.alog << " " << b.alog;
+    }
   }
 }
 
@@ -123,17 +139,33 @@ TEST(ScalarKernels, FwhtIsTheOrthonormalSylvesterHadamard) {
   for (int i = 0; i < n; ++i) EXPECT_NEAR(w[i], v[i], 1e-5);
 }
 
-TEST(ScalarKernels, EntropyMatchesDefinition) {
-  auto v = RandomFloats(512, 4, 40.0f);
-  float s, m;
-  ScalarKernels().abs_sum_max(v.data(), v.size(), &s, &m);
-  double h = 0;
-  for (float x : v) {
-    const double p = std::fabs(x) / (s + 1e-12);
-    h -= p * std::log2(p + 1e-12);
+// The token sums against double-precision sums, and the entropy from them against its definition
+// H = -sum p log2(p), p = |x| / |x|_1, for a spread token, a one-hot one and one of 5,000 elements.
+TEST(ScalarKernels, TokenSumsAndEntropyMatchDefinition) {
+  std::vector<std::vector<float>> cases = {RandomFloats(512, 4, 40.0f), std::vector<float>(300, 0.0f),
+                                           RandomFloats(5000, 9)};
+  cases[1][17] = -3.5f;
+  for (const auto& v : cases) {
+    TokenSums sums;
+    ScalarKernels().token_sums(v.data(), v.size(), true, &sums);
+    double s = 0, m = 0, alog = 0;
+    for (float x : v) {
+      const double a = std::fabs(x);
+      s += a;
+      m = std::max(m, a);
+      if (a > 0) alog += a * std::log2(a);
+    }
+    EXPECT_NEAR(sums.sum, s, 1e-5 * s) << v.size();
+    EXPECT_EQ(sums.max, m);
+    EXPECT_NEAR(sums.alog, alog, kLog2ApproxTolerance * s + 1e-5 * std::fabs(alog)) << v.size();
+    double h = 0;
+    for (float x : v) {
+      const double p = std::fabs(x) / s;
+      if (p > 0) h -= p * std::log2(p);
+    }
+    EXPECT_NEAR(TokenEntropy(sums.sum, sums.alog), h, 2 * kLog2ApproxTolerance + 1e-4) << v.size();
   }
-  EXPECT_NEAR(ScalarKernels().entropy(v.data(), v.size(), 1.0f / (s + 1e-12f), 1e-12f), h,
-              kLog2ApproxTolerance * 1.01 + 1e-4);
+  EXPECT_TRUE(SameBits(TokenEntropy(0.0f, 0.0f), 0.0f));  // an all-zero token: +0
 }
 
 }  // namespace
