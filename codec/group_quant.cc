@@ -15,7 +15,6 @@
 namespace longhaul::codec {
 namespace {
 
-constexpr float kRhoEps = 1e-12f;        // eps of rho = a1 / (a2 + eps)
 constexpr int kMaxGroup = 256;
 constexpr uint8_t kFlagAdaptive = 1, kFlagHadamard = 2;
 
@@ -178,7 +177,7 @@ absl::Status GroupQuantEncode(const float* x, int64_t tokens, int64_t dim,
         if (p.hadamard && n == g) {
           float a1, a2;
           k.top2_abs(v, n, &a1, &a2);
-          if (a1 / (a2 + kRhoEps) > p.tau) {
+          if (IsOutlierGroup(a1, a2, p.tau)) {
             int piv = 0;
             while (std::fabs(v[piv]) != a1) ++piv;
             std::memcpy(tmp, v, sizeof(float) * n);

@@ -86,6 +86,12 @@ LONGHAUL_HD static inline float TokenEntropy(float sum, float alog) {
   return (FastLog2(d) * sum - alog) / d + 0.0f;
 }
 
+// TAH-Quant's outlier test of a group whose two largest |g_i| are a1 >= a2: rho = a1 / (a2 + eps)
+// above tau, computed as a1 > tau (a2 + eps) (a multiply, not a division: the same test up to
+// rounding, and one definition for the CPU and the GPU).
+inline constexpr float kRhoEps = 1e-12f;
+LONGHAUL_HD static inline bool IsOutlierGroup(float a1, float a2, float tau) { return a1 > tau * (a2 + kRhoEps); }
+
 static inline float HadamardNorm(int n) { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(n))); }
 
 }  // namespace longhaul::codec

@@ -49,6 +49,7 @@ using gqa::Results;
 using gqt::kChunk;
 using gqt::kThreads;
 inline constexpr int kRounds = kChunk / 8 / kThreads;  // rounds of octets in a chunk
+static_assert(kRounds <= 2, "TokenSmem::warp_count holds two rounds");
 static_assert(gqt::kWarps == 8, "the block's last levels of the token sums are SumOf8 over its warps");
 
 __device__ __forceinline__ int NumChunks(int64_t dim) { return static_cast<int>((dim + kChunk - 1) / kChunk); }
@@ -74,80 +75,97 @@ __device__ __forceinline__ float BlockSumOfWarps(float v, float* scratch) {
   return SumOf8(w);
 }
 
-// Token blockIdx.x's statistics, its row read once straight from global memory: thread tid takes
-// the octets o = tid, tid + 256, ..., which are the CPU's token lanes 8 tid .. 8 tid + 7
-// (kernels.h token_sums), runs their groups' outlier test (a group: L = G / 8 lanes of a warp), and
-// adds their |x| (and |x| log2 |x|) into its 8 lanes; the lanes are then combined as
-// ReduceLanesAscending, within the thread, across the warp, across the warps.
-// Writes TokenInfo{entropy, exp, 0, ok, flagged groups, 0} (a bad token: ok 0), its entropy and
-// flagged groups (a bad token: entropy 0, flagged -1 NaN/Inf, -2 huge) in `tok`, each group's
-// outlier test in `pivots` (when the Hadamard option is on), and counts its allocation key in
-// `hist` (when the allocation selects: then `entropy` says whether the key is the entropy or the
-// hash).
-template <int G, typename T>
-__global__ void __launch_bounds__(kThreads)
-    TokenStatsKernel(const T* __restrict__ x, int64_t dim, bool entropy, bool flags, float tau,
-                     TokenInfo* __restrict__ info, gqa::TokenArrays tok, int16_t* __restrict__ pivots,
-                     unsigned* __restrict__ hist) {
-  __shared__ float scratch[2][gqt::kWarps];
-  __shared__ float warp_max[gqt::kWarps];
-  __shared__ int warp_flagged[gqt::kWarps];
-  constexpr int L = G / 8;
-  const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
-  const int64_t t = blockIdx.x;
-  const T* row = x + t * dim;
-  const bool aligned = (reinterpret_cast<uintptr_t>(row) & 15u) == 0;
-  const int64_t noct = (dim + 7) / 8, ng = (dim + G - 1) / G;
+// Adds the octet v (thread tid's o-th) into the thread's token lanes, with its groups' outlier
+// test first when `flags` (a group: L = G / 8 lanes of a warp; every lane of the warp calls it).
+template <int G>
+struct StatsLanes {
   float sum[8] = {}, alog[8] = {};
   float mx = 0.0f;
   int wcount = 0;  // flagged groups the warp saw (the same in every lane)
-  for (int64_t ob = 0; ob < noct; ob += kThreads) {  // the same trip count in every thread
-    const int64_t o = ob + tid;
-    float v[8];
-    LoadOctetGlobal(row, 8 * o, dim, aligned, v);
+
+  __device__ __forceinline__ void Add(const float (&v)[8], int o, int dim, int lane, bool entropy, bool flags,
+                                      float tau, int16_t* __restrict__ token_pivots) {
+    constexpr int L = G / 8;
     if (flags) {
-      const int64_t gs = (8 * o) & ~static_cast<int64_t>(G - 1);
-      const int n = gs < dim ? static_cast<int>(min(static_cast<int64_t>(G), dim - gs)) : 0;
-      const int piv = gqt::OctetPivot<G>(v, lane, n, tau);
+      const int gs = (8 * o) & ~(G - 1);
+      float gmax;
+      const int piv = gqt::OctetPivot<G>(v, lane, gs < dim ? min(G, dim - gs) : 0, tau, &gmax);
       wcount += __popc(__ballot_sync(kFullMask, piv >= 0 && (lane & (L - 1)) == 0));
-      if ((lane & (L - 1)) == 0 && gs < dim) pivots[t * ng + gs / G] = static_cast<int16_t>(piv);
+      if ((lane & (L - 1)) == 0 && gs < dim) token_pivots[gs / G] = static_cast<int16_t>(piv);
+      mx = fmaxf(mx, gmax);  // elements past dim are 0
     }
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
       const float a = fabsf(v[k]);
       sum[k] = sum[k] + a;
-      mx = fmaxf(mx, a);  // drops a NaN, which the sum keeps
+      if (!flags) mx = fmaxf(mx, a);  // drops a NaN, which the sum keeps
       if (entropy) alog[k] = Fma(a, FastLog2(a), alog[k]);
     }
   }
-  const float s = BlockSumOfWarps(WarpSumAscending(SumOf8(sum)), scratch[0]);
-  const float al = entropy ? BlockSumOfWarps(WarpSumAscending(SumOf8(alog)), scratch[1]) : 0.0f;
-  mx = WarpMax(mx);
-  if (lane == 0) {
-    warp_max[warp] = mx;
-    warp_flagged[warp] = wcount;
+};
+
+// The statistics of tokens blockIdx.x, blockIdx.x + gridDim.x, ..., each row read once straight
+// from global memory: thread tid takes the octets o = tid, tid + 256, ... (two at a time, both
+// loads in flight before either is used), which are the CPU's token lanes 8 tid .. 8 tid + 7
+// (kernels.h token_sums), runs their groups' outlier test and adds their |x| (and |x| log2 |x|)
+// into its 8 lanes; the lanes are then combined as ReduceLanesAscending, within the thread, across
+// the warp, across the warps.
+// Per token: TokenInfo{entropy, exp, 0, ok, flagged groups, 0} (a bad token: ok 0), its entropy
+// and flagged groups (a bad token: entropy 0, flagged -1 NaN/Inf, -2 huge) in `tok`, each group's
+// outlier test in `pivots` (when the Hadamard option is on), and its allocation key counted in
+// `hist` (when the allocation selects: then `entropy` says whether the key is the entropy or the
+// hash). dim < 2^31 - 8 (the host checks).
+template <int G, typename T>
+__global__ void __launch_bounds__(kThreads)
+    TokenStatsKernel(const T* __restrict__ x, int64_t tokens, int dim, bool entropy, bool flags, float tau,
+                     TokenInfo* __restrict__ info, gqa::TokenArrays tok, int16_t* __restrict__ pivots,
+                     unsigned* __restrict__ hist) {
+  __shared__ float scratch[2][gqt::kWarps];
+  __shared__ float warp_max[gqt::kWarps];
+  __shared__ int warp_flagged[gqt::kWarps];
+  const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
+  const int noct = (dim + 7) / 8, ng = (dim + G - 1) / G;
+  for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
+    const T* row = x + t * dim;
+    const bool aligned = (reinterpret_cast<uintptr_t>(row) & 15u) == 0;
+    StatsLanes<G> acc;
+    for (int ob = 0; ob < noct; ob += 2 * kThreads) {  // the same trip count in every thread
+      float v0[8], v1[8];
+      LoadOctetGlobal(row, 8 * (ob + tid), dim, aligned, v0);
+      LoadOctetGlobal(row, 8 * (ob + kThreads + tid), dim, aligned, v1);
+      acc.Add(v0, ob + tid, dim, lane, entropy, flags, tau, pivots + t * ng);
+      if (ob + kThreads < noct) acc.Add(v1, ob + kThreads + tid, dim, lane, entropy, flags, tau, pivots + t * ng);
+    }
+    const float s = BlockSumOfWarps(WarpSumAscending(SumOf8(acc.sum)), scratch[0]);
+    const float al = entropy ? BlockSumOfWarps(WarpSumAscending(SumOf8(acc.alog)), scratch[1]) : 0.0f;
+    const float wmax = WarpMax(acc.mx);
+    if (lane == 0) {
+      warp_max[warp] = wmax;
+      warp_flagged[warp] = acc.wcount;
+    }
+    __syncthreads();  // (the next token's first write to these comes after two more barriers)
+    if (tid != 0) continue;
+    float mx = 0.0f;
+    int flagged = 0;
+    for (int w = 0; w < gqt::kWarps; ++w) {
+      mx = fmaxf(mx, warp_max[w]);
+      flagged += warp_flagged[w];
+    }
+    if (!isfinite(s) || mx > 0x1p100f) {  // as group_quant.cc's phase 1
+      info[t] = TokenInfo{0.0f, 0, 0, 0, 0, 0};
+      tok.entropy[t] = 0.0f;
+      tok.flagged[t] = isfinite(s) ? -2 : -1;
+      // Counted too, with the key the allocation computes for it (entropy 0): both levels of its
+      // selection then count every token, bad or not, as the CPU's nth_element does.
+      if (hist != nullptr) gqa::CountKey(hist, gqa::AllocDigit(entropy, gqa::AllocKey(entropy, t, 0.0f)));
+      continue;
+    }
+    const float h = entropy ? TokenEntropy(s, al) : 0.0f;
+    info[t] = TokenInfo{h, TokenExp(mx), 0, 1, flagged, 0};
+    tok.entropy[t] = h;
+    tok.flagged[t] = flagged;
+    if (hist != nullptr) gqa::CountKey(hist, gqa::AllocDigit(entropy, gqa::AllocKey(entropy, t, h)));
   }
-  __syncthreads();
-  if (tid != 0) return;
-  int flagged = 0;
-  for (int w = 0; w < gqt::kWarps; ++w) {
-    mx = fmaxf(mx, warp_max[w]);
-    flagged += warp_flagged[w];
-  }
-  if (!isfinite(s) || mx > 0x1p100f) {  // as group_quant.cc's phase 1
-    info[t] = TokenInfo{0.0f, 0, 0, 0, 0, 0};
-    tok.entropy[t] = 0.0f;
-    tok.flagged[t] = isfinite(s) ? -2 : -1;
-    // Counted too, with the key the allocation computes for it (entropy 0): both levels of its
-    // selection then count every token, bad or not, as the CPU's nth_element does.
-    if (hist != nullptr) gqa::CountKey(hist, gqa::AllocDigit(entropy, gqa::AllocKey(entropy, t, 0.0f)));
-    return;
-  }
-  const float h = entropy ? TokenEntropy(s, al) : 0.0f;
-  info[t] = TokenInfo{h, TokenExp(mx), 0, 1, flagged, 0};
-  tok.entropy[t] = h;
-  tok.flagged[t] = flagged;
-  if (hist != nullptr) gqa::CountKey(hist, gqa::AllocDigit(entropy, gqa::AllocKey(entropy, t, h)));
 }
 
 struct EncArgs {
@@ -184,15 +202,17 @@ __device__ __forceinline__ RoundPivots LoadRoundPivots(const EncArgs& a, int64_t
   return r;
 }
 
-// Token t's groups, from chunk 0 (staged: chunk 0 is already in shared memory and is the row's only
-// one), its block at blk_off. Per chunk, three phases:
+// Token t's groups, its block at blk_off. Per chunk, three phases:
 //  A. each lane's octet: its group's outlier test (kept by the statistics pass), the flagged
-//     groups' pivots (ordinals by a block-wide count), the swap and transform (written back to the
-//     staged row), the group's range by its segment, kept in shared memory;
+//     groups' pivots (ordinals by a block-wide count, one barrier for all rounds), the swap and
+//     transform, the group's range by its segment, kept in shared memory;
 //  B. one thread per group: its parameters (two divisions: once per group, not once per lane),
 //     written to the payload and kept in shared memory;
-//  C. each lane's octet again from the staged row: codes against its group's parameters, packed.
-template <int G, typename T>
+//  C. each lane's octet again: codes against its group's parameters, packed.
+// The octets: kResident (a row of one chunk) loads them from global memory straight into
+// registers, where they stay from A to C; otherwise each chunk is staged in shared memory (already
+// there when `staged`: then chunk 0 is the row's only one), and the transformed octets written back.
+template <int G, bool kResident, typename T>
 __device__ __forceinline__ void EncodeRow(gqt::TokenSmem& sm, int64_t t, const T* __restrict__ row, const EncArgs& a,
                                           int exp, int bits, int flagged_total, int64_t blk_off, bool staged) {
   constexpr int L = G / 8;
@@ -206,52 +226,65 @@ __device__ __forceinline__ void EncodeRow(gqt::TokenSmem& sm, int64_t t, const T
   const int64_t codes_at = pivots_at + flagged_total;
   const int maxq = (1 << bits) - 1;
   const float fmaxq = static_cast<float>(maxq);
-  const int nch = NumChunks(a.dim);
+  const int nch = kResident ? 1 : NumChunks(a.dim);
   const bool leader = (lane & (L - 1)) == 0;
-  int ordinal_base = 0, round = 0;
+  int ordinal_base = 0;
   for (int c = 0; c < nch; ++c) {
     const int64_t c0 = static_cast<int64_t>(c) * kChunk;
     const int len = static_cast<int>(a.dim - c0 < kChunk ? a.dim - c0 : kChunk);
     const int noct = (len + 7) / 8;
     // Loaded before the row, so that both loads are in flight together.
     const RoundPivots round_piv = LoadRoundPivots<G>(a, t, c0, len, tid);
-    if (!staged) {
+    float vr[kRounds][8];
+    if constexpr (kResident) {
+      const bool aligned = (reinterpret_cast<uintptr_t>(row) & 15u) == 0;
+#pragma unroll
+      for (int r = 0; r < kRounds; ++r) LoadOctetGlobal(row, 8 * (r * kThreads + tid), len, aligned, vr[r]);
+    } else if (!staged) {
       if (c > 0) __syncthreads();  // phase C of the previous chunk is done with the row
       gqt::LoadChunk(sm.row, row + c0, len, tid);
       __syncthreads();
     }
-    // A.
+    // A. The flagged groups' ordinals in the token: earlier chunks, rounds, warps, lanes.
+    unsigned lead_flags[kRounds];
+    if (a.flags) {
 #pragma unroll
-    for (int r = 0; r < kRounds; ++r, ++round) {
+      for (int r = 0; r < kRounds; ++r) {
+        lead_flags[r] = __ballot_sync(kFullMask, round_piv.p[r] >= 0 && leader);
+        if (lane == 0) sm.warp_count[r][warp] = __popc(lead_flags[r]);
+      }
+      __syncthreads();
+    }
+#pragma unroll
+    for (int r = 0; r < kRounds; ++r) {
       const int ob = r * kThreads;
       if (ob >= noct) break;
       const int o = ob + tid;
-      float v[8];
-      gqt::LoadOctet(sm.row, o, len, v);
+      if constexpr (!kResident) gqt::LoadOctet(sm.row, o, len, vr[r]);
+      float (&v)[8] = vr[r];
       const int e0 = 8 * o;
       const int gs = e0 & ~(G - 1);
       const int cnt = len - e0 < 0 ? 0 : (len - e0 < 8 ? len - e0 : 8);
       int piv = -1;
       if (a.flags) {
         piv = round_piv.p[r];
-        // The flagged group's ordinal in the token: earlier rounds, earlier warps, earlier lanes.
-        const bool lead_flag = piv >= 0 && leader;
-        const unsigned m = __ballot_sync(kFullMask, lead_flag);
-        if (lane == 0) sm.warp_count[round & 1][warp] = __popc(m);
-        __syncthreads();
         int before = ordinal_base, total = 0;
 #pragma unroll
         for (int w = 0; w < gqt::kWarps; ++w) {
-          const int cw = sm.warp_count[round & 1][w];
+          const int cw = sm.warp_count[r][w];
           before += w < warp ? cw : 0;
           total += cw;
         }
         ordinal_base += total;
-        if (lead_flag) a.payload[pivots_at + before + __popc(m & ((1u << lane) - 1u))] = static_cast<uint8_t>(piv);
+        if (piv >= 0 && leader) {
+          a.payload[pivots_at + before + __popc(lead_flags[r] & ((1u << lane) - 1u))] = static_cast<uint8_t>(piv);
+        }
         if (__any_sync(kFullMask, piv >= 0)) {
           gqt::SegmentSwap<G>(v, lane, piv);
           gqt::SegmentFwht<G>(v, lane, piv >= 0, a.norm);
-          if (piv >= 0) gqt::StoreOctet(sm.row, o, v);  // flagged groups are complete
+          if constexpr (!kResident) {
+            if (piv >= 0) gqt::StoreOctet(sm.row, o, v);  // flagged groups are complete
+          }
         }
       }
       float lo, hi;
@@ -273,10 +306,13 @@ __device__ __forceinline__ void EncodeRow(gqt::TokenSmem& sm, int64_t t, const T
     }
     __syncthreads();
     // C.
-    for (int ob = 0; ob < noct; ob += kThreads) {
+#pragma unroll
+    for (int r = 0; r < kRounds; ++r) {
+      const int ob = r * kThreads;
+      if (ob >= noct) break;
       const int o = ob + tid;
-      float v[8];
-      gqt::LoadOctet(sm.row, o, len, v);
+      if constexpr (!kResident) gqt::LoadOctet(sm.row, o, len, vr[r]);
+      const float (&v)[8] = vr[r];
       const int e0 = 8 * o;
       const int cnt = len - e0 < 0 ? 0 : (len - e0 < 8 ? len - e0 : 8);
       uint64_t w = 0;
@@ -319,7 +355,11 @@ __global__ void __launch_bounds__(kThreads) EncodeTokens(const T* __restrict__ x
   if (ti.ok == 0) return;  // the encode fails; the block is not written
   const int bits = a.bits[t];
   const int64_t blk_off = t == 0 ? 0 : static_cast<int64_t>(a.ends[t - 1]);
-  EncodeRow<G>(sm, t, x + t * a.dim, a, ti.exp, bits, ti.flagged, blk_off, false);
+  if (a.dim <= kChunk) {
+    EncodeRow<G, true>(sm, t, x + t * a.dim, a, ti.exp, bits, ti.flagged, blk_off, false);
+  } else {
+    EncodeRow<G, false>(sm, t, x + t * a.dim, a, ti.exp, bits, ti.flagged, blk_off, false);
+  }
 }
 
 // int<k>: statistics and payload of token blockIdx.x in one pass. An int<k> token needs only the
@@ -391,7 +431,7 @@ __global__ void __launch_bounds__(kThreads) FusedEncode(const T* __restrict__ x,
     if (tid == 0) atomicMin(&a.res->first_bad, (static_cast<unsigned long long>(t) << 1) | (sum_finite ? 1ull : 0ull));
     return;
   }
-  EncodeRow<G>(sm, t, row, a, TokenExp(mx), a.fused_bits, 0, t * a.fused_block, nch == 1);
+  EncodeRow<G, false>(sm, t, row, a, TokenExp(mx), a.fused_bits, 0, t * a.fused_block, nch == 1);
 }
 
 // The fused encode's results word before its kernel (a kernel, not a copy from pageable host memory).
@@ -431,6 +471,7 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
     if (stats != nullptr) *stats = {};
     return DeviceBytes{};
   }
+  if (dim > INT_MAX - 8) return absl::InvalidArgumentError(absl::StrCat("rows of ", dim, " elements: more than the GPU encoder takes"));
   const int g = p.group_size;
   const int64_t ng64 = (dim + g - 1) / g;
   // Group indices are 32-bit.
@@ -505,10 +546,15 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
     auto* hist = static_cast<unsigned*>(*temp);
     const gqa::TokenArrays arrays = TokenArraysAt(*token_arrays, tok);
     if (select) LONGHAUL_CUDA_OK(cudaMemsetAsync(hist, 0, sizeof(unsigned) * gqa::kHistWords, st));
+    // Several tokens a block (its setup shared), as many blocks as 8 an SM.
+    int device = 0, sms = 0;
+    LONGHAUL_CUDA_OK(cudaGetDevice(&device));
+    LONGHAUL_CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    const unsigned stats_grid = static_cast<unsigned>(std::min<int64_t>(tokens, 8 * static_cast<int64_t>(sms)));
     absl::Status stats_launched = WithGroupSize(g, [&](auto gc) {
       return WithInputType(x, dtype, [&](const auto* xt) -> absl::Status {
         TokenStatsKernel<decltype(gc)::value>
-            <<<grid, kThreads, 0, st>>>(xt, dim, entropy, flags, p.tau, ti, arrays, piv, hist);
+            <<<stats_grid, kThreads, 0, st>>>(xt, tokens, static_cast<int>(dim), entropy, flags, p.tau, ti, arrays, piv, hist);
         return CudaStatus(cudaGetLastError(), "token statistics kernel");
       });
     });

@@ -45,7 +45,6 @@
 
 namespace longhaul::codec::gpu {
 
-inline constexpr float kGroupRhoEps = 1e-12f;  // as kRhoEps in group_quant.cc
 // Groups of up to this size are copied into a register array; larger ones are encoded in place in
 // their shared-memory slot (a 128- or 256-float array would live in local memory).
 inline constexpr int kMaxRegisterGroup = 64;
@@ -98,7 +97,7 @@ LONGHAUL_HD LONGHAUL_GQ_INLINE int OutlierPivot(const float* v, int n, float tau
       m2 = a;
     }
   }
-  return m1 / (m2 + kGroupRhoEps) > tau ? piv : -1;
+  return IsOutlierGroup(m1, m2, tau) ? piv : -1;
 }
 
 // v[0, n): the group after the pivot swap (n == G when flagged). Transforms it when flagged, then

@@ -155,8 +155,9 @@ __device__ __forceinline__ void StoreOctet(float* row, int o, const float (&v)[8
 // |x| >= +0 (a NaN makes the token fail before its pivots are read), so fminf/fmaxf give the
 // scan's bits. Then the test as the CPU's; the pivot, the first index of the maximum (the scan's
 // last strict rise), only in warps where a group is flagged.
+// *group_max: the group's largest |v| (every lane of the segment).
 template <int G>
-__device__ __forceinline__ int OctetPivot(const float (&v)[8], int lane, int n, float tau) {
+__device__ __forceinline__ int OctetPivot(const float (&v)[8], int lane, int n, float tau, float* group_max) {
   constexpr int L = G / 8;
   float m1 = 0.0f, m2 = 0.0f;
 #pragma unroll
@@ -171,7 +172,8 @@ __device__ __forceinline__ int OctetPivot(const float (&v)[8], int lane, int n, 
     m2 = fmaxf(fminf(m1, o1), fmaxf(m2, o2));
     m1 = fmaxf(m1, o1);
   }
-  const bool flagged = n == G && m1 / (m2 + kGroupRhoEps) > tau;
+  *group_max = m1;
+  const bool flagged = n == G && IsOutlierGroup(m1, m2, tau);
   if (!__any_sync(kFullMask, flagged)) return -1;
   int piv = G;  // the lane's first index of the maximum in the group, G when it has none
 #pragma unroll
