@@ -120,9 +120,11 @@ __global__ void __launch_bounds__(kThreads)
     TokenStatsKernel(const T* __restrict__ x, int64_t tokens, int dim, bool entropy, bool flags, float tau,
                      TokenInfo* __restrict__ info, gqa::TokenArrays tok, int16_t* __restrict__ pivots,
                      unsigned* __restrict__ hist) {
-  __shared__ float scratch[2][gqt::kWarps];
-  __shared__ float warp_max[gqt::kWarps];
-  __shared__ int warp_flagged[gqt::kWarps];
+  // Each warp's sums, maximum and flagged groups, in two sets by the token's parity: a token's
+  // writes then need no barrier after the last one's reads (one barrier a token).
+  __shared__ float warp_sum[2][gqt::kWarps], warp_alog[2][gqt::kWarps];
+  __shared__ unsigned warp_max[2][gqt::kWarps];
+  __shared__ int warp_flagged[2][gqt::kWarps];
   const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
   const int noct = (dim + 7) / 8, ng = (dim + G - 1) / G;
   for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
@@ -136,21 +138,29 @@ __global__ void __launch_bounds__(kThreads)
       acc.Add(v0, ob + tid, dim, lane, entropy, flags, tau, pivots + t * ng);
       if (ob + kThreads < noct) acc.Add(v1, ob + kThreads + tid, dim, lane, entropy, flags, tau, pivots + t * ng);
     }
-    const float s = BlockSumOfWarps(WarpSumAscending(SumOf8(acc.sum)), scratch[0]);
-    const float al = entropy ? BlockSumOfWarps(WarpSumAscending(SumOf8(acc.alog)), scratch[1]) : 0.0f;
-    const float wmax = WarpMax(acc.mx);
+    const int set = static_cast<int>((t / gridDim.x) & 1);
+    const float ws = WarpSumAscending(SumOf8(acc.sum));
+    const float wa = entropy ? WarpSumAscending(SumOf8(acc.alog)) : 0.0f;
+    // The maximum by its bits (|x| >= +0 and no NaN: unsigned order is float order).
+    const unsigned wmax = __reduce_max_sync(kFullMask, __float_as_uint(acc.mx));
     if (lane == 0) {
-      warp_max[warp] = wmax;
-      warp_flagged[warp] = acc.wcount;
+      warp_sum[set][warp] = ws;
+      warp_alog[set][warp] = wa;
+      warp_max[set][warp] = wmax;
+      warp_flagged[set][warp] = acc.wcount;
     }
-    __syncthreads();  // (the next token's first write to these comes after two more barriers)
+    __syncthreads();
     if (tid != 0) continue;
-    float mx = 0.0f;
+    float sums[gqt::kWarps], alogs[gqt::kWarps];
+    unsigned mx_bits = 0;
     int flagged = 0;
     for (int w = 0; w < gqt::kWarps; ++w) {
-      mx = fmaxf(mx, warp_max[w]);
-      flagged += warp_flagged[w];
+      sums[w] = warp_sum[set][w];
+      alogs[w] = warp_alog[set][w];
+      mx_bits = max(mx_bits, warp_max[set][w]);
+      flagged += warp_flagged[set][w];
     }
+    const float s = SumOf8(sums), al = SumOf8(alogs), mx = __uint_as_float(mx_bits);
     if (!isfinite(s) || mx > 0x1p100f) {  // as group_quant.cc's phase 1
       info[t] = TokenInfo{0.0f, 0, 0, 0, 0, 0};
       tok.entropy[t] = 0.0f;
@@ -260,8 +270,9 @@ __device__ __forceinline__ void EncodeRow(gqt::TokenSmem& sm, int64_t t, const T
       const int ob = r * kThreads;
       if (ob >= noct) break;
       const int o = ob + tid;
-      if constexpr (!kResident) gqt::LoadOctet(sm.row, o, len, vr[r]);
-      float (&v)[8] = vr[r];
+      float staged_octet[8];  // (!kResident)
+      float (&v)[8] = kResident ? vr[r] : staged_octet;
+      if constexpr (!kResident) gqt::LoadOctet(sm.row, o, len, v);
       const int e0 = 8 * o;
       const int gs = e0 & ~(G - 1);
       const int cnt = len - e0 < 0 ? 0 : (len - e0 < 8 ? len - e0 : 8);
@@ -305,14 +316,15 @@ __device__ __forceinline__ void EncodeRow(gqt::TokenSmem& sm, int64_t t, const T
       sm.group[gi].hi = gp.inv_scale;
     }
     __syncthreads();
-    // C.
-#pragma unroll
+    // C. (Rolled when staged: two rounds in flight would cost registers and occupancy.)
+#pragma unroll(kResident ? kRounds : 1)
     for (int r = 0; r < kRounds; ++r) {
       const int ob = r * kThreads;
       if (ob >= noct) break;
       const int o = ob + tid;
-      if constexpr (!kResident) gqt::LoadOctet(sm.row, o, len, vr[r]);
-      const float (&v)[8] = vr[r];
+      float staged_octet[8];  // (!kResident)
+      float (&v)[8] = kResident ? vr[r] : staged_octet;
+      if constexpr (!kResident) gqt::LoadOctet(sm.row, o, len, v);
       const int e0 = 8 * o;
       const int cnt = len - e0 < 0 ? 0 : (len - e0 < 8 ? len - e0 : 8);
       uint64_t w = 0;
@@ -346,19 +358,24 @@ __device__ __forceinline__ void EncodeRow(gqt::TokenSmem& sm, int64_t t, const T
   }
 }
 
-// The payload of every good token (after TokenStatsKernel and AllocateBits), last token first.
+// The payload of every good token (after TokenStatsKernel and AllocateBits), last token first
+// (the statistics pass's last rows are the likeliest still in L2): block b takes the tokens
+// tokens - 1 - b, then gridDim.x earlier, and so on.
 template <int G, typename T>
 __global__ void __launch_bounds__(kThreads) EncodeTokens(const T* __restrict__ x, EncArgs a) {
   __shared__ gqt::TokenSmem sm;
-  const int64_t t = a.tokens - 1 - static_cast<int64_t>(blockIdx.x);
-  const TokenInfo ti = a.info[t];
-  if (ti.ok == 0) return;  // the encode fails; the block is not written
-  const int bits = a.bits[t];
-  const int64_t blk_off = t == 0 ? 0 : static_cast<int64_t>(a.ends[t - 1]);
-  if (a.dim <= kChunk) {
-    EncodeRow<G, true>(sm, t, x + t * a.dim, a, ti.exp, bits, ti.flagged, blk_off, false);
-  } else {
-    EncodeRow<G, false>(sm, t, x + t * a.dim, a, ti.exp, bits, ti.flagged, blk_off, false);
+  for (int64_t k = blockIdx.x; k < a.tokens; k += gridDim.x) {
+    const int64_t t = a.tokens - 1 - k;
+    const TokenInfo ti = a.info[t];
+    if (ti.ok == 0) continue;  // the encode fails; the block is not written
+    const int bits = a.bits[t];
+    const int64_t blk_off = t == 0 ? 0 : static_cast<int64_t>(a.ends[t - 1]);
+    if (k != blockIdx.x) __syncthreads();  // the last token's readers of the shared memory are done
+    if (a.dim <= kChunk) {
+      EncodeRow<G, true>(sm, t, x + t * a.dim, a, ti.exp, bits, ti.flagged, blk_off, false);
+    } else {
+      EncodeRow<G, false>(sm, t, x + t * a.dim, a, ti.exp, bits, ti.flagged, blk_off, false);
+    }
   }
 }
 
@@ -546,7 +563,7 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
     auto* hist = static_cast<unsigned*>(*temp);
     const gqa::TokenArrays arrays = TokenArraysAt(*token_arrays, tok);
     if (select) LONGHAUL_CUDA_OK(cudaMemsetAsync(hist, 0, sizeof(unsigned) * gqa::kHistWords, st));
-    // Several tokens a block (its setup shared), as many blocks as 8 an SM.
+    // Several tokens a block (its setup shared), as many blocks as 8 an SM; the encode too.
     int device = 0, sms = 0;
     LONGHAUL_CUDA_OK(cudaGetDevice(&device));
     LONGHAUL_CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
@@ -569,7 +586,7 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
     args.ends = ends;
     absl::Status encode_launched = WithGroupSize(g, [&](auto gc) {
       return WithInputType(x, dtype, [&](const auto* xt) -> absl::Status {
-        EncodeTokens<decltype(gc)::value><<<grid, kThreads, 0, st>>>(xt, args);
+        EncodeTokens<decltype(gc)::value><<<stats_grid, kThreads, 0, st>>>(xt, args);
         return CudaStatus(cudaGetLastError(), "encode kernel");
       });
     });
