@@ -14,8 +14,9 @@
 //    the top `ratio` fraction get bits_hi, the rest bits_lo. adaptive=false keeps the same count
 //    of bits_hi tokens but picks them by a fixed hash of the token index (same bit budget,
 //    no entropy signal).
-//  - outlier groups: rho = a1 / (a2 + eps) over the two largest |g_i|; rho > tau -> swap the
-//    largest into position 0 and apply the orthonormal fast Walsh-Hadamard transform.
+//  - outlier groups: rho = a1 / (a2 + eps) over the two largest |g_i|; rho > tau (computed as
+//    a1 > tau (a2 + eps): IsOutlierGroup) -> swap the largest into position 0 and apply the
+//    orthonormal fast Walsh-Hadamard transform.
 //
 // Payload layout, one block per token, in token order:
 //   u8 bits | i8 E | ng x 3 bytes params | one byte per flagged group: pivot | packed codes

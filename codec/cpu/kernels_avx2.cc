@@ -91,11 +91,42 @@ float ReduceTokenLanes(float* l, int64_t n) {
   return ReduceLanesAscending(l, p);
 }
 
+// Rows of a multiple of 64 elements (every usual width): each run of 64 lanes summed in registers
+// over its elements i, i + 2048, ... in order, then its first three levels by SumRunsOf8, so only
+// the compacted sums go through memory.
+template <bool kAlog>
+void SumsOfTokenRuns(const float* x, int64_t n, TokenSums* out) {
+  alignas(32) float sum[kTokenLanes / 8], alog[kTokenLanes / 8];
+  const int64_t lanes = n < kTokenLanes ? n : kTokenLanes;
+  __m256 mx = _mm256_setzero_ps();
+  for (int64_t b = 0; b < lanes; b += 64) {
+    __m256 s[8], a[8];
+    for (int k = 0; k < 8; ++k) {
+      s[k] = a[k] = _mm256_setzero_ps();
+      for (int64_t i = b + 8 * k; i < n; i += kTokenLanes) {
+        const __m256 v = Abs(_mm256_loadu_ps(x + i));
+        s[k] = _mm256_add_ps(s[k], v);
+        if constexpr (kAlog) a[k] = _mm256_fmadd_ps(v, FastLog2V(v), a[k]);
+        mx = _mm256_max_ps(mx, v);
+      }
+    }
+    _mm256_store_ps(sum + b / 8, SumRunsOf8(s));
+    if constexpr (kAlog) _mm256_store_ps(alog + b / 8, SumRunsOf8(a));
+  }
+  out->sum = ReduceTokenLanes(sum, lanes / 8);
+  out->alog = kAlog ? ReduceTokenLanes(alog, lanes / 8) : 0.0f;
+  out->max = HMax(mx);
+}
+
 template <bool kAlog>
 void SumsOfTokenT(const float* x, int64_t n, TokenSums* out) {
+  if (n % 64 == 0) return SumsOfTokenRuns<kAlog>(x, n, out);
   alignas(32) float sum[kTokenLanes], alog[kTokenLanes];
   const int64_t lanes = n < kTokenLanes ? n : kTokenLanes;
-  for (int64_t j = 0; j < lanes; ++j) sum[j] = alog[j] = 0.0f;
+  for (int64_t j = 0; j < lanes; ++j) {
+    sum[j] = 0.0f;
+    if constexpr (kAlog) alog[j] = 0.0f;
+  }
   __m256 mx = _mm256_setzero_ps();
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {

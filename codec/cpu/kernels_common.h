@@ -30,7 +30,7 @@ LONGHAUL_HD static inline float Fma(float a, float b, float c) {
 #ifdef __CUDA_ARCH__
   return __fmaf_rn(a, b, c);
 #else
-  return std::fma(a, b, c);
+  return __builtin_fmaf(a, b, c);  // not std::fma: no inline function shared with the AVX2 unit
 #endif
 }
 

@@ -7,9 +7,11 @@
 // every codec over odd shapes). The
 // per-element arithmetic is shared source (LONGHAUL_HD helpers in minifloat.h, int_util.h,
 // cpu/kernels_common.h; the grouped encoder's per-group steps in cuda/group_quant_group.h, which a
-// host test runs against the CPU reference in CI) and the kernels are compiled with --fmad=false; reductions follow the
-// order the CPU reference defines (32 lanes, lane j taking the elements i = j mod 32, combined
-// pairwise: lane i += lane i + h for h = 16, 8, 4, 2, 1), which a warp computes with shuffles.
+// host test runs against the CPU reference in CI) and the kernels are compiled with --fmad=false
+// (the one fused multiply-add, FastLog2's, is explicit on both sides); reductions follow the orders
+// the CPU reference defines (32 lanes, lane j taking the elements i = j mod 32, combined pairwise:
+// lane i += lane i + h for h = 16, 8, 4, 2, 1, which a warp computes with shuffles; a token's sums
+// in 2048 lanes combined by stride doubling, codec/cpu/kernels_common.h).
 //
 // This header needs no CUDA headers: streams are passed as `Stream` (a cudaStream_t, or nullptr
 // for the legacy default stream). Without the CUDA kernels in the build (LONGHAUL_CODEC_CUDA

@@ -1,18 +1,20 @@
 // Grouped asymmetric quantisation (int<k>, tahquant) on a CUDA device: the payload of
 // group_quant.h, byte for byte.
 //
-// Encoding works on whole tokens: a block of 256 threads per token (group_quant_tokens.cuh), the
-// row staged in shared memory with 16-byte loads and every per-group step done by lane segments
-// in registers. Two shapes of the work:
+// Encoding works on whole tokens: a block of 256 threads on a token (group_quant_tokens.cuh), the
+// row's octets loaded with 16-byte loads (into registers, or staged in shared memory for int<k> and
+// for rows of several chunks) and every per-group step done by lane segments in registers. Two
+// shapes of the work:
 //  - int<k> (one bit width, no Hadamard): every token block has the same size, so one kernel does
 //    it all (FusedEncode): statistics (the maximum of |x| and the NaN/Inf/huge check, with the
 //    CPU's errors; the token exponent), then the groups from the row still in shared memory. The
 //    input is read once.
 //  - otherwise (tahquant): the block sizes depend on the bit allocation over all tokens and on
 //    the outlier flags, so
-//      1. TokenStatsKernel: statistics, the entropy (adaptive TAH-Quant) and the outlier test of
-//         every group (kept for step 3, and counted per token), each token's allocation key
-//         counted in a global histogram, the input read once;
+//      1. TokenStatsKernel: statistics (the token sums in the CPU's 2048-lane order, straight
+//         from global memory), the entropy (adaptive TAH-Quant) and the outlier test of every
+//         group (kept for step 3, and counted per token), each token's allocation key counted in
+//         a global histogram, the input read once, several tokens a block;
 //      2. AllocateBits (group_quant_alloc.cuh), one block: the set of bits_hi tokens nth_element
 //         picks on the CPU (a radix select whose top 16 bits come from the histogram), each
 //         token's bits and block size, the block ends, and the results word, written straight
@@ -116,7 +118,7 @@ struct StatsLanes {
 // `hist` (when the allocation selects: then `entropy` says whether the key is the entropy or the
 // hash). dim < 2^31 - 8 (the host checks).
 template <int G, typename T>
-__global__ void __launch_bounds__(kThreads, 5)  // 5 blocks an SM: at most 51 registers
+__global__ void __launch_bounds__(kThreads, 5)  // 5 blocks an SM (48 registers)
     TokenStatsKernel(const T* __restrict__ x, int64_t tokens, int dim, bool entropy, bool flags, float tau,
                      TokenInfo* __restrict__ info, gqa::TokenArrays tok, int16_t* __restrict__ pivots,
                      unsigned* __restrict__ hist) {
@@ -561,15 +563,23 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
     auto* hist = static_cast<unsigned*>(*temp);
     const gqa::TokenArrays arrays = TokenArraysAt(*token_arrays, tok);
     if (select) LONGHAUL_CUDA_OK(cudaMemsetAsync(hist, 0, sizeof(unsigned) * gqa::kHistWords, st));
-    // Several tokens a block (its setup shared), as many blocks as 8 an SM.
+    // Several tokens a block (its setup shared), one wave of blocks: as many as fit on the SMs.
     int device = 0, sms = 0;
     LONGHAUL_CUDA_OK(cudaGetDevice(&device));
     LONGHAUL_CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    const unsigned stats_grid = static_cast<unsigned>(std::min<int64_t>(tokens, 8 * static_cast<int64_t>(sms)));
     absl::Status stats_launched = WithGroupSize(g, [&](auto gc) {
       return WithInputType(x, dtype, [&](const auto* xt) -> absl::Status {
-        TokenStatsKernel<decltype(gc)::value>
-            <<<stats_grid, kThreads, 0, st>>>(xt, tokens, static_cast<int>(dim), entropy, flags, p.tau, ti, arrays, piv, hist);
+        using T = std::remove_cv_t<std::remove_pointer_t<decltype(xt)>>;
+        const auto kernel = TokenStatsKernel<decltype(gc)::value, T>;
+        int per_sm = 0;
+        if (absl::Status o = CudaStatus(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0),
+                                        "statistics kernel occupancy");
+            !o.ok()) {
+          return o;
+        }
+        const int64_t blocks = std::max<int64_t>(1, static_cast<int64_t>(per_sm) * sms);
+        kernel<<<static_cast<unsigned>(std::min(tokens, blocks)), kThreads, 0, st>>>(
+            xt, tokens, static_cast<int>(dim), entropy, flags, p.tau, ti, arrays, piv, hist);
         return CudaStatus(cudaGetLastError(), "token statistics kernel");
       });
     });

@@ -7,7 +7,7 @@
 // byte for byte with the CPU reference (group_quant.cc).
 //
 // Per group the encoder does what group_quant.cc does per group: the outlier test (Top2Abs,
-// rho = a1 / (a2 + eps) > tau, pivot = first index of the largest |v|), the pivot swap and the
+// IsOutlierGroup(a1, a2, tau), pivot = first index of the largest |v|), the pivot swap and the
 // Walsh-Hadamard transform in the scalar kernel's butterfly order, min/max, QuantizeGroup's mf12
 // parameters, codes round-half-even and clamped, and the codes bit-packed as kernels' Pack packs
 // them (a group starts at a multiple of 8 elements, so its runs of 8 are the tensor row's runs).
@@ -80,7 +80,7 @@ struct GroupGeometry {
 };
 
 // The outlier test of one group: -1, or the pivot (the first index of the largest |v_i|) when the
-// group is complete (n == G) and a1 / (a2 + eps) > tau over Top2Abs's two largest |v_i|.
+// group is complete (n == G) and IsOutlierGroup over Top2Abs's two largest |v_i|.
 template <int G>
 LONGHAUL_HD LONGHAUL_GQ_INLINE int OutlierPivot(const float* v, int n, float tau) {
   if (n != G) return -1;

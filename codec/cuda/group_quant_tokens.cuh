@@ -1,14 +1,16 @@
-// The grouped encoder's per-token pieces (group_quant.cu): a block of 256 threads per token, the
-// row staged in shared memory in chunks of kChunk elements (16-byte loads where aligned), then
+// The grouped encoder's per-token pieces (group_quant.cu): a block of 256 threads on a token (the
+// statistics pass takes several in turn), the row's octets loaded straight into registers or
+// staged in shared memory in chunks of kChunk elements (16-byte loads), then
 // worked on in rounds where lane l of warp w handles the octet o = 256 * round + 32 * w + l of the
 // chunk (its 8 consecutive elements in registers). A group (G <= 256, a power of two >= 8) is then
 // an aligned segment of L = G / 8 lanes of one warp, and its reductions, the Hadamard transform's
-// cross-lane stages and the pivot swap are xor shuffles inside the segment: every step reads the
-// row once from shared memory with no bank conflicts to speak of, and nothing is staged per group.
+// cross-lane stages and the pivot swap are xor shuffles inside the segment: a staged row is read
+// from shared memory with no bank conflicts to speak of, and nothing is staged per group.
 //
 // Bit-exactness with the CPU reference (group_quant.cc, scalar kernels), step by step:
-//  - sum of |x| and max: warp 0's lane j adds the elements j, j + 32, ... in order (a chunk starts
-//    at a multiple of 32), as the CPU's 32 lane accumulators; combined as ReduceLanes32.
+//  - the statistics pass's token sums (group_quant.cu TokenStatsKernel): thread tid's octets are
+//    the CPU's token lanes 8 tid .. 8 tid + 7 (kernels.h token_sums), combined as
+//    ReduceLanesAscending; the maximum in any order.
 //  - the outlier test: the top two of the group's multiset of |x| by a min/max network (what the
 //    scalar Top2Abs's sequential scan computes: values are |x| >= +0, so order cannot change bits),
 //    the pivot the first index of the maximum (OctetPivot).
@@ -54,8 +56,6 @@ struct alignas(16) TokenSmem {
   alignas(4) uint8_t stage[kWarps][kStage];
   int warp_count[2][kWarps];
   float warp_max[kWarps];
-  int exp, ok;
-  float sum;
 };
 
 // dst[0, len) = src[0, len) as floats, by the whole block (16-byte loads when src is aligned, four

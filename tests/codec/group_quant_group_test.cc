@@ -216,7 +216,7 @@ void CheckOutlierPivot(std::mt19937& rng) {
       float a1, a2;
       ScalarKernels().top2_abs(v.data(), G, &a1, &a2);
       int want = -1;
-      if (a1 / (a2 + 1e-12f) > tau) {
+      if (IsOutlierGroup(a1, a2, tau)) {
         want = 0;
         while (std::fabs(v[want]) != a1) ++want;
       }
