@@ -116,7 +116,7 @@ struct StatsLanes {
 // and flagged groups (a bad token: entropy 0, flagged -1 NaN/Inf, -2 huge) in `tok`, each group's
 // outlier test in `pivots` (when the Hadamard option is on), and its allocation key counted in
 // `hist` (when the allocation selects: then `entropy` says whether the key is the entropy or the
-// hash). dim < 2^31 - 8 (the host checks).
+// hash). dim <= 2^30 (the host checks).
 template <int G, typename T>
 __global__ void __launch_bounds__(kThreads, 5)  // 5 blocks an SM (48 registers)
     TokenStatsKernel(const T* __restrict__ x, int64_t tokens, int dim, bool entropy, bool flags, float tau,
@@ -488,7 +488,10 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
     if (stats != nullptr) *stats = {};
     return DeviceBytes{};
   }
-  if (dim > INT_MAX - 8) return absl::InvalidArgumentError(absl::StrCat("rows of ", dim, " elements: more than the GPU encoder takes"));
+  // Row indices are 32-bit (with room for a block's octets past the end).
+  if (dim > (int64_t{1} << 30)) {
+    return absl::InvalidArgumentError(absl::StrCat("rows of ", dim, " elements: more than the GPU encoder takes (2^30)"));
+  }
   const int g = p.group_size;
   const int64_t ng64 = (dim + g - 1) / g;
   // Group indices are 32-bit.
