@@ -107,10 +107,6 @@ __device__ __forceinline__ float WarpMax(float v) {
   for (int h = kWarp / 2; h >= 1; h /= 2) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, h));
   return v;
 }
-__device__ __forceinline__ float WarpMin(float v) {
-  for (int h = kWarp / 2; h >= 1; h /= 2) v = fminf(v, __shfl_xor_sync(kFullMask, v, h));
-  return v;
-}
 __device__ __forceinline__ int WarpSumInt(int v) {
   for (int h = kWarp / 2; h >= 1; h /= 2) v += __shfl_xor_sync(kFullMask, v, h);
   return v;
