@@ -97,10 +97,10 @@ absl::Status GroupQuantEncode(const float* x, int64_t tokens, int64_t dim,
   const int nchunks = NumChunks(tokens, threads);
   std::vector<int64_t> bad(nchunks, -1);  // first rejected token of each chunk
   std::vector<int> bad_kind(nchunks, 0);
+  const bool adaptive = two_widths && p.adaptive;
   ParallelFor(tokens, threads, [&](int chunk, int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) {
       const float* row = x + t * dim;
-      const bool adaptive = two_widths && p.adaptive;
       TokenSums sums;
       k.token_sums(row, dim, adaptive, &sums);
       const float sum = sums.sum, mx = sums.max;

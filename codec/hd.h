@@ -1,7 +1,8 @@
 // LONGHAUL_HD marks the small arithmetic helpers that both the CPU reference and the CUDA kernels
 // (codec/cuda/) compile, so a GPU-encoded frame is byte-identical to the CPU's: the same source,
 // the same IEEE operations in the same order (the CUDA files are compiled with --fmad=false so no
-// multiply-add is fused). BitCast replaces std::memcpy, which device code cannot call.
+// multiply-add is fused but the explicit ones, cpu/kernels_common.h's Fma). BitCast replaces
+// std::memcpy, which device code cannot call.
 #ifndef LONGHAUL_CODEC_HD_H_
 #define LONGHAUL_CODEC_HD_H_
 

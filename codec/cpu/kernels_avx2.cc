@@ -91,9 +91,9 @@ float ReduceTokenLanes(float* l, int64_t n) {
   return ReduceLanesAscending(l, p);
 }
 
-// Rows of a multiple of 64 elements (every usual width): each run of 64 lanes summed in registers
-// over its elements i, i + 2048, ... in order, then its first three levels by SumRunsOf8, so only
-// the compacted sums go through memory.
+// Rows of a multiple of 64 elements (every usual width; others take the scalar kernel): each run of
+// 64 lanes summed in registers over its elements i, i + 2048, ... in order, then its first three
+// levels by SumRunsOf8, so only the compacted sums go through memory.
 template <bool kAlog>
 void SumsOfTokenRuns(const float* x, int64_t n, TokenSums* out) {
   alignas(32) float sum[kTokenLanes / 8], alog[kTokenLanes / 8];
@@ -118,39 +118,9 @@ void SumsOfTokenRuns(const float* x, int64_t n, TokenSums* out) {
   out->max = HMax(mx);
 }
 
-template <bool kAlog>
-void SumsOfTokenT(const float* x, int64_t n, TokenSums* out) {
-  if (n % 64 == 0) return SumsOfTokenRuns<kAlog>(x, n, out);
-  alignas(32) float sum[kTokenLanes], alog[kTokenLanes];
-  const int64_t lanes = n < kTokenLanes ? n : kTokenLanes;
-  for (int64_t j = 0; j < lanes; ++j) {
-    sum[j] = 0.0f;
-    if constexpr (kAlog) alog[j] = 0.0f;
-  }
-  __m256 mx = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const int64_t j = i % kTokenLanes;  // a multiple of 8
-    const __m256 a = Abs(_mm256_loadu_ps(x + i));
-    _mm256_store_ps(sum + j, _mm256_add_ps(_mm256_load_ps(sum + j), a));
-    if constexpr (kAlog) _mm256_store_ps(alog + j, _mm256_fmadd_ps(a, FastLog2V(a), _mm256_load_ps(alog + j)));
-    mx = _mm256_max_ps(mx, a);
-  }
-  float m = HMax(mx);
-  for (; i < n; ++i) {
-    const float a = x[i] < 0 ? -x[i] : x[i];
-    const int64_t j = i % kTokenLanes;
-    sum[j] += a;
-    if constexpr (kAlog) alog[j] = Fma(a, FastLog2(a), alog[j]);
-    m = a > m ? a : m;
-  }
-  out->sum = ReduceTokenLanes(sum, lanes);
-  out->alog = kAlog ? ReduceTokenLanes(alog, lanes) : 0.0f;
-  out->max = m;
-}
-
 void SumsOfToken(const float* x, int64_t n, bool with_alog, TokenSums* out) {
-  with_alog ? SumsOfTokenT<true>(x, n, out) : SumsOfTokenT<false>(x, n, out);
+  if (n % 64 != 0) return ScalarKernels().token_sums(x, n, with_alog, out);
+  with_alog ? SumsOfTokenRuns<true>(x, n, out) : SumsOfTokenRuns<false>(x, n, out);
 }
 
 void Top2Abs(const float* g, int n, float* a1, float* a2) {
