@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "codec/cuda/gpu_codec.h"
 
@@ -28,6 +29,11 @@ inline absl::Status CudaStatus(cudaError_t e, const char* what) {
   } while (0)
 
 inline cudaStream_t AsStream(Stream s) { return static_cast<cudaStream_t>(s); }
+
+// How many blocks of `kernel` (`threads` threads, no dynamic shared memory) the current device
+// runs at once: the occupancy API's blocks an SM times the SMs. Cached per kernel and device (the
+// queries cost microseconds, before a launch that may take tens). runtime.cu.
+absl::StatusOr<int> ResidentBlocks(const void* kernel, int threads);
 
 inline constexpr unsigned kFullMask = 0xffffffffu;
 inline constexpr int kWarp = 32;
@@ -62,22 +68,67 @@ __device__ __forceinline__ float Widen(uint16_t bits) {
   }
 }
 
+// An octet of T (8 elements: 32 bytes of fp32, 16 of a 16-bit type) from its 16-byte pieces as
+// loaded (p1: the fp32 octet's second half; unused for 16-bit types) into floats.
+template <typename T>
+__device__ __forceinline__ void OctetFromPieces(uint4 p0, uint4 p1, float (&v)[8]) {
+  if constexpr (std::is_same_v<T, float>) {
+    v[0] = __uint_as_float(p0.x); v[1] = __uint_as_float(p0.y); v[2] = __uint_as_float(p0.z); v[3] = __uint_as_float(p0.w);
+    v[4] = __uint_as_float(p1.x); v[5] = __uint_as_float(p1.y); v[6] = __uint_as_float(p1.z); v[7] = __uint_as_float(p1.w);
+  } else {
+    const uint32_t wd[4] = {p0.x, p0.y, p0.z, p0.w};
+#pragma unroll
+    for (int k = 0; k < 8; ++k) v[k] = Widen<T>(static_cast<uint16_t>(wd[k / 2] >> (16 * (k % 2))));
+  }
+}
+
+// Global loads issued where they stand (volatile asm, through the read-only path): the compiler
+// may otherwise sink an ordinary load below a branch that does not need it (an early return), so
+// that it starts only after the branch's own load has come back.
+__device__ __forceinline__ uint4 LoadNow16(const void* p) {
+  uint4 r;
+  asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p));
+  return r;
+}
+__device__ __forceinline__ int16_t LoadNowS16(const int16_t* p) {
+  short r;
+  asm volatile("ld.global.nc.s16 %0, [%1];\n" : "=h"(r) : "l"(p));
+  return r;
+}
+__device__ __forceinline__ uint32_t LoadNowU8(const uint8_t* p) {
+  uint32_t r;
+  asm volatile("ld.global.nc.u8 %0, [%1];\n" : "=r"(r) : "l"(p));
+  return r;
+}
+__device__ __forceinline__ int32_t LoadNowS32(const int32_t* p) {
+  int32_t r;
+  asm volatile("ld.global.nc.s32 %0, [%1];\n" : "=r"(r) : "l"(p));
+  return r;
+}
+__device__ __forceinline__ uint64_t LoadNowU64(const unsigned long long* p) {
+  uint64_t r;
+  asm volatile("ld.global.nc.u64 %0, [%1];\n" : "=l"(r) : "l"(p));
+  return r;
+}
+
 // Elements e0 .. e0 + 7 of x as floats (those at n or past it: 0). aligned: x starts on 16 bytes,
 // and e0 is a multiple of 8, so a whole octet is two 16-byte loads (fp32) or one (16-bit types).
-template <typename T>
+// kNow: the whole octet's loads by LoadNow16.
+template <typename T, bool kNow = false>
 __device__ __forceinline__ void LoadOctetGlobal(const T* __restrict__ x, int64_t e0, int64_t n, bool aligned,
                                           float (&v)[8]) {
   if (aligned && e0 + 8 <= n) {
-    if constexpr (std::is_same_v<T, float>) {
-      const float4 a = reinterpret_cast<const float4*>(x + e0)[0];
-      const float4 b = reinterpret_cast<const float4*>(x + e0)[1];
-      v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
-      v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+    const uint4* p = reinterpret_cast<const uint4*>(x + e0);
+    if constexpr (sizeof(T) == 4) {
+      if constexpr (kNow) {
+        OctetFromPieces<T>(LoadNow16(p), LoadNow16(p + 1), v);
+      } else {
+        OctetFromPieces<T>(p[0], p[1], v);
+      }
     } else {
-      const uint4 r = *reinterpret_cast<const uint4*>(x + e0);
-      const uint32_t wd[4] = {r.x, r.y, r.z, r.w};
-#pragma unroll
-      for (int k = 0; k < 8; ++k) v[k] = Widen<T>(static_cast<uint16_t>(wd[k / 2] >> (16 * (k % 2))));
+      OctetFromPieces<T>(kNow ? LoadNow16(p) : p[0], uint4{}, v);
     }
     return;
   }

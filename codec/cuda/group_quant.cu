@@ -11,17 +11,19 @@
 //    input is read once.
 //  - otherwise (tahquant): the block sizes depend on the bit allocation over all tokens and on
 //    the outlier flags, so
-//      1. TokenStatsKernel: statistics (the token sums in the CPU's 2048-lane order, straight
-//         from global memory), the entropy (adaptive TAH-Quant) and the outlier test of every
-//         group (kept for step 3, and counted per token), each token's allocation key counted in
-//         a global histogram, the input read once, several tokens a block;
+//      1. TokenStatsKernel (group_quant_stats.cuh): statistics (the token sums in the CPU's
+//         2048-lane order, straight from global memory), the entropy (adaptive TAH-Quant) and the
+//         outlier test of every group (kept for step 3, and counted per token), each token's
+//         allocation key counted in a global histogram, the input read once, several tokens a
+//         block (a short row's next token loaded while this one is worked on);
 //      2. AllocateBits (group_quant_alloc.cuh), one block: the set of bits_hi tokens nth_element
 //         picks on the CPU (a radix select whose top 16 bits come from the histogram), each
 //         token's bits and block size, the block ends, and the results word, written straight
 //         into pinned host memory;
 //      3. EncodeTokens: the tokens again, last first (the statistics pass's last rows are still in
 //         L2), the kept outlier tests, the flagged groups' ordinals by a block-wide count,
-//         header, params, pivots and codes (EncodeRow's phases).
+//         header, params, pivots and codes (EncodeRow's phases); a one-chunk token's loads all
+//         issued before the first is used.
 // The host synchronises once, to read the payload size and the error word.
 //
 // Decoding: group_quant_decode.cu.
@@ -39,6 +41,7 @@
 #include "codec/cuda/gpu_codec.h"
 #include "codec/cuda/group_quant_alloc.cuh"
 #include "codec/cuda/group_quant_group.h"
+#include "codec/cuda/group_quant_stats.cuh"
 #include "codec/cuda/group_quant_tokens.cuh"
 #include "codec/int_util.h"
 #include "codec/minifloat.h"
@@ -52,16 +55,9 @@ using gqt::kChunk;
 using gqt::kThreads;
 inline constexpr int kRounds = kChunk / 8 / kThreads;  // rounds of octets in a chunk
 static_assert(kRounds <= 2, "TokenSmem::warp_count holds two rounds");
-static_assert(gqt::kWarps == 8, "the block's last levels of the token sums are SumOf8 over its warps");
+static_assert(gqt::kWarps == 8, "BlockSumOfWarps is SumOf8 over the block's warps");
 
 __device__ __forceinline__ int NumChunks(int64_t dim) { return static_cast<int>((dim + kChunk - 1) / kChunk); }
-
-// The token exponent from the maximum of |x| (as group_quant.cc's phase 1).
-__device__ __forceinline__ int TokenExp(float mx) {
-  int e2 = 0;
-  if (mx > 0.0f) frexpf(mx, &e2);
-  return min(max(e2 + 4, kMinTokenExp), kMaxTokenExp);
-}
 
 // The block's total of v (each warp's lanes already combined: WarpSumAscending) in every thread:
 // the last three levels of ReduceLanesAscending over the warps. scratch: kWarps floats of shared
@@ -75,109 +71,6 @@ __device__ __forceinline__ float BlockSumOfWarps(float v, float* scratch) {
 #pragma unroll
   for (int i = 0; i < gqt::kWarps; ++i) w[i] = scratch[i];
   return SumOf8(w);
-}
-
-// Adds the octet v (thread tid's o-th) into the thread's token lanes, with its groups' outlier
-// test first when `flags` (a group: L = G / 8 lanes of a warp; every lane of the warp calls it).
-template <int G>
-struct StatsLanes {
-  float sum[8] = {}, alog[8] = {};
-  float mx = 0.0f;
-  int wcount = 0;  // flagged groups the warp saw (the same in every lane)
-
-  __device__ __forceinline__ void Add(const float (&v)[8], int o, int dim, int lane, bool entropy, bool flags,
-                                      float tau, int16_t* __restrict__ token_pivots) {
-    constexpr int L = G / 8;
-    if (flags) {
-      const int gs = (8 * o) & ~(G - 1);
-      float gmax;
-      const int piv = gqt::OctetPivot<G>(v, lane, gs < dim ? min(G, dim - gs) : 0, tau, &gmax);
-      wcount += __popc(__ballot_sync(kFullMask, piv >= 0 && (lane & (L - 1)) == 0));
-      if ((lane & (L - 1)) == 0 && gs < dim) token_pivots[gs / G] = static_cast<int16_t>(piv);
-      mx = fmaxf(mx, gmax);  // elements past dim are 0
-    }
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      const float a = fabsf(v[k]);
-      sum[k] = sum[k] + a;
-      if (!flags) mx = fmaxf(mx, a);  // drops a NaN, which the sum keeps
-      if (entropy) alog[k] = Fma(a, FastLog2(a), alog[k]);
-    }
-  }
-};
-
-// The statistics of tokens blockIdx.x, blockIdx.x + gridDim.x, ..., each row read once straight
-// from global memory: thread tid takes the octets o = tid, tid + 256, ... (two at a time, both
-// loads in flight before either is used), which are the CPU's token lanes 8 tid .. 8 tid + 7
-// (kernels.h token_sums), runs their groups' outlier test and adds their |x| (and |x| log2 |x|)
-// into its 8 lanes; the lanes are then combined as ReduceLanesAscending, within the thread, across
-// the warp, across the warps.
-// Per token: TokenInfo{entropy, exp, 0, ok, flagged groups, 0} (a bad token: ok 0), its entropy
-// and flagged groups (a bad token: entropy 0, flagged -1 NaN/Inf, -2 huge) in `tok`, each group's
-// outlier test in `pivots` (when the Hadamard option is on), and its allocation key counted in
-// `hist` (when the allocation selects: then `entropy` says whether the key is the entropy or the
-// hash). dim <= 2^30 (the host checks).
-template <int G, typename T>
-__global__ void __launch_bounds__(kThreads, 5)  // 5 blocks an SM (48 registers)
-    TokenStatsKernel(const T* __restrict__ x, int64_t tokens, int dim, bool entropy, bool flags, float tau,
-                     TokenInfo* __restrict__ info, gqa::TokenArrays tok, int16_t* __restrict__ pivots,
-                     unsigned* __restrict__ hist) {
-  // Each warp's sums, maximum and flagged groups, in two sets by the token's parity: a token's
-  // writes then need no barrier after the last one's reads (one barrier a token).
-  __shared__ float warp_sum[2][gqt::kWarps], warp_alog[2][gqt::kWarps];
-  __shared__ unsigned warp_max[2][gqt::kWarps];
-  __shared__ int warp_flagged[2][gqt::kWarps];
-  const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
-  const int noct = (dim + 7) / 8, ng = (dim + G - 1) / G;
-  int set = 0;  // the token's parity in this block
-  for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x, set ^= 1) {
-    const T* row = x + t * dim;
-    const bool aligned = (reinterpret_cast<uintptr_t>(row) & 15u) == 0;
-    StatsLanes<G> acc;
-    for (int ob = 0; ob < noct; ob += 2 * kThreads) {  // the same trip count in every thread
-      float v0[8], v1[8];
-      LoadOctetGlobal(row, 8 * (ob + tid), dim, aligned, v0);
-      LoadOctetGlobal(row, 8 * (ob + kThreads + tid), dim, aligned, v1);
-      acc.Add(v0, ob + tid, dim, lane, entropy, flags, tau, pivots + t * ng);
-      if (ob + kThreads < noct) acc.Add(v1, ob + kThreads + tid, dim, lane, entropy, flags, tau, pivots + t * ng);
-    }
-    const float ws = WarpSumAscending(SumOf8(acc.sum));
-    const float wa = entropy ? WarpSumAscending(SumOf8(acc.alog)) : 0.0f;
-    // The maximum by its bits (|x| >= +0 and no NaN: unsigned order is float order).
-    const unsigned wmax = __reduce_max_sync(kFullMask, __float_as_uint(acc.mx));
-    if (lane == 0) {
-      warp_sum[set][warp] = ws;
-      warp_alog[set][warp] = wa;
-      warp_max[set][warp] = wmax;
-      warp_flagged[set][warp] = acc.wcount;
-    }
-    __syncthreads();
-    if (tid != 0) continue;
-    float sums[gqt::kWarps], alogs[gqt::kWarps];
-    unsigned mx_bits = 0;
-    int flagged = 0;
-    for (int w = 0; w < gqt::kWarps; ++w) {
-      sums[w] = warp_sum[set][w];
-      alogs[w] = warp_alog[set][w];
-      mx_bits = max(mx_bits, warp_max[set][w]);
-      flagged += warp_flagged[set][w];
-    }
-    const float s = SumOf8(sums), al = SumOf8(alogs), mx = __uint_as_float(mx_bits);
-    if (!isfinite(s) || mx > 0x1p100f) {  // as group_quant.cc's phase 1
-      info[t] = TokenInfo{0.0f, 0, 0, 0, 0, 0};
-      tok.entropy[t] = 0.0f;
-      tok.flagged[t] = isfinite(s) ? -2 : -1;
-      // Counted too, with the key the allocation computes for it (entropy 0): both levels of its
-      // selection then count every token, bad or not, as the CPU's nth_element does.
-      if (hist != nullptr) gqa::CountKey(hist, gqa::AllocDigit(entropy, gqa::AllocKey(entropy, t, 0.0f)));
-      continue;
-    }
-    const float h = entropy ? TokenEntropy(s, al) : 0.0f;
-    info[t] = TokenInfo{h, TokenExp(mx), 0, 1, flagged, 0};
-    tok.entropy[t] = h;
-    tok.flagged[t] = flagged;
-    if (hist != nullptr) gqa::CountKey(hist, gqa::AllocDigit(entropy, gqa::AllocKey(entropy, t, h)));
-  }
 }
 
 struct EncArgs {
@@ -202,16 +95,33 @@ struct RoundPivots {
 };
 // The statistics pass's outlier tests (flags: only TokenStatsKernel's tokens) for the chunk at c0
 // of token t.
-template <int G>
+// kNow: by LoadNowS16.
+template <int G, bool kNow = false>
 __device__ __forceinline__ RoundPivots LoadRoundPivots(const EncArgs& a, int64_t t, int64_t c0, int len, int tid) {
   RoundPivots r;
   const int16_t* chunk = a.flags ? a.pivots + t * a.ng + c0 / G : nullptr;
 #pragma unroll
   for (int k = 0; k < kRounds; ++k) {
     const int gs = (8 * (k * kThreads + tid)) & ~(G - 1);
-    r.p[k] = a.flags && gs < len ? chunk[gs / G] : int16_t{-1};
+    r.p[k] = int16_t{-1};
+    if (a.flags && gs < len) r.p[k] = kNow ? LoadNowS16(chunk + gs / G) : chunk[gs / G];
   }
   return r;
+}
+
+// A one-chunk row's octets and outlier tests, in registers (EncodeRow's kResident form).
+struct ResidentRow {
+  RoundPivots piv;
+  float v[kRounds][8];
+};
+template <int G, typename T>
+__device__ __forceinline__ void LoadResidentRow(const EncArgs& a, int64_t t, const T* __restrict__ row,
+                                                ResidentRow* r) {
+  const int tid = threadIdx.x, len = static_cast<int>(a.dim);
+  r->piv = LoadRoundPivots<G, true>(a, t, 0, len, tid);
+  const bool aligned = (reinterpret_cast<uintptr_t>(row) & 15u) == 0;
+#pragma unroll
+  for (int k = 0; k < kRounds; ++k) LoadOctetGlobal<T, true>(row, 8 * (k * kThreads + tid), len, aligned, r->v[k]);
 }
 
 // Token t's groups, its block at blk_off. Per chunk, three phases:
@@ -221,12 +131,13 @@ __device__ __forceinline__ RoundPivots LoadRoundPivots(const EncArgs& a, int64_t
 //  B. one thread per group: its parameters (two divisions: once per group, not once per lane),
 //     written to the payload and kept in shared memory;
 //  C. each lane's octet again: codes against its group's parameters, packed.
-// The octets: kResident (a row of one chunk) loads them from global memory straight into
-// registers, where they stay from A to C; otherwise each chunk is staged in shared memory (already
+// The octets: kResident (a row of one chunk) has them in registers (`resident`, loaded by the
+// caller), where they stay from A to C; otherwise each chunk is staged in shared memory (already
 // there when `staged`: then chunk 0 is the row's only one), and the transformed octets written back.
 template <int G, bool kResident, typename T>
 __device__ __forceinline__ void EncodeRow(gqt::TokenSmem& sm, int64_t t, const T* __restrict__ row, const EncArgs& a,
-                                          int exp, int bits, int flagged_total, int64_t blk_off, bool staged) {
+                                          int exp, int bits, int flagged_total, int64_t blk_off, bool staged,
+                                          ResidentRow* resident) {
   constexpr int L = G / 8;
   const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
   uint8_t* blk = a.payload + blk_off;
@@ -245,17 +156,16 @@ __device__ __forceinline__ void EncodeRow(gqt::TokenSmem& sm, int64_t t, const T
     const int64_t c0 = static_cast<int64_t>(c) * kChunk;
     const int len = static_cast<int>(a.dim - c0 < kChunk ? a.dim - c0 : kChunk);
     const int noct = (len + 7) / 8;
-    // Loaded before the row, so that both loads are in flight together.
-    const RoundPivots round_piv = LoadRoundPivots<G>(a, t, c0, len, tid);
-    float vr[kRounds][8];
+    RoundPivots round_piv;
     if constexpr (kResident) {
-      const bool aligned = (reinterpret_cast<uintptr_t>(row) & 15u) == 0;
-#pragma unroll
-      for (int r = 0; r < kRounds; ++r) LoadOctetGlobal(row, 8 * (r * kThreads + tid), len, aligned, vr[r]);
-    } else if (!staged) {
-      if (c > 0) __syncthreads();  // phase C of the previous chunk is done with the row
-      gqt::LoadChunk(sm.row, row + c0, len, tid);
-      __syncthreads();
+      round_piv = resident->piv;
+    } else {
+      round_piv = LoadRoundPivots<G>(a, t, c0, len, tid);  // before the row: both loads in flight together
+      if (!staged) {
+        if (c > 0) __syncthreads();  // phase C of the previous chunk is done with the row
+        gqt::LoadChunk(sm.row, row + c0, len, tid);
+        __syncthreads();
+      }
     }
     // A. The flagged groups' ordinals in the token: earlier chunks, rounds, warps, lanes.
     unsigned lead_flags[kRounds];
@@ -273,7 +183,7 @@ __device__ __forceinline__ void EncodeRow(gqt::TokenSmem& sm, int64_t t, const T
       if (ob >= noct) break;
       const int o = ob + tid;
       float staged_octet[8];  // (!kResident)
-      float (&v)[8] = kResident ? vr[r] : staged_octet;
+      float (&v)[8] = kResident ? resident->v[r] : staged_octet;
       if constexpr (!kResident) gqt::LoadOctet(sm.row, o, len, v);
       const int e0 = 8 * o;
       const int gs = e0 & ~(G - 1);
@@ -325,7 +235,7 @@ __device__ __forceinline__ void EncodeRow(gqt::TokenSmem& sm, int64_t t, const T
       if (ob >= noct) break;
       const int o = ob + tid;
       float staged_octet[8];  // (!kResident)
-      float (&v)[8] = kResident ? vr[r] : staged_octet;
+      float (&v)[8] = kResident ? resident->v[r] : staged_octet;
       if constexpr (!kResident) gqt::LoadOctet(sm.row, o, len, v);
       const int e0 = 8 * o;
       const int cnt = len - e0 < 0 ? 0 : (len - e0 < 8 ? len - e0 : 8);
@@ -364,18 +274,42 @@ __device__ __forceinline__ void EncodeRow(gqt::TokenSmem& sm, int64_t t, const T
 // (the statistics pass's last rows are the likeliest still in L2). One token a block: several a
 // block measured slower (64 registers and spills against 64 and none, 87 us against 82.5 us on
 // an H200 for 8192 x 4096).
+// Token t's figures for its encode (the statistics pass's exponent, bad-token mark and flagged
+// groups; the allocation's bit width and block offset), by LoadNow: loaded after the row's loads
+// in program order, so nothing waits for these before the row's are in flight too.
+struct TokenPlan {
+  int exp, ok, flagged, bits;
+  int64_t blk_off;
+};
+__device__ __forceinline__ TokenPlan LoadTokenPlan(const EncArgs& a, int64_t t) {
+  const TokenInfo* ti = a.info + t;
+  TokenPlan p;
+  p.exp = LoadNowS32(&ti->exp);
+  p.ok = LoadNowS32(&ti->ok);
+  p.flagged = LoadNowS32(&ti->flagged);
+  p.bits = static_cast<int>(LoadNowU8(a.bits + t));
+  p.blk_off = t == 0 ? 0 : static_cast<int64_t>(LoadNowU64(a.ends + t - 1));
+  return p;
+}
+
 template <int G, typename T>
 __global__ void __launch_bounds__(kThreads) EncodeTokens(const T* __restrict__ x, EncArgs a) {
   __shared__ gqt::TokenSmem sm;
   const int64_t t = a.tokens - 1 - static_cast<int64_t>(blockIdx.x);
-  const TokenInfo ti = a.info[t];
-  if (ti.ok == 0) return;  // the encode fails; the block is not written
-  const int bits = a.bits[t];
-  const int64_t blk_off = t == 0 ? 0 : static_cast<int64_t>(a.ends[t - 1]);
+  const T* row = x + t * a.dim;
   if (a.dim <= kChunk) {
-    EncodeRow<G, true>(sm, t, x + t * a.dim, a, ti.exp, bits, ti.flagged, blk_off, false);
+    // Every load of a one-chunk token issued before any is used: one round trip to memory, not
+    // three (its figures, then its block's place, then its row). A bad token's row is read for
+    // nothing.
+    ResidentRow resident;
+    LoadResidentRow<G>(a, t, row, &resident);
+    const TokenPlan p = LoadTokenPlan(a, t);
+    if (p.ok == 0) return;  // the encode fails; the block is not written
+    EncodeRow<G, true>(sm, t, row, a, p.exp, p.bits, p.flagged, p.blk_off, false, &resident);
   } else {
-    EncodeRow<G, false>(sm, t, x + t * a.dim, a, ti.exp, bits, ti.flagged, blk_off, false);
+    const TokenPlan p = LoadTokenPlan(a, t);
+    if (p.ok == 0) return;
+    EncodeRow<G, false>(sm, t, row, a, p.exp, p.bits, p.flagged, p.blk_off, false, nullptr);
   }
 }
 
@@ -448,7 +382,7 @@ __global__ void __launch_bounds__(kThreads) FusedEncode(const T* __restrict__ x,
     if (tid == 0) atomicMin(&a.res->first_bad, (static_cast<unsigned long long>(t) << 1) | (sum_finite ? 1ull : 0ull));
     return;
   }
-  EncodeRow<G, false>(sm, t, row, a, TokenExp(mx), a.fused_bits, 0, t * a.fused_block, nch == 1);
+  EncodeRow<G, false>(sm, t, row, a, gqt::TokenExp(mx), a.fused_bits, 0, t * a.fused_block, nch == 1, nullptr);
 }
 
 // The fused encode's results word before its kernel (a kernel, not a copy from pageable host memory).
@@ -567,22 +501,15 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
     const gqa::TokenArrays arrays = TokenArraysAt(*token_arrays, tok);
     if (select) LONGHAUL_CUDA_OK(cudaMemsetAsync(hist, 0, sizeof(unsigned) * gqa::kHistWords, st));
     // Several tokens a block (its setup shared), one wave of blocks: as many as fit on the SMs.
-    int device = 0, sms = 0;
-    LONGHAUL_CUDA_OK(cudaGetDevice(&device));
-    LONGHAUL_CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    const gqs::StatsArgs stats_args{tokens, static_cast<int>(dim), entropy, flags, p.tau, ti, arrays, piv, hist};
     absl::Status stats_launched = WithGroupSize(g, [&](auto gc) {
       return WithInputType(x, dtype, [&](const auto* xt) -> absl::Status {
         using T = std::remove_cv_t<std::remove_pointer_t<decltype(xt)>>;
-        const auto kernel = TokenStatsKernel<decltype(gc)::value, T>;
-        int per_sm = 0;
-        if (absl::Status o = CudaStatus(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0),
-                                        "statistics kernel occupancy");
-            !o.ok()) {
-          return o;
-        }
-        const int64_t blocks = std::max<int64_t>(1, static_cast<int64_t>(per_sm) * sms);
-        kernel<<<static_cast<unsigned>(std::min(tokens, blocks)), kThreads, 0, st>>>(
-            xt, tokens, static_cast<int>(dim), entropy, flags, p.tau, ti, arrays, piv, hist);
+        const auto kernel = gqt::FitsShortRow(xt, dim) ? gqs::TokenStatsKernel<decltype(gc)::value, T, true>
+                                                       : gqs::TokenStatsKernel<decltype(gc)::value, T, false>;
+        absl::StatusOr<int> blocks = ResidentBlocks(reinterpret_cast<const void*>(kernel), kThreads);
+        if (!blocks.ok()) return blocks.status();
+        kernel<<<static_cast<unsigned>(std::min<int64_t>(tokens, *blocks)), kThreads, 0, st>>>(xt, stats_args);
         return CudaStatus(cudaGetLastError(), "token statistics kernel");
       });
     });

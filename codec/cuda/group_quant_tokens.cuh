@@ -58,6 +58,62 @@ struct alignas(16) TokenSmem {
   float warp_max[kWarps];
 };
 
+// The token exponent from the maximum of |x| (as group_quant.cc's phase 1).
+__device__ __forceinline__ int TokenExp(float mx) {
+  int e2 = 0;
+  if (mx > 0.0f) frexpf(mx, &e2);
+  return min(max(e2 + 4, kMinTokenExp), kMaxTokenExp);
+}
+
+// A short row: at most kThreads * kRowOctets octets (thread tid's are tid and tid + kThreads), and
+// every row of the tensor starting on 16 bytes, so that a thread's octets are whole 16-byte pieces
+// (2 an octet for fp32, 1 for 16-bit types). The statistics pass loads a block's next short row
+// into registers while it works on this one's (TokenStatsKernel's kPrefetch).
+inline constexpr int kRowOctets = 2;
+inline constexpr int kMaxShortRow = 8 * kRowOctets * kThreads;  // elements
+
+template <typename T>
+__host__ __device__ inline bool FitsShortRow(const T* x, int64_t dim) {
+  return dim > 0 && dim <= kMaxShortRow && (reinterpret_cast<uintptr_t>(x) & 15u) == 0 &&
+         (dim * static_cast<int64_t>(sizeof(T))) % 16 == 0;
+}
+
+// Thread tid's pieces of a short row.
+template <typename T>
+struct ShortRowPieces {
+  static constexpr int kPieces = static_cast<int>(sizeof(T)) / 2;  // an octet's
+  uint4 p[kRowOctets * kPieces];
+};
+
+// Thread tid's pieces of `row` (dim elements, FitsShortRow), issued by LoadNow16 (where they
+// stand: the caller wants them in flight while it works); pieces past the row are zeros (then the
+// whole piece is: dim is a multiple of a piece's elements).
+template <typename T>
+__device__ __forceinline__ ShortRowPieces<T> LoadShortRow(const T* row, int dim, int tid) {
+  constexpr int kPieces = ShortRowPieces<T>::kPieces, kPer = 16 / static_cast<int>(sizeof(T));
+  ShortRowPieces<T> r;
+#pragma unroll
+  for (int k = 0; k < kRowOctets; ++k) {
+#pragma unroll
+    for (int h = 0; h < kPieces; ++h) {
+      const int e = 8 * (k * kThreads + tid) + h * kPer;
+      r.p[k * kPieces + h] = e < dim ? LoadNow16(row + e) : uint4{};
+    }
+  }
+  return r;
+}
+
+// The thread's k-th octet of a short row, as floats.
+template <typename T>
+__device__ __forceinline__ void ShortRowOctet(const ShortRowPieces<T>& r, int k, float (&v)[8]) {
+  constexpr int kPieces = ShortRowPieces<T>::kPieces;
+  if constexpr (kPieces == 2) {
+    OctetFromPieces<T>(r.p[2 * k], r.p[2 * k + 1], v);
+  } else {
+    OctetFromPieces<T>(r.p[k], uint4{}, v);
+  }
+}
+
 // dst[0, len) = src[0, len) as floats, by the whole block (16-byte loads when src is aligned, four
 // of them issued before any store).
 template <typename T>

@@ -1,9 +1,13 @@
 // Device memory, workspaces and copies for the GPU codecs (gpu_codec.h).
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstring>
 
+#include <map>
+#include <mutex>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -24,6 +28,25 @@ bool Available(std::string* why) {
     return false;
   }
   return true;
+}
+
+absl::StatusOr<int> ResidentBlocks(const void* kernel, int threads) {
+  static std::mutex mu;
+  static std::map<std::tuple<const void*, int, int>, int>* cache = new std::map<std::tuple<const void*, int, int>, int>;
+  int device = 0;
+  LONGHAUL_CUDA_OK(cudaGetDevice(&device));
+  const auto key = std::make_tuple(kernel, threads, device);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (auto it = cache->find(key); it != cache->end()) return it->second;
+  }
+  int sms = 0, per_sm = 0;
+  LONGHAUL_CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  LONGHAUL_CUDA_OK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
+  const int blocks = std::max(1, per_sm * sms);
+  std::lock_guard<std::mutex> lock(mu);
+  cache->emplace(key, blocks);
+  return blocks;
 }
 
 DeviceBuffer::~DeviceBuffer() {
