@@ -215,14 +215,13 @@ void CoordinatorService::FillAssignment(const Job& job, const std::vector<Worker
   if (s + 1 < S) peer(slot + 1, a->mutable_next());
   a->set_attempt(job.status.attempt());
   // Each stage's checkpoints are copied to the next stage's worker (the last stage's to stage 0's)
-  // of the same replica. With one stage, to the next replica's worker (the last replica's to
-  // replica 0's) where every replica's checkpoint is the same (fp32, BitDP: the whole optimizer
-  // state everywhere): the copy store names copies by stage, not replica, so a sharded codec's
-  // copy of replica r could be taken for replica r + 1's own.
+  // of the same replica; with one stage, to the next replica's worker (the last replica's to
+  // replica 0's). The copy store names a copy by stage and replica, so a sharded optimizer's
+  // checkpoints (each replica its own shard) are told apart.
   if (spec.checkpoint_replicate() == "peer") {
     if (S > 1) {
       peer(r * S + (s + 1) % S, a->mutable_replica());
-    } else if (R > 1 && !ShardsOptimizerState(spec)) {
+    } else if (R > 1) {
       peer(((r + 1) % R) * S + s, a->mutable_replica());
     }
   }

@@ -21,8 +21,8 @@
 //                         every stage writes a checkpoint every `interval` steps (and after the last);
 //                         a failure re-runs at most about one interval (docs/recovery.md). replicate:
 //                         peer (each checkpoint is copied to the next stage's worker, or with one
-//                         stage to the next replica's when the replicas' checkpoints are alike, so a
-//                         stage can be restored when its machine is gone) | none
+//                         stage to the next replica's, so a stage can be restored when its machine
+//                         is gone) | none
 //   recovery: {max_restarts [10], wait [10m], progress_timeout_factor [10], progress_timeout_min [60s],
 //              startup_timeout [30m], straggler_factor [3]}
 //                         a dead worker's job restarts from the checkpoints (RECOVERING), at most

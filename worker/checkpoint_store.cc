@@ -35,6 +35,11 @@ std::string Errno() { return std::strerror(errno); }
 
 std::string Gib(int64_t b) { return absl::StrCat(static_cast<double>(b) / (int64_t{1} << 30), " GiB"); }
 
+// The copies of replica `replica`'s checkpoints of a job.
+std::string ReplicaSubdir(const std::string& data_dir, uint64_t job_id, int replica) {
+  return absl::StrCat(ReplicaDir(data_dir, job_id), "/replica-", replica);
+}
+
 // The step of a file named stage-<stage>.step-<N>.safetensors, or -1.
 int64_t StepOf(const std::string& name, int stage) {
   const std::string prefix = absl::StrCat("stage-", stage, ".step-");
@@ -175,8 +180,8 @@ std::string ReplicaDir(const std::string& data_dir, uint64_t job_id) {
   return absl::StrCat(data_dir, "/replicas/job-", job_id);
 }
 
-std::string ReplicaPath(const std::string& data_dir, uint64_t job_id, int stage, int64_t step) {
-  return StepCheckpointPath(ReplicaDir(data_dir, job_id), stage, step);
+std::string ReplicaPath(const std::string& data_dir, uint64_t job_id, int stage, int replica, int64_t step) {
+  return StepCheckpointPath(ReplicaSubdir(data_dir, job_id, replica), stage, step);
 }
 
 int PruneStepFiles(const std::string& dir, int stage, int64_t floor) {
@@ -216,14 +221,15 @@ grpc::Status CheckpointStoreService::Put(grpc::ServerContext* ctx, grpc::ServerR
   v1::CheckpointChunk c;
   if (!reader->Read(&c)) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "empty checkpoint transfer");
   const std::string from = ctx->peer();
-  if (c.stage() < 0 || c.step() < 0) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "checkpoint transfer names a negative stage or step");
+  if (c.stage() < 0 || c.replica() < 0 || c.step() < 0) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "checkpoint transfer names a negative stage, replica or step");
   }
   const uint64_t job = c.job_id();
-  const int stage = c.stage();
+  const int stage = c.stage(), replica = c.replica();
   const int64_t step = c.step();
   const int64_t total = static_cast<int64_t>(c.total_bytes());
-  const std::string dest = ReplicaPath(opt_.data_dir, job, stage, step);
+  const std::string dest = ReplicaPath(opt_.data_dir, job, stage, replica, step);
   uint64_t tmp_id;
   {
     absl::MutexLock l(&mu_);
@@ -234,7 +240,8 @@ grpc::Status CheckpointStoreService::Put(grpc::ServerContext* ctx, grpc::ServerR
   uint32_t crc = 0;
   bool more = true;
   while (more) {
-    if (c.job_id() != job || c.stage() != stage || c.step() != step || static_cast<int64_t>(c.total_bytes()) != total) {
+    if (c.job_id() != job || c.stage() != stage || c.replica() != replica || c.step() != step ||
+        static_cast<int64_t>(c.total_bytes()) != total) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "a checkpoint transfer changed files midway");
     }
     if (absl::Status s = sink.Write(c.offset(), c.data()); !s.ok()) return ToGrpc(s);
@@ -243,47 +250,54 @@ grpc::Status CheckpointStoreService::Put(grpc::ServerContext* ctx, grpc::ServerR
   }
   if (absl::Status s = sink.Commit(crc); !s.ok()) return ToGrpc(s);
   resp->set_bytes(total);
-  PruneStepFiles(ReplicaDir(opt_.data_dir, job), stage, -1);  // the kKeepCheckpoints cap
+  PruneStepFiles(ReplicaSubdir(opt_.data_dir, job, replica), stage, -1);  // the kKeepCheckpoints cap
   return grpc::Status::OK;
 }
 
 grpc::Status CheckpointStoreService::Get(grpc::ServerContext*, const v1::GetCheckpointRequest* req,
                                          grpc::ServerWriter<v1::CheckpointChunk>* writer) {
-  std::string path = ReplicaPath(opt_.data_dir, req->job_id(), req->stage(), req->step());
-  if (::access(path.c_str(), R_OK) != 0) path = locate_ ? locate_(req->job_id(), req->stage(), req->step()) : "";
+  std::string path = ReplicaPath(opt_.data_dir, req->job_id(), req->stage(), req->replica(), req->step());
+  if (::access(path.c_str(), R_OK) != 0) {
+    path = locate_ ? locate_(req->job_id(), req->stage(), req->replica(), req->step()) : "";
+  }
   if (path.empty() || ::access(path.c_str(), R_OK) != 0) {
     return grpc::Status(grpc::StatusCode::NOT_FOUND,
-                        absl::StrCat("no checkpoint of job ", req->job_id(), " stage ", req->stage(), " step ",
-                                     req->step(), " here"));
+                        absl::StrCat("no checkpoint of job ", req->job_id(), " stage ", req->stage(), " replica ",
+                                     req->replica(), " step ", req->step(), " here"));
   }
   v1::CheckpointChunk header;
   header.set_job_id(req->job_id());
   header.set_stage(req->stage());
+  header.set_replica(req->replica());
   header.set_step(req->step());
   absl::Status s = SendFile(path, header, [&](const v1::CheckpointChunk& c) { return writer->Write(c); });
   return ToGrpc(s);
 }
 
 void CheckpointStoreService::Prune(uint64_t job_id, int64_t floor) {
-  const std::string dir = ReplicaDir(opt_.data_dir, job_id);
-  absl::StatusOr<std::vector<common::DirEntry>> es = common::ListDirectory(dir);
-  if (!es.ok()) return;
-  std::vector<int> stages;
-  for (const common::DirEntry& e : *es) {
-    int stage = 0;
-    const size_t dot = e.name.find('.');
-    if (absl::StartsWith(e.name, "stage-") && dot != std::string::npos &&
-        absl::SimpleAtoi(e.name.substr(6, dot - 6), &stage) &&
-        std::find(stages.begin(), stages.end(), stage) == stages.end()) {
-      stages.push_back(stage);
+  absl::StatusOr<std::vector<common::DirEntry>> replicas = common::ListDirectory(ReplicaDir(opt_.data_dir, job_id));
+  if (!replicas.ok()) return;
+  for (const common::DirEntry& r : *replicas) {
+    if (r.kind != common::DirEntry::kDirectory || !absl::StartsWith(r.name, "replica-")) continue;
+    absl::StatusOr<std::vector<common::DirEntry>> es = common::ListDirectory(r.path);
+    if (!es.ok()) continue;
+    std::vector<int> stages;
+    for (const common::DirEntry& e : *es) {
+      int stage = 0;
+      const size_t dot = e.name.find('.');
+      if (absl::StartsWith(e.name, "stage-") && dot != std::string::npos &&
+          absl::SimpleAtoi(e.name.substr(6, dot - 6), &stage) &&
+          std::find(stages.begin(), stages.end(), stage) == stages.end()) {
+        stages.push_back(stage);
+      }
     }
+    for (int s : stages) PruneStepFiles(r.path, s, floor);
   }
-  for (int s : stages) PruneStepFiles(dir, s, floor);
 }
 
 absl::StatusOr<int64_t> PushCheckpoint(const std::string& target, const std::string& peer_worker,
-                                       const std::string& path, uint64_t job_id, int stage, int64_t step,
-                                       grpc::ClientContext* ctx) {
+                                       const std::string& path, uint64_t job_id, int stage, int replica,
+                                       int64_t step, grpc::ClientContext* ctx) {
   auto channel = security::DataPlaneChannel(target, LonghaulChannelArgs(), peer_worker);
   auto stub = v1::CheckpointStore::NewStub(channel);
   v1::PutCheckpointResponse resp;
@@ -291,6 +305,7 @@ absl::StatusOr<int64_t> PushCheckpoint(const std::string& target, const std::str
   v1::CheckpointChunk header;
   header.set_job_id(job_id);
   header.set_stage(stage);
+  header.set_replica(replica);
   header.set_step(step);
   absl::Status sent = SendFile(path, header, [&](const v1::CheckpointChunk& c) { return w->Write(c); });
   const bool local_error = !sent.ok() && sent.code() != absl::StatusCode::kAborted;
@@ -311,8 +326,8 @@ absl::StatusOr<int64_t> PushCheckpoint(const std::string& target, const std::str
 }
 
 absl::StatusOr<int64_t> FetchCheckpoint(const std::string& target, const std::string& peer_worker, uint64_t job_id,
-                                        int stage, int64_t step, const std::string& dest, int64_t max_bytes,
-                                        absl::Duration timeout) {
+                                        int stage, int replica, int64_t step, const std::string& dest,
+                                        int64_t max_bytes, absl::Duration timeout) {
   auto channel = security::DataPlaneChannel(target, LonghaulChannelArgs(), peer_worker);
   auto stub = v1::CheckpointStore::NewStub(channel);
   grpc::ClientContext ctx;
@@ -320,6 +335,7 @@ absl::StatusOr<int64_t> FetchCheckpoint(const std::string& target, const std::st
   v1::GetCheckpointRequest req;
   req.set_job_id(job_id);
   req.set_stage(stage);
+  req.set_replica(replica);
   req.set_step(step);
   std::unique_ptr<grpc::ClientReader<v1::CheckpointChunk>> r = stub->Get(&ctx, req);
   // A temporary name of its own: two fetches of the same destination must not write one file.
@@ -331,10 +347,10 @@ absl::StatusOr<int64_t> FetchCheckpoint(const std::string& target, const std::st
   uint32_t crc = 0;
   int64_t total = 0;
   while (st.ok() && r->Read(&c)) {
-    if (c.job_id() != job_id || c.stage() != stage || c.step() != step) {
+    if (c.job_id() != job_id || c.stage() != stage || c.replica() != replica || c.step() != step) {
       st = absl::DataLossError(absl::StrCat("from ", target, ": a chunk of job ", c.job_id(), " stage ", c.stage(),
-                                            " step ", c.step(), ", asked for job ", job_id, " stage ", stage,
-                                            " step ", step));
+                                            " replica ", c.replica(), " step ", c.step(), ", asked for job ", job_id,
+                                            " stage ", stage, " replica ", replica, " step ", step));
       break;
     }
     if (!opened) {
@@ -361,8 +377,14 @@ absl::StatusOr<int64_t> FetchCheckpoint(const std::string& target, const std::st
   return total;
 }
 
-CheckpointReplicator::CheckpointReplicator(Target target, uint64_t job_id, int stage, int attempt, Report report)
-    : target_(std::move(target)), job_id_(job_id), stage_(stage), attempt_(attempt), report_(std::move(report)) {
+CheckpointReplicator::CheckpointReplicator(Target target, uint64_t job_id, int stage, int replica, int attempt,
+                                           Report report)
+    : target_(std::move(target)),
+      job_id_(job_id),
+      stage_(stage),
+      replica_(replica),
+      attempt_(attempt),
+      report_(std::move(report)) {
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -391,6 +413,7 @@ void CheckpointReplicator::Enqueue(int64_t step, std::string path) {
     v1::CheckpointReplicated r;
     r.set_job_id(job_id_);
     r.set_stage(stage_);
+    r.set_replica(replica_);
     r.set_step(dropped.first);
     r.set_attempt(attempt_);
     r.set_replica_worker_id(target_.worker_id);
@@ -413,10 +436,11 @@ void CheckpointReplicator::Loop() {
       in_flight_ = &ctx;
     }
     const absl::Time t0 = absl::Now();
-    absl::StatusOr<int64_t> n = PushCheckpoint(target_.address, target_.name, item.second, job_id_, stage_, item.first, &ctx);
+    absl::StatusOr<int64_t> n = PushCheckpoint(target_.address, target_.name, item.second, job_id_, stage_, replica_, item.first, &ctx);
     v1::CheckpointReplicated r;
     r.set_job_id(job_id_);
     r.set_stage(stage_);
+    r.set_replica(replica_);
     r.set_step(item.first);
     r.set_attempt(attempt_);
     r.set_replica_worker_id(target_.worker_id);

@@ -1,17 +1,18 @@
 // Stage checkpoints copied between workers, for recovery (docs/recovery.md): a dead machine's disk
 // is gone, so every checkpoint a stage writes is also copied to another worker (its replica: the
-// worker of the next stage, the last stage's to stage 0's; in a one-stage job with replicas whose
-// checkpoints are alike, the next replica's), and a worker that takes over the stage restores it
-// from there.
+// worker of the next stage, the last stage's to stage 0's; in a one-stage job with replicas, the
+// next replica's), and a worker that takes over the stage restores it from there. A copy is named
+// by its job, stage, data-parallel replica and step: the replicas of a stage whose optimizer state
+// is sharded (sdp4bit, zeropp) have checkpoints that differ.
 //
 //   worker side (server):  CheckpointStoreService svc({.data_dir = dir, .max_bytes = 64 << 30}, locate);
 //                          builder.RegisterService(&svc);     // on the worker's data-plane server
 //   stage side (client):   CheckpointReplicator r(target, ...);  r.Enqueue(step, path);  // in order
-//   restore:               FetchCheckpoint(peer_address, peer_name, job, stage, step, dest, max_bytes);
+//   restore:               FetchCheckpoint(peer_address, peer_name, job, stage, replica, step, dest, max_bytes);
 //
 // Files on a worker: its own checkpoints are <checkpoint dir>/stage-S.safetensors (the latest, as
 // before) plus a hard link per checkpointed step, stage-S.step-N.safetensors (StepCheckpointPath);
-// the copies it holds for others are <data dir>/replicas/job-J/stage-S.step-N.safetensors
+// the copies it holds for others are <data dir>/replicas/job-J/replica-R/stage-S.step-N.safetensors
 // (ReplicaPath). Both are pruned to the coordinator's checkpoint floor (CheckpointFloor: older
 // steps are no longer needed by any recovery), and to the newest kKeepCheckpoints steps per stage
 // whatever the floor.
@@ -51,10 +52,11 @@ inline constexpr int64_t kDefaultReplicaMaxBytes = int64_t{64} << 30;
 
 // <dir>/stage-<stage>.step-<step>.safetensors
 std::string StepCheckpointPath(const std::string& dir, int stage, int64_t step);
-// <data_dir>/replicas/job-<job>
+// <data_dir>/replicas/job-<job>: the copies of the job's checkpoints this worker holds
 std::string ReplicaDir(const std::string& data_dir, uint64_t job_id);
-// ReplicaDir(...)/stage-<stage>.step-<step>.safetensors
-std::string ReplicaPath(const std::string& data_dir, uint64_t job_id, int stage, int64_t step);
+// ReplicaDir(...)/replica-<replica>/stage-<stage>.step-<step>.safetensors (replica: the
+// data-parallel replica whose checkpoint it is, 0 in a job without replicas)
+std::string ReplicaPath(const std::string& data_dir, uint64_t job_id, int stage, int replica, int64_t step);
 
 // Deletes the step files of `stage` in `dir` (StepCheckpointPath names) older than `floor`, and all
 // but the newest kKeepCheckpoints; the newest is always kept. Returns how many it deleted.
@@ -72,9 +74,9 @@ struct CheckpointStoreOptions {
 
 class CheckpointStoreService final : public v1::CheckpointStore::Service {
  public:
-  // `locate(job, stage, step)`: the path of a checkpoint this worker wrote itself ("" if none), for
-  // Get requests that are not for a replica.
-  using Locate = std::function<std::string(uint64_t job_id, int stage, int64_t step)>;
+  // `locate(job, stage, replica, step)`: the path of a checkpoint this worker wrote itself as that
+  // replica of that stage ("" if none), for Get requests that are not for a copy it holds.
+  using Locate = std::function<std::string(uint64_t job_id, int stage, int replica, int64_t step)>;
   CheckpointStoreService(CheckpointStoreOptions o, Locate locate);
 
   grpc::Status Put(grpc::ServerContext* ctx, grpc::ServerReader<v1::CheckpointChunk>* reader,
@@ -92,18 +94,18 @@ class CheckpointStoreService final : public v1::CheckpointStore::Service {
   uint64_t next_tmp_ ABSL_GUARDED_BY(mu_) = 0;  // unique temporary names for concurrent Puts
 };
 
-// Sends the file at `path` to the CheckpointStore at `target` as stage `stage`'s checkpoint of
-// `step`. `ctx` may be cancelled from another thread. Returns the bytes sent. `peer_worker`: the
+// Sends the file at `path` to the CheckpointStore at `target` as replica `replica` of stage
+// `stage`'s checkpoint of `step`. `ctx` may be cancelled from another thread. Returns the bytes sent. `peer_worker`: the
 // name of the worker at `target` (with TLS the handshake checks it; "": any worker of the cluster).
 absl::StatusOr<int64_t> PushCheckpoint(const std::string& target, const std::string& peer_worker,
-                                       const std::string& path, uint64_t job_id, int stage, int64_t step,
-                                       grpc::ClientContext* ctx);
-// Gets stage `stage`'s checkpoint of `step` from the CheckpointStore at `target` (worker
+                                       const std::string& path, uint64_t job_id, int stage, int replica,
+                                       int64_t step, grpc::ClientContext* ctx);
+// Gets replica `replica` of stage `stage`'s checkpoint of `step` from the CheckpointStore at `target` (worker
 // `peer_worker`, as above) into `dest` (written whole and checked, then renamed into place).
 // Refuses files larger than `max_bytes`.
 absl::StatusOr<int64_t> FetchCheckpoint(const std::string& target, const std::string& peer_worker, uint64_t job_id,
-                                        int stage, int64_t step, const std::string& dest, int64_t max_bytes,
-                                        absl::Duration timeout = absl::Hours(2));
+                                        int stage, int replica, int64_t step, const std::string& dest,
+                                        int64_t max_bytes, absl::Duration timeout = absl::Hours(2));
 
 // Copies a stage's checkpoints to its replica worker, one at a time and in order, on a thread of
 // its own; each outcome is reported (CheckpointReplicated). At most kMaxPending wait: when a newer
@@ -118,7 +120,7 @@ class CheckpointReplicator {
     std::string name;
     std::string address;
   };
-  CheckpointReplicator(Target target, uint64_t job_id, int stage, int attempt, Report report);
+  CheckpointReplicator(Target target, uint64_t job_id, int stage, int replica, int attempt, Report report);
   // Cancels the copy in flight and drops the waiting ones.
   ~CheckpointReplicator();
 
@@ -129,7 +131,7 @@ class CheckpointReplicator {
 
   const Target target_;
   const uint64_t job_id_;
-  const int stage_, attempt_;
+  const int stage_, replica_, attempt_;
   const Report report_;
   absl::Mutex mu_;
   std::deque<std::pair<int64_t, std::string>> pending_ ABSL_GUARDED_BY(mu_);

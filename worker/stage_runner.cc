@@ -292,7 +292,7 @@ absl::Status StageRunner::Setup() {
   if (a_.has_replica() && !a_.replica().address().empty()) {
     replicator_ = std::make_unique<CheckpointReplicator>(
         CheckpointReplicator::Target{a_.replica().worker_id(), a_.replica().name(), a_.replica().address()},
-        a_.job_id(), a_.stage(), a_.attempt(), replicated_);
+        a_.job_id(), a_.stage(), a_.replica_index(), a_.attempt(), replicated_);
   }
 
   absl::StatusOr<std::unique_ptr<codec::Codec>> fc = codec::MakeCodec(opt_.forward_codec);
@@ -405,7 +405,7 @@ absl::Status StageRunner::Restore(const std::string& dir) {
   const int stage = a_.stage();
   const std::string who = absl::StrCat("job ", a_.job_id(), " stage ", stage);
   std::string path = StepCheckpointPath(dir, stage, step);
-  if (!Exists(path)) path = ReplicaPath(data_dir_, a_.job_id(), stage, step);
+  if (!Exists(path)) path = ReplicaPath(data_dir_, a_.job_id(), stage, a_.replica_index(), step);
   if (!Exists(path)) {
     // Fetched next to the stage's own checkpoints, so this worker holds it from now on.
     const std::string dest = StepCheckpointPath(dir, stage, step);
@@ -415,7 +415,8 @@ absl::Status StageRunner::Restore(const std::string& dir) {
     for (const v1::StagePeer& src : a_.restore_from()) {
       if (absl::Status c = Cancelled(); !c.ok()) return c;
       const absl::Time t0 = absl::Now();
-      absl::StatusOr<int64_t> n = FetchCheckpoint(src.address(), src.name(), a_.job_id(), stage, step, dest, fetch_limit_);
+      absl::StatusOr<int64_t> n =
+          FetchCheckpoint(src.address(), src.name(), a_.job_id(), stage, a_.replica_index(), step, dest, fetch_limit_);
       if (n.ok()) {
         common::Log(who, absl::StrCat("fetched the checkpoint of step ", step, " (", *n, " bytes) from worker ",
                                       src.name(), " in ", absl::FormatDuration(absl::Now() - t0)));

@@ -28,7 +28,9 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& o) {
   w->link_service_ = std::make_unique<StageLinkService>(w.get());
   w->checkpoint_store_ = std::make_unique<CheckpointStoreService>(
       CheckpointStoreOptions{o.data_dir, o.replica_max_bytes},
-      [p = w.get()](uint64_t job, int stage, int64_t step) { return p->LocateOwnCheckpoint(job, stage, step); });
+      [p = w.get()](uint64_t job, int stage, int replica, int64_t step) {
+        return p->LocateOwnCheckpoint(job, stage, replica, step);
+      });
   grpc::ServerBuilder b;
   int port = 0;
   b.AddListeningPort(o.listen, security::DataPlaneServerCredentials(), &port);
@@ -365,7 +367,9 @@ void Worker::StartJob(const v1::StageAssignment& a) {
       job_->SetRegion(opt_.region);
       // Pruned on the coordinator's floor and served to recovering workers: only a directory the
       // stage may use (a refused one fails the stage in Setup).
-      if (absl::StatusOr<std::string> dir = job_->CheckedCheckpointDir(); dir.ok()) checkpoint_dirs_[a.job_id()] = *dir;
+      if (absl::StatusOr<std::string> dir = job_->CheckedCheckpointDir(); dir.ok()) {
+        checkpoint_dirs_[a.job_id()] = OwnCheckpoints{*dir, a.replica_index()};
+      }
       {
         absl::MutexLock p(&progress_mu_);
         last_finished_.reset();
@@ -421,7 +425,7 @@ void Worker::OnFloor(const v1::CheckpointFloor& f) {
   {
     absl::MutexLock l(&mu_);
     auto it = checkpoint_dirs_.find(f.job_id());
-    if (it != checkpoint_dirs_.end()) dir = it->second;
+    if (it != checkpoint_dirs_.end()) dir = it->second.dir;
     if (job_ && job_->job_id() == f.job_id()) {
       job_->SetFloor(f.step());
       stage = job_->stage();
@@ -431,11 +435,11 @@ void Worker::OnFloor(const v1::CheckpointFloor& f) {
   checkpoint_store_->Prune(f.job_id(), f.step());
 }
 
-std::string Worker::LocateOwnCheckpoint(uint64_t job_id, int stage, int64_t step) {
+std::string Worker::LocateOwnCheckpoint(uint64_t job_id, int stage, int replica, int64_t step) {
   absl::MutexLock l(&mu_);
   auto it = checkpoint_dirs_.find(job_id);
-  if (it == checkpoint_dirs_.end()) return "";
-  const std::string path = StepCheckpointPath(it->second, stage, step);
+  if (it == checkpoint_dirs_.end() || it->second.replica != replica) return "";
+  const std::string path = StepCheckpointPath(it->second.dir, stage, step);
   return ::access(path.c_str(), R_OK) == 0 ? path : "";
 }
 

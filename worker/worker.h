@@ -116,8 +116,9 @@ class Worker : public InboxRouter {
   void StartJob(const v1::StageAssignment& a);
   void CancelJob(uint64_t job_id, int attempt, const std::string& reason);
   void OnFloor(const v1::CheckpointFloor& f);
-  // The checkpoint of (job, stage, step) this worker wrote itself, or "" (CheckpointStore.Get).
-  std::string LocateOwnCheckpoint(uint64_t job_id, int stage, int64_t step);
+  // The checkpoint of (job, stage, replica, step) this worker wrote itself, or ""
+  // (CheckpointStore.Get).
+  std::string LocateOwnCheckpoint(uint64_t job_id, int stage, int replica, int64_t step);
   void JoinFinishedJob();
   bool Send(const v1::WorkerMessage& m);
   // Starts the probe sink and the prober (after the server: the sink's host is the advertised one).
@@ -156,8 +157,13 @@ class Worker : public InboxRouter {
   int job_stage_ ABSL_GUARDED_BY(mu_) = -1;
   std::thread job_thread_ ABSL_GUARDED_BY(mu_);
   bool job_done_ ABSL_GUARDED_BY(mu_) = false;
-  // Where this worker's stages of each job keep their checkpoints (for CheckpointStore.Get).
-  std::map<uint64_t, std::string> checkpoint_dirs_ ABSL_GUARDED_BY(mu_);
+  // Where this worker's stage of each job keeps its checkpoints, and which replica it ran (for
+  // CheckpointStore.Get; a worker runs one slot of a job at a time).
+  struct OwnCheckpoints {
+    std::string dir;
+    int replica = 0;
+  };
+  std::map<uint64_t, OwnCheckpoints> checkpoint_dirs_ ABSL_GUARDED_BY(mu_);
 
   // What a coordinator that went away may have missed (docs/recovery.md), sent again on the next
   // session: the end of the last job (until another starts; a repeat is harmless), the progress

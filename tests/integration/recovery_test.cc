@@ -213,6 +213,15 @@ TEST_F(RecoveryTest, KilledShardedReplicaRestoresItsOptimizerShard) {
   EXPECT_EQ(KillAReplicaAndRecover("sdp4bit"), 0.0);
 }
 
+// One stage with sdp4bit: the replicas' checkpoints differ (each holds its own shard), and each
+// worker holds the other replica's copy next to its own, named by replica: the lost replica's
+// shard comes back from the copy, and the losses are the undisturbed run's to the last bit.
+TEST_F(RecoveryTest, OneStageShardedReplicaRestoresItsShardFromTheOtherReplicasCopy) {
+  ASSERT_TRUE(c_.StartCoordinator().ok());
+  ASSERT_TRUE(c_.StartWorkers(3).ok());
+  EXPECT_EQ(KillAReplicaAndRecover("sdp4bit", /*stages=*/1), 0.0);
+}
+
 TEST_F(RecoveryTest, StoppedWorkerIsRecoveredLikeADeadOne) {
   ASSERT_TRUE(c_.StartCoordinator().ok());
   ASSERT_TRUE(c_.StartWorkers(4).ok());

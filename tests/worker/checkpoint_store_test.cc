@@ -45,8 +45,8 @@ class CheckpointStoreTest : public ::testing::Test {
     ASSERT_EQ(::mkdir(own_.c_str(), 0755), 0);
     svc_ = std::make_unique<CheckpointStoreService>(
         CheckpointStoreOptions{absl::StrCat(dir_, "/data"), /*max_bytes=*/8 << 20},
-        [this](uint64_t job, int stage, int64_t step) {
-          return job == 7 ? StepCheckpointPath(own_, stage, step) : std::string();
+        [this](uint64_t job, int stage, int replica, int64_t step) {  // this worker ran replica 1 of job 7
+          return job == 7 && replica == 1 ? StepCheckpointPath(own_, stage, step) : std::string();
         });
     link_ = std::make_unique<StageLinkService>(&router_);
     grpc::ServerBuilder b;
@@ -79,30 +79,33 @@ TEST_F(CheckpointStoreTest, ACopyArrivesWholeAndComesBack) {
   const std::string src = absl::StrCat(dir_, "/src.safetensors");
   WriteAll(src, payload_);
   grpc::ClientContext ctx;
-  absl::StatusOr<int64_t> n = PushCheckpoint(target_, "", src, 3, 1, 40, &ctx);
+  absl::StatusOr<int64_t> n = PushCheckpoint(target_, "", src, 3, 1, 0, 40, &ctx);
   ASSERT_TRUE(n.ok()) << n.status();
   EXPECT_EQ(*n, static_cast<int64_t>(payload_.size()));
-  const std::string replica = ReplicaPath(absl::StrCat(dir_, "/data"), 3, 1, 40);
-  EXPECT_EQ(replica, absl::StrCat(dir_, "/data/replicas/job-3/stage-1.step-40.safetensors"));
+  const std::string replica = ReplicaPath(absl::StrCat(dir_, "/data"), 3, 1, 0, 40);
+  EXPECT_EQ(replica, absl::StrCat(dir_, "/data/replicas/job-3/replica-0/stage-1.step-40.safetensors"));
   EXPECT_EQ(ReadAll(replica), payload_);
   // Fetched back (as a spare restoring the stage would).
   const std::string dest = absl::StrCat(dir_, "/restored.safetensors");
-  absl::StatusOr<int64_t> got = FetchCheckpoint(target_, "", 3, 1, 40, dest, 1 << 30);
+  absl::StatusOr<int64_t> got = FetchCheckpoint(target_, "", 3, 1, 0, 40, dest, 1 << 30);
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(ReadAll(dest), payload_);
-  // A checkpoint the worker wrote itself is found too; an unknown one is NOT_FOUND, nothing left.
+  // A checkpoint the worker wrote itself is found too, for the replica it ran only; an unknown one
+  // is NOT_FOUND, nothing left.
   WriteAll(StepCheckpointPath(own_, 0, 5), "own");
-  ASSERT_TRUE(FetchCheckpoint(target_, "", 7, 0, 5, dest, 1 << 30).ok());
+  ASSERT_TRUE(FetchCheckpoint(target_, "", 7, 0, 1, 5, dest, 1 << 30).ok());
   EXPECT_EQ(ReadAll(dest), "own");
   const std::string none = absl::StrCat(dir_, "/none.safetensors");
-  absl::StatusOr<int64_t> missing = FetchCheckpoint(target_, "", 3, 2, 40, none, 1 << 30);
+  absl::StatusOr<int64_t> other = FetchCheckpoint(target_, "", 7, 0, 0, 5, none, 1 << 30);
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kNotFound) << other.status();
+  absl::StatusOr<int64_t> missing = FetchCheckpoint(target_, "", 3, 2, 0, 40, none, 1 << 30);
   ASSERT_FALSE(missing.ok());
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_NE(missing.status().message().find("no checkpoint of job 3 stage 2 step 40"), std::string::npos)
+  EXPECT_NE(missing.status().message().find("no checkpoint of job 3 stage 2 replica 0 step 40"), std::string::npos)
       << missing.status();
   EXPECT_FALSE(Exists(none));
   // The fetching side's own limit.
-  absl::StatusOr<int64_t> big = FetchCheckpoint(target_, "", 3, 1, 40, none, 1 << 20);
+  absl::StatusOr<int64_t> big = FetchCheckpoint(target_, "", 3, 1, 0, 40, none, 1 << 20);
   ASSERT_FALSE(big.ok());
   EXPECT_EQ(big.status().code(), absl::StatusCode::kResourceExhausted) << big.status();
   EXPECT_FALSE(Exists(none));
@@ -112,11 +115,11 @@ TEST_F(CheckpointStoreTest, TooLargeOrCorruptedCopiesAreRefusedAndLeaveNothing) 
   const std::string src = absl::StrCat(dir_, "/big.safetensors");
   WriteAll(src, std::string(9 << 20, 'x'));  // the server takes 8 MiB
   grpc::ClientContext ctx;
-  absl::StatusOr<int64_t> n = PushCheckpoint(target_, "", src, 3, 0, 10, &ctx);
+  absl::StatusOr<int64_t> n = PushCheckpoint(target_, "", src, 3, 0, 0, 10, &ctx);
   ASSERT_FALSE(n.ok());
   EXPECT_EQ(n.status().code(), absl::StatusCode::kResourceExhausted) << n.status();
   EXPECT_NE(n.status().message().find("more than the limit"), std::string::npos) << n.status();
-  EXPECT_FALSE(Exists(ReplicaPath(absl::StrCat(dir_, "/data"), 3, 0, 10)));
+  EXPECT_FALSE(Exists(ReplicaPath(absl::StrCat(dir_, "/data"), 3, 0, 0, 10)));
 
   // A chunk altered on the way: the CRC32C catches it.
   auto stub = v1::CheckpointStore::NewStub(grpc::CreateChannel(target_, grpc::InsecureChannelCredentials()));
@@ -135,7 +138,7 @@ TEST_F(CheckpointStoreTest, TooLargeOrCorruptedCopiesAreRefusedAndLeaveNothing) 
   grpc::Status s = w->Finish();
   EXPECT_EQ(s.error_code(), grpc::StatusCode::DATA_LOSS);
   EXPECT_NE(s.error_message().find("CRC32C mismatch"), std::string::npos) << s.error_message();
-  EXPECT_FALSE(Exists(ReplicaPath(absl::StrCat(dir_, "/data"), 3, 0, 20)));
+  EXPECT_FALSE(Exists(ReplicaPath(absl::StrCat(dir_, "/data"), 3, 0, 0, 20)));
 }
 
 TEST_F(CheckpointStoreTest, TheReplicatorReportsEachCopy) {
@@ -144,7 +147,7 @@ TEST_F(CheckpointStoreTest, TheReplicatorReportsEachCopy) {
   absl::Mutex mu;
   std::vector<v1::CheckpointReplicated> reports;
   {
-    CheckpointReplicator r({9, "peer", target_}, 3, 2, 1, [&](const v1::CheckpointReplicated& rep) {
+    CheckpointReplicator r({9, "peer", target_}, 3, 2, 1, 1, [&](const v1::CheckpointReplicated& rep) {
       absl::MutexLock l(&mu);
       reports.push_back(rep);
     });
@@ -159,9 +162,45 @@ TEST_F(CheckpointStoreTest, TheReplicatorReportsEachCopy) {
   EXPECT_EQ(reports[0].bytes(), static_cast<int64_t>(payload_.size()));
   EXPECT_EQ(reports[0].replica_worker_id(), 9u);
   EXPECT_EQ(reports[0].attempt(), 1);
+  EXPECT_EQ(reports[0].replica(), 1);
   EXPECT_EQ(reports[1].step(), 10);
   EXPECT_NE(reports[1].error().find("copy to peer failed"), std::string::npos) << reports[1].error();
-  EXPECT_EQ(ReadAll(ReplicaPath(absl::StrCat(dir_, "/data"), 3, 2, 5)), payload_);
+  EXPECT_EQ(ReadAll(ReplicaPath(absl::StrCat(dir_, "/data"), 3, 2, 1, 5)), payload_);
+}
+
+// With a sharded optimizer the replicas of a stage write different checkpoints: a worker holding
+// copies of two replicas of one stage keeps both and serves each by its replica.
+TEST_F(CheckpointStoreTest, CopiesOfTwoReplicasOfAStageAreKeptApart) {
+  const std::string data = absl::StrCat(dir_, "/data");
+  for (int replica : {0, 2}) {
+    const std::string src = absl::StrCat(dir_, "/r", replica, ".safetensors");
+    WriteAll(src, absl::StrCat("shard of replica ", replica));
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(PushCheckpoint(target_, "", src, 5, 0, replica, 30, &ctx).ok());
+  }
+  for (int replica : {0, 2}) {
+    EXPECT_EQ(ReadAll(ReplicaPath(data, 5, 0, replica, 30)), absl::StrCat("shard of replica ", replica));
+    const std::string dest = absl::StrCat(dir_, "/fetched", replica, ".safetensors");
+    ASSERT_TRUE(FetchCheckpoint(target_, "", 5, 0, replica, 30, dest, 1 << 30).ok());
+    EXPECT_EQ(ReadAll(dest), absl::StrCat("shard of replica ", replica));
+  }
+  const std::string none = absl::StrCat(dir_, "/none.safetensors");
+  EXPECT_EQ(FetchCheckpoint(target_, "", 5, 0, 1, 30, none, 1 << 30).status().code(), absl::StatusCode::kNotFound);
+  // A negative replica is refused.
+  auto stub = v1::CheckpointStore::NewStub(grpc::CreateChannel(target_, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  v1::PutCheckpointResponse resp;
+  auto w = stub->Put(&ctx, &resp);
+  v1::CheckpointChunk c;
+  c.set_job_id(5);
+  c.set_replica(-1);
+  c.set_total_bytes(1);
+  c.set_data("x");
+  ASSERT_TRUE(w->Write(c));
+  w->WritesDone();
+  grpc::Status s = w->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("negative stage, replica or step"), std::string::npos) << s.error_message();
 }
 
 TEST_F(CheckpointStoreTest, StepFilesArePrunedToTheFloorKeepingTheNewest) {
@@ -186,12 +225,16 @@ TEST_F(CheckpointStoreTest, StepFilesArePrunedToTheFloorKeepingTheNewest) {
   for (int step : {5, 10}) {
     const std::string src = absl::StrCat(dir_, "/r.safetensors");
     WriteAll(src, "r");
-    grpc::ClientContext ctx;
-    ASSERT_TRUE(PushCheckpoint(target_, "", src, 4, 0, step, &ctx).ok());
+    for (int replica : {0, 1}) {
+      grpc::ClientContext ctx;
+      ASSERT_TRUE(PushCheckpoint(target_, "", src, 4, 0, replica, step, &ctx).ok());
+    }
   }
   svc_->Prune(4, 10);
-  EXPECT_FALSE(Exists(ReplicaPath(absl::StrCat(dir_, "/data"), 4, 0, 5)));
-  EXPECT_TRUE(Exists(ReplicaPath(absl::StrCat(dir_, "/data"), 4, 0, 10)));
+  for (int replica : {0, 1}) {
+    EXPECT_FALSE(Exists(ReplicaPath(absl::StrCat(dir_, "/data"), 4, 0, replica, 5)));
+    EXPECT_TRUE(Exists(ReplicaPath(absl::StrCat(dir_, "/data"), 4, 0, replica, 10)));
+  }
 }
 
 }  // namespace
