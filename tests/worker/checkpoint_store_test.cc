@@ -61,6 +61,16 @@ class CheckpointStoreTest : public ::testing::Test {
     payload_.resize((3 << 20) + 12345);
     for (size_t i = 0; i < payload_.size(); ++i) payload_[i] = static_cast<char>(i * 131 + 7);
   }
+  // A Put of the one chunk c, as a hostile or broken sender might send it: the server's answer.
+  grpc::Status PutOneChunk(const v1::CheckpointChunk& c) {
+    auto stub = v1::CheckpointStore::NewStub(grpc::CreateChannel(target_, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    v1::PutCheckpointResponse resp;
+    auto w = stub->Put(&ctx, &resp);
+    if (!w->Write(c)) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the chunk could not be written");
+    w->WritesDone();
+    return w->Finish();
+  }
   void TearDown() override {
     server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
     (void)common::RemoveTree(dir_);
@@ -122,10 +132,6 @@ TEST_F(CheckpointStoreTest, TooLargeOrCorruptedCopiesAreRefusedAndLeaveNothing) 
   EXPECT_FALSE(Exists(ReplicaPath(absl::StrCat(dir_, "/data"), 3, 0, 0, 10)));
 
   // A chunk altered on the way: the CRC32C catches it.
-  auto stub = v1::CheckpointStore::NewStub(grpc::CreateChannel(target_, grpc::InsecureChannelCredentials()));
-  grpc::ClientContext c2;
-  v1::PutCheckpointResponse resp;
-  auto w = stub->Put(&c2, &resp);
   v1::CheckpointChunk c;
   c.set_job_id(3);
   c.set_stage(0);
@@ -133,9 +139,7 @@ TEST_F(CheckpointStoreTest, TooLargeOrCorruptedCopiesAreRefusedAndLeaveNothing) 
   c.set_total_bytes(8);
   c.set_data("abcdefgh");
   c.set_crc32c(12345);
-  ASSERT_TRUE(w->Write(c));
-  w->WritesDone();
-  grpc::Status s = w->Finish();
+  const grpc::Status s = PutOneChunk(c);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::DATA_LOSS);
   EXPECT_NE(s.error_message().find("CRC32C mismatch"), std::string::npos) << s.error_message();
   EXPECT_FALSE(Exists(ReplicaPath(absl::StrCat(dir_, "/data"), 3, 0, 0, 20)));
@@ -187,18 +191,12 @@ TEST_F(CheckpointStoreTest, CopiesOfTwoReplicasOfAStageAreKeptApart) {
   const std::string none = absl::StrCat(dir_, "/none.safetensors");
   EXPECT_EQ(FetchCheckpoint(target_, "", 5, 0, 1, 30, none, 1 << 30).status().code(), absl::StatusCode::kNotFound);
   // A negative replica is refused.
-  auto stub = v1::CheckpointStore::NewStub(grpc::CreateChannel(target_, grpc::InsecureChannelCredentials()));
-  grpc::ClientContext ctx;
-  v1::PutCheckpointResponse resp;
-  auto w = stub->Put(&ctx, &resp);
   v1::CheckpointChunk c;
   c.set_job_id(5);
   c.set_replica(-1);
   c.set_total_bytes(1);
   c.set_data("x");
-  ASSERT_TRUE(w->Write(c));
-  w->WritesDone();
-  grpc::Status s = w->Finish();
+  const grpc::Status s = PutOneChunk(c);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_NE(s.error_message().find("negative stage, replica or step"), std::string::npos) << s.error_message();
 }
