@@ -54,7 +54,7 @@ using gqa::Results;
 using gqt::kChunk;
 using gqt::kThreads;
 inline constexpr int kRounds = kChunk / 8 / kThreads;  // rounds of octets in a chunk
-static_assert(kRounds <= 2, "TokenSmem::warp_flags and FlaggedBefore hold two rounds");
+static_assert(kRounds <= 2, "TokenSmem::warp_count holds two rounds");
 static_assert(gqt::kWarps == 8, "BlockSumOfWarps is SumOf8 over the block's warps");
 
 __device__ __forceinline__ int NumChunks(int64_t dim) { return static_cast<int>((dim + kChunk - 1) / kChunk); }
@@ -125,12 +125,11 @@ __device__ __forceinline__ void LoadResidentRow(const EncArgs& a, int64_t t, con
 }
 
 // Token t's groups, its block at blk_off. Per chunk, three phases:
-//  A. each lane's octet: its group's outlier test (kept by the statistics pass; each warp's
-//     flagged groups of each round as a mask in shared memory), the swap and transform, the
-//     group's range and pivot by its segment, kept in shared memory;
+//  A. each lane's octet: its group's outlier test (kept by the statistics pass), the flagged
+//     groups' pivots (ordinals by a block-wide count, one barrier for all rounds), the swap and
+//     transform, the group's range by its segment, kept in shared memory;
 //  B. one thread per group: its parameters (two divisions: once per group, not once per lane),
-//     written to the payload and kept in shared memory; a flagged group's pivot byte at its
-//     ordinal among the token's flagged groups (earlier chunks, then FlaggedBefore's masks);
+//     written to the payload and kept in shared memory;
 //  C. each lane's octet again: codes against its group's parameters, packed.
 // The octets: kResident (a row of one chunk) has them in registers (`resident`, loaded by the
 // caller), where they stay from A to C; otherwise each chunk is staged in shared memory (already
@@ -168,14 +167,15 @@ __device__ __forceinline__ void EncodeRow(gqt::TokenSmem& sm, int64_t t, const T
         __syncthreads();
       }
     }
-    // A. Each warp's flagged groups of each round, as the mask of their leading lanes (phase B
-    // turns them into the pivots' ordinals, after the barrier it needs anyway).
+    // A. The flagged groups' ordinals in the token: earlier chunks, rounds, warps, lanes.
+    unsigned lead_flags[kRounds];
     if (a.flags) {
 #pragma unroll
       for (int r = 0; r < kRounds; ++r) {
-        const unsigned m = __ballot_sync(kFullMask, round_piv.p[r] >= 0 && leader);
-        if (lane == 0) sm.warp_flags[r][warp] = m;
+        lead_flags[r] = __ballot_sync(kFullMask, round_piv.p[r] >= 0 && leader);
+        if (lane == 0) sm.warp_count[r][warp] = __popc(lead_flags[r]);
       }
+      __syncthreads();
     }
 #pragma unroll
     for (int r = 0; r < kRounds; ++r) {
@@ -191,6 +191,17 @@ __device__ __forceinline__ void EncodeRow(gqt::TokenSmem& sm, int64_t t, const T
       int piv = -1;
       if (a.flags) {
         piv = round_piv.p[r];
+        int before = ordinal_base, total = 0;
+#pragma unroll
+        for (int w = 0; w < gqt::kWarps; ++w) {
+          const int cw = sm.warp_count[r][w];
+          before += w < warp ? cw : 0;
+          total += cw;
+        }
+        ordinal_base += total;
+        if (piv >= 0 && leader) {
+          a.payload[pivots_at + before + __popc(lead_flags[r] & ((1u << lane) - 1u))] = static_cast<uint8_t>(piv);
+        }
         if (__any_sync(kFullMask, piv >= 0)) {
           gqt::SegmentSwap<G>(v, lane, piv);
           gqt::SegmentFwht<G>(v, lane, piv >= 0, a.norm);
@@ -201,15 +212,14 @@ __device__ __forceinline__ void EncodeRow(gqt::TokenSmem& sm, int64_t t, const T
       }
       float lo, hi;
       gqt::SegmentMinMax<G>(v, lane, cnt, 8 * (o - lane) + 8 * kWarp <= len, &lo, &hi);
-      if (leader && cnt > 0) sm.group[gs / G] = gqt::GroupRange{lo, hi, piv};
+      if (leader && cnt > 0) sm.group[gs / G] = gqt::GroupRange{lo, hi, piv >= 0 ? 1 : 0};
     }
     __syncthreads();
-    // B. (A flagged group's pivot byte too, at its ordinal among the token's flagged groups.)
+    // B.
     const int ngc = (len + G - 1) / G;
     for (int gi = tid; gi < ngc; gi += kThreads) {
       const gqt::GroupRange r = sm.group[gi];
-      if (r.piv >= 0) a.payload[pivots_at + ordinal_base + gqt::FlaggedBefore(sm, gi * L)] = static_cast<uint8_t>(r.piv);
-      const GroupParams gp = MakeGroupParams(r.lo, r.hi, exp, maxq, r.piv >= 0);
+      const GroupParams gp = MakeGroupParams(r.lo, r.hi, exp, maxq, r.flagged != 0);
       uint8_t* p3 = blk + ParamsOffset(static_cast<int>(c0 / G) + gi);
       p3[0] = static_cast<uint8_t>(gp.word & 0xFF);
       p3[1] = static_cast<uint8_t>((gp.word >> 8) & 0xFF);
@@ -217,7 +227,6 @@ __device__ __forceinline__ void EncodeRow(gqt::TokenSmem& sm, int64_t t, const T
       sm.group[gi].lo = gp.lo_q;
       sm.group[gi].hi = gp.inv_scale;
     }
-    if (a.flags && c + 1 < nch) ordinal_base += gqt::FlaggedBefore(sm, kChunk / 8);
     __syncthreads();
     // C. (Rolled when staged: two rounds in flight would cost registers and occupancy.)
 #pragma unroll(kResident ? kRounds : 1)
@@ -345,15 +354,15 @@ __global__ void __launch_bounds__(kThreads) FusedEncode(const T* __restrict__ x,
   finite = __all_sync(kFullMask, finite);
   if (lane == 0) {
     sm.warp_max[warp] = mx;
-    sm.warp_flags[0][warp] = finite ? 1u : 0u;
+    sm.warp_count[0][warp] = finite ? 1 : 0;
   }
   __syncthreads();  // also: every thread is done reading the staged row
   mx = sm.warp_max[0];
-  finite = sm.warp_flags[0][0] != 0;
+  finite = sm.warp_count[0][0] != 0;
 #pragma unroll
   for (int w = 1; w < gqt::kWarps; ++w) {
     mx = sm.warp_max[w] > mx ? sm.warp_max[w] : mx;
-    finite = finite && sm.warp_flags[0][w] != 0;
+    finite = finite && sm.warp_count[0][w] != 0;
   }
   bool sum_finite = finite;
   if (finite && (mx > 0x1p100f || static_cast<double>(mx) * static_cast<double>(a.dim) >= 0x1p127)) {

@@ -43,39 +43,20 @@ inline constexpr int kWarps = kThreads / kWarp;
 inline constexpr int kChunk = 4096;  // elements staged at a time: a multiple of every G and of 32
 inline constexpr int kStage = 264;   // a warp's codes of one round: 3 + 32 * 8 bytes, rounded up
 
-// A group's range and pivot (-1: not flagged) after phase A of the encode (group_quant.cu
-// EncodeRow), then its decoded lo and 1 / decoded scale after phase B.
+// A group's range after phase A of the encode (group_quant.cu EncodeRow), then its decoded lo and
+// 1 / decoded scale after phase B.
 struct GroupRange {
   float lo, hi;
-  int piv;
+  int flagged;
 };
 
 struct alignas(16) TokenSmem {
   float row[kChunk];
   GroupRange group[kChunk / 8];  // the chunk's groups (G >= 8)
   alignas(4) uint8_t stage[kWarps][kStage];
-  // Per round and warp: the lanes that lead a flagged group (the encode's phase A); FusedEncode's
-  // "every element finite" per warp.
-  unsigned warp_flags[2][kWarps];
+  int warp_count[2][kWarps];
   float warp_max[kWarps];
 };
-
-// The flagged groups of a chunk before octet o (a group's leading octet; the chunk's octet count
-// for all of them), from the warps' masks of phase A: whole rounds, then whole warps, then lanes.
-__device__ __forceinline__ int FlaggedBefore(const TokenSmem& sm, int o) {
-  const int r = o / kThreads, w = (o % kThreads) / kWarp, l = o % kWarp;
-  int n = 0;
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-#pragma unroll
-    for (int ww = 0; ww < kWarps; ++ww) {
-      const unsigned m = sm.warp_flags[rr][ww];
-      const bool earlier = rr < r || (rr == r && ww < w);
-      n += earlier ? __popc(m) : rr == r && ww == w ? __popc(m & ((1u << l) - 1u)) : 0;
-    }
-  }
-  return n;
-}
 
 // The token exponent from the maximum of |x| (as group_quant.cc's phase 1).
 __device__ __forceinline__ int TokenExp(float mx) {
