@@ -82,9 +82,10 @@ __device__ __forceinline__ void OctetFromPieces(uint4 p0, uint4 p1, float (&v)[8
   }
 }
 
-// Global loads issued where they stand (volatile asm, through the read-only path): the compiler
-// may otherwise sink an ordinary load below a branch that does not need it (an early return), so
-// that it starts only after the branch's own load has come back.
+// Global loads that stay ahead of a branch (volatile asm, through the read-only path): the
+// compiler may sink an ordinary load below a branch that does not need it (an early return), so
+// that it starts only after the branch's own load has come back. (ptxas may still move a load
+// that does not feed the branch past it; the row's loads, issued first, stay ahead.)
 __device__ __forceinline__ uint4 LoadNow16(const void* p) {
   uint4 r;
   asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n"
