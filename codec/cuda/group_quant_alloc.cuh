@@ -102,50 +102,6 @@ struct Keys {
   }
 };
 
-// Thread tid's kPer tokens of the tile at t0 (tokens first = t0 + tid * kPer ..): their flagged
-// groups and entropies, 16-byte loads when all kPer are tokens (first is a multiple of kPer and
-// the arrays 32-byte aligned); past the last token: 0.
-struct TileFigures {
-  int flagged[kPer];
-  float entropy[kPer];
-};
-__device__ __forceinline__ TileFigures LoadTileFigures(const TokenArrays& tok, int64_t tokens, int64_t first) {
-  TileFigures f;
-  if (first + kPer <= tokens) {
-    const int4* f4 = reinterpret_cast<const int4*>(tok.flagged + first);
-    const float4* h4 = reinterpret_cast<const float4*>(tok.entropy + first);
-#pragma unroll
-    for (int q = 0; q < kPer / 4; ++q) {
-      const int4 v = f4[q];
-      const float4 h = h4[q];
-      f.flagged[4 * q] = v.x;
-      f.flagged[4 * q + 1] = v.y;
-      f.flagged[4 * q + 2] = v.z;
-      f.flagged[4 * q + 3] = v.w;
-      f.entropy[4 * q] = h.x;
-      f.entropy[4 * q + 1] = h.y;
-      f.entropy[4 * q + 2] = h.z;
-      f.entropy[4 * q + 3] = h.w;
-    }
-  } else {
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const bool in = first + j < tokens;
-      f.flagged[j] = in ? tok.flagged[first + j] : 0;
-      f.entropy[j] = in ? tok.entropy[first + j] : 0.0f;
-    }
-  }
-  return f;
-}
-
-// The first kResidentTiles tiles' figures, loaded by every thread at the allocation's start (with
-// the histogram's first load: one round trip), then read from registers by the selection's key
-// scan and by the sizes pass; later tiles are loaded as they come.
-inline constexpr int kResidentTiles = 2;
-struct ResidentFigures {
-  TileFigures tile[kResidentTiles];
-};
-
 struct SelectState {
   uint64_t prefix;  // kth's bits found so far
   int64_t need;     // rank still sought among the keys that match the prefix (1-based)
@@ -203,8 +159,7 @@ __device__ __forceinline__ void CountDigits(unsigned* hist, bool match, unsigned
 // Level 2: the remaining bits of kth, 8 a pass, over the keys that share its top digit: listed in
 // shared memory first (cand: kCandidates; when they fit, else every key is tested in every pass).
 // Every thread of the block calls it.
-__device__ inline void SelectLowDigits(const Keys& key, const ResidentFigures& res, const AllocArgs& a,
-                                       SelectState* s, uint64_t* cand) {
+__device__ inline void SelectLowDigits(const Keys& key, const AllocArgs& a, SelectState* s, uint64_t* cand) {
   __shared__ unsigned digits[256];
   __shared__ int ncand;
   const int tid = threadIdx.x, lane = tid % kWarp;
@@ -212,30 +167,9 @@ __device__ inline void SelectLowDigits(const Keys& key, const ResidentFigures& r
   const uint64_t top = s->prefix >> low;
   if (tid == 0) ncand = 0;
   __syncthreads();
-  // Lists key k when `in` and it matches the top digit. Every lane of the warp calls it.
-  auto list = [&](bool in, uint64_t k) {
-    const bool match = in && (k >> low) == top;
-    const unsigned m = __ballot_sync(kFullMask, match);
-    if (m == 0) return;
-    int base = 0;
-    if (lane == 0) base = atomicAdd(&ncand, __popc(m));
-    base = __shfl_sync(kFullMask, base, 0);
-    const int at = base + __popc(m & ((1u << lane) - 1u));
-    if (match && at < kCandidates) cand[at] = k;
-  };
-  // The resident tiles' keys from registers (the order of the listing does not matter)...
-#pragma unroll
-  for (int i = 0; i < kResidentTiles; ++i) {
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const int64_t t = static_cast<int64_t>(i) * kTile + static_cast<int64_t>(tid) * kPer + j;
-      list(t < a.tokens, a.adaptive ? EntropyKey(res.tile[i].entropy[j]) : SplitMix64(static_cast<uint64_t>(t)));
-    }
-  }
-  // ...then the rest from memory: t0 is the same in every thread, so whole warps take each step;
-  // kBatch loads in flight.
+  // t0 is the same in every thread, so whole warps take each step; kBatch loads in flight.
   constexpr int kBatch = 4;
-  for (int64_t t0 = int64_t{kResidentTiles} * kTile; t0 < a.tokens; t0 += kBatch * kAllocThreads) {
+  for (int64_t t0 = 0; t0 < a.tokens; t0 += kBatch * kAllocThreads) {
     uint64_t k[kBatch];
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
@@ -243,7 +177,16 @@ __device__ inline void SelectLowDigits(const Keys& key, const ResidentFigures& r
       k[u] = t < a.tokens ? key(t) : 0;
     }
 #pragma unroll
-    for (int u = 0; u < kBatch; ++u) list(t0 + u * kAllocThreads + tid < a.tokens, k[u]);
+    for (int u = 0; u < kBatch; ++u) {
+      const bool match = t0 + u * kAllocThreads + tid < a.tokens && (k[u] >> low) == top;
+      const unsigned m = __ballot_sync(kFullMask, match);
+      if (m == 0) continue;
+      int base = 0;
+      if (lane == 0) base = atomicAdd(&ncand, __popc(m));
+      base = __shfl_sync(kFullMask, base, 0);
+      const int at = base + __popc(m & ((1u << lane) - 1u));
+      if (match && at < kCandidates) cand[at] = k[u];
+    }
   }
   __syncthreads();
   const int n = ncand;
@@ -294,48 +237,83 @@ __device__ inline void SelectLowDigits(const Keys& key, const ResidentFigures& r
   }
 }
 
-// The sizes' pass over the tokens, a tile of kTile at a time (thread i takes kPer consecutive
-// tokens of a tile): each token's bit width and block size, the block ends (carry: the tiles'
-// total so far), the flagged groups' sum and the first bad token.
-struct SizesPass {
+// Bits (tok.bits), sizes and ends of every token, in tiles of kTile tokens in index order (thread i
+// takes kPer consecutive tokens of a tile); the results word into `res` (pinned host memory). hist:
+// the statistics pass's histograms (CountKey, when Selects). The arrays of tok and ends are 32-byte
+// aligned. Launched with one block of kAllocThreads threads.
+__global__ void __launch_bounds__(kAllocThreads)
+    AllocateBits(AllocArgs a, TokenArrays tok, const unsigned* __restrict__ hist, unsigned long long* __restrict__ ends,
+                 Results* __restrict__ res) {
   using IntScan = cub::BlockScan<int, kAllocThreads>;
   using SizeScan = cub::BlockScan<unsigned long long, kAllocThreads>;
-  union Storage {
+  __shared__ union {
     uint64_t cand[kCandidates];  // the selection's (SelectLowDigits), then the scans'
     typename IntScan::TempStorage ints;
     typename SizeScan::TempStorage sizes;
-  };
-  const AllocArgs& a;
-  const TokenArrays& tok;
-  unsigned long long* __restrict__ ends;
-  Storage& tmp;
-  bool select;
-  uint64_t kth;
-  int64_t take_equal;  // keys equal to kth that are hi, lowest indices first
+  } scan_tmp;
+  __shared__ SelectState sel;
+  __shared__ unsigned long long first_bad;
+  const int tid = threadIdx.x;
+  const bool select = Selects(a.n_hi, a.tokens);
+  if (tid == 0) {
+    sel = SelectState{0, a.n_hi, 0};
+    first_bad = ULLONG_MAX;
+  }
+  __syncthreads();
+  const Keys key{tok.entropy, a.adaptive};
+  if (select) {
+    SelectTopDigit(hist, a, &sel);
+    SelectLowDigits(key, a, &sel, scan_tmp.cand);
+  }
+  const uint64_t kth = sel.prefix;
+  const int64_t take_equal = a.n_hi - sel.less;  // keys equal to kth that are hi, lowest indices first
   int64_t equal_before = 0;
   unsigned long long carry = 0, flagged_sum = 0, bad = ULLONG_MAX;
-
-  // The tile at t0, its figures f (LoadTileFigures). Every thread calls it.
-  __device__ __forceinline__ void Tile(int64_t t0, TileFigures f) {
-    const int64_t first = t0 + static_cast<int64_t>(threadIdx.x) * kPer;
-    // The thread's kPer tokens whole: 16-byte stores (first is a multiple of kPer).
+  for (int64_t t0 = 0; t0 < a.tokens; t0 += kTile) {
+    const int64_t first = t0 + static_cast<int64_t>(tid) * kPer;
+    // The thread's kPer tokens whole: 16-byte loads and stores (first is a multiple of kPer).
     const bool whole = first + kPer <= a.tokens;
-    int equal[kPer];
+    int equal[kPer], flagged[kPer];
+    float entropy[kPer];
     bool below[kPer];
+    if (whole) {
+      const int4* f4 = reinterpret_cast<const int4*>(tok.flagged + first);
+      const float4* h4 = reinterpret_cast<const float4*>(tok.entropy + first);
+#pragma unroll
+      for (int q = 0; q < kPer / 4; ++q) {
+        const int4 v = f4[q];
+        const float4 h = h4[q];
+        flagged[4 * q] = v.x;
+        flagged[4 * q + 1] = v.y;
+        flagged[4 * q + 2] = v.z;
+        flagged[4 * q + 3] = v.w;
+        entropy[4 * q] = h.x;
+        entropy[4 * q + 1] = h.y;
+        entropy[4 * q + 2] = h.z;
+        entropy[4 * q + 3] = h.w;
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) {
+        const bool in = first + j < a.tokens;
+        flagged[j] = in ? tok.flagged[first + j] : 0;
+        entropy[j] = in ? tok.entropy[first + j] : 0.0f;
+      }
+    }
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
       const int64_t t = first + j;
       const bool in = t < a.tokens;
-      const uint64_t k = !select || !in ? 0 : a.adaptive ? EntropyKey(f.entropy[j]) : SplitMix64(static_cast<uint64_t>(t));
+      const uint64_t k = !select || !in ? 0 : a.adaptive ? EntropyKey(entropy[j]) : SplitMix64(static_cast<uint64_t>(t));
       equal[j] = select && in && k == kth ? 1 : 0;
       below[j] = select ? k < kth : a.n_hi >= a.tokens;
-      if (f.flagged[j] < 0) {  // a bad token (the first of the thread's is its lowest)
-        if (bad == ULLONG_MAX) bad = (static_cast<unsigned long long>(t) << 1) | (f.flagged[j] == -2 ? 1ull : 0ull);
-        f.flagged[j] = 0;
+      if (flagged[j] < 0) {  // a bad token (the first of the thread's is its lowest)
+        if (bad == ULLONG_MAX) bad = (static_cast<unsigned long long>(t) << 1) | (flagged[j] == -2 ? 1ull : 0ull);
+        flagged[j] = 0;
       }
     }
     int equal_rank[kPer], equal_tile = 0;
-    IntScan(tmp.ints).ExclusiveSum(equal, equal_rank, equal_tile);
+    IntScan(scan_tmp.ints).ExclusiveSum(equal, equal_rank, equal_tile);
     unsigned long long size[kPer], end[kPer], tile_total = 0;
     uint64_t packed_bits = 0;
 #pragma unroll
@@ -346,12 +324,12 @@ struct SizesPass {
       size[j] = 0;
       if (t < a.tokens) {
         packed_bits |= static_cast<uint64_t>(bits) << (8 * j);
-        size[j] = static_cast<unsigned long long>(a.fixed_bytes + f.flagged[j] + (a.dim * bits + 7) / 8);
-        flagged_sum += static_cast<unsigned long long>(f.flagged[j]);
+        size[j] = static_cast<unsigned long long>(a.fixed_bytes + flagged[j] + (a.dim * bits + 7) / 8);
+        flagged_sum += static_cast<unsigned long long>(flagged[j]);
       }
     }
     __syncthreads();  // the storage is the sizes' scan's now
-    SizeScan(tmp.sizes).InclusiveSum(size, end, tile_total);
+    SizeScan(scan_tmp.sizes).InclusiveSum(size, end, tile_total);
     if (whole) {
       static_assert(kPer == 8, "a thread's bit widths are one 8-byte store");
       *reinterpret_cast<uint64_t*>(tok.bits + first) = packed_bits;
@@ -371,44 +349,6 @@ struct SizesPass {
     carry += tile_total;
     __syncthreads();  // the scans' storage is reused by the next tile
   }
-};
-
-// Bits (tok.bits), sizes and ends of every token (SizesPass); the results word into `res` (pinned
-// host memory). hist: the statistics pass's histograms (CountKey, when Selects). The arrays of tok
-// and ends are 32-byte aligned. Launched with one block of kAllocThreads threads.
-__global__ void __launch_bounds__(kAllocThreads)
-    AllocateBits(AllocArgs a, TokenArrays tok, const unsigned* __restrict__ hist, unsigned long long* __restrict__ ends,
-                 Results* __restrict__ res) {
-  __shared__ SizesPass::Storage scan_tmp;
-  __shared__ SelectState sel;
-  __shared__ unsigned long long first_bad;
-  const int tid = threadIdx.x;
-  const bool select = Selects(a.n_hi, a.tokens);
-  ResidentFigures figures;
-#pragma unroll
-  for (int i = 0; i < kResidentTiles; ++i) {
-    figures.tile[i] = LoadTileFigures(tok, a.tokens, static_cast<int64_t>(i) * kTile + static_cast<int64_t>(tid) * kPer);
-  }
-  if (tid == 0) {
-    sel = SelectState{0, a.n_hi, 0};
-    first_bad = ULLONG_MAX;
-  }
-  __syncthreads();
-  const Keys key{tok.entropy, a.adaptive};
-  if (select) {
-    SelectTopDigit(hist, a, &sel);
-    SelectLowDigits(key, figures, a, &sel, scan_tmp.cand);
-  }
-  SizesPass pass{a, tok, ends, scan_tmp, select, sel.prefix, a.n_hi - sel.less};
-#pragma unroll
-  for (int i = 0; i < kResidentTiles; ++i) {
-    if (static_cast<int64_t>(i) * kTile < a.tokens) pass.Tile(static_cast<int64_t>(i) * kTile, figures.tile[i]);
-  }
-  for (int64_t t0 = int64_t{kResidentTiles} * kTile; t0 < a.tokens; t0 += kTile) {
-    pass.Tile(t0, LoadTileFigures(tok, a.tokens, t0 + static_cast<int64_t>(tid) * kPer));
-  }
-  unsigned long long bad = pass.bad, flagged_sum = pass.flagged_sum;
-  const unsigned long long carry = pass.carry;
   if (bad != ULLONG_MAX) atomicMin(&first_bad, bad);
   flagged_sum = WarpSumLanes32(flagged_sum);
   __shared__ unsigned long long warp_flagged[kAllocThreads / kWarp];
