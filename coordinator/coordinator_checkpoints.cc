@@ -70,7 +70,7 @@ void CoordinatorService::OnReplicated(Worker& w, const v1::CheckpointReplicated&
   auto to = workers_.find(r.replica_worker_id());
   if (to == workers_.end() || to->second.status.state() == v1::WORKER_STATE_DEAD) return;
   if (!r.error().empty()) {
-    Log(absl::StrCat("job ", r.job_id(), " stage ", r.stage(), " step ", r.step(), ": ", r.error()));
+    Log(absl::StrCat("job ", r.job_id(), " ", SlotName(job.status, slot), " step ", r.step(), ": ", r.error()));
     return;
   }
   v1::StagePlacement* sp = job.status.mutable_stages(slot);

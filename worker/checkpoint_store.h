@@ -15,7 +15,7 @@
 // the copies it holds for others are <data dir>/replicas/job-J/replica-R/stage-S.step-N.safetensors
 // (ReplicaPath). Both are pruned to the coordinator's checkpoint floor (CheckpointFloor: older
 // steps are no longer needed by any recovery), and to the newest kKeepCheckpoints steps per stage
-// whatever the floor.
+// (and, for the copies, per replica) whatever the floor.
 //
 // Transfers (data_plane.proto, service CheckpointStore): 1 MiB chunks in order; the receiver checks
 // the offsets, the announced size against its limit and the free disk space before writing, and

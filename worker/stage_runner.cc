@@ -403,13 +403,17 @@ absl::Status StageRunner::SetupReplicaSync() {
 absl::Status StageRunner::Restore(const std::string& dir) {
   const int64_t step = a_.restore_step();
   const int stage = a_.stage();
-  const std::string who = absl::StrCat("job ", a_.job_id(), " stage ", stage);
+  const std::string slot =
+      a_.spec().replicas() > 1 ? absl::StrCat("stage ", stage, " replica ", a_.replica_index()) : absl::StrCat("stage ", stage);
+  const std::string who = absl::StrCat("job ", a_.job_id(), " ", slot);
   std::string path = StepCheckpointPath(dir, stage, step);
-  if (!Exists(path)) path = ReplicaPath(data_dir_, a_.job_id(), stage, a_.replica_index(), step);
+  const std::string held = ReplicaPath(data_dir_, a_.job_id(), stage, a_.replica_index(), step);
+  if (!Exists(path)) path = held;
   if (!Exists(path)) {
     // Fetched next to the stage's own checkpoints, so this worker holds it from now on.
     const std::string dest = StepCheckpointPath(dir, stage, step);
-    std::vector<std::string> tried = {absl::StrCat("not in ", dir, " or ", ReplicaDir(data_dir_, a_.job_id()))};
+    std::vector<std::string> tried = {
+        absl::StrCat("not in ", dir, " or ", std::filesystem::path(held).parent_path().string())};
     bool unreachable_only = true;
     path.clear();
     for (const v1::StagePeer& src : a_.restore_from()) {
@@ -427,7 +431,7 @@ absl::Status StageRunner::Restore(const std::string& dir) {
       tried.push_back(absl::StrCat("worker ", src.name(), " (", src.address(), "): ", n.status().message()));
     }
     if (path.empty()) {
-      const std::string msg = absl::StrCat("no copy of stage ", stage, "'s checkpoint of step ", step,
+      const std::string msg = absl::StrCat("no copy of ", slot, "'s checkpoint of step ", step,
                                            " could be had: ", absl::StrJoin(tried, "; "));
       // Holders that could not be reached may be back (or replaced) at the next attempt.
       return unreachable_only && a_.restore_from_size() > 0 ? absl::UnavailableError(msg)

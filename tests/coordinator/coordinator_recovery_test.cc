@@ -6,6 +6,9 @@
 
 #include <cstdio>
 #include <functional>
+#include <map>
+#include <optional>
+#include <vector>
 #include <thread>
 
 #include <grpcpp/grpcpp.h>
@@ -21,6 +24,30 @@ namespace {
 
 using Fake = FakeStage;
 using RecoveryTest = ServiceFixture;
+
+// One stage, replicas: each replica's checkpoints are copied to the next replica's worker (the last
+// replica's to replica 0's), whether the replicas' checkpoints are alike (fp32) or each holds its
+// own optimizer shard (sdp4bit, zeropp: the copy store names copies by replica).
+TEST_F(RecoveryTest, OneStageReplicasCopyTheirCheckpointsToTheNextReplicaWhateverTheSync) {
+  for (const char* codec : {"fp32", "sdp4bit", "zeropp"}) {
+    SCOPED_TRACE(codec);
+    std::vector<Fake*> ws;
+    for (int i = 0; i < 3; ++i) ws.push_back(&Add(absl::StrCat(codec, "-", i)));
+    const uint64_t job =
+        Submit(1, absl::StrCat("replicas: 3\nmicro_batches: 3\ndata_parallel: {codec: ", codec, "}\n"));
+    const v1::JobStatus st = Job(job);
+    ASSERT_EQ(st.state(), v1::JOB_STATE_RUNNING);
+    ASSERT_EQ(st.stages_size(), 3);
+    std::map<uint64_t, Fake*> by_id;
+    for (Fake* w : ws) by_id[w->id()] = w;
+    for (int r = 0; r < 3; ++r) {
+      std::optional<v1::StageAssignment> a = by_id.at(st.stages(r).worker_id())->Assigned(job, 0);
+      ASSERT_TRUE(a.has_value());
+      EXPECT_EQ(a->replica_index(), r);
+      EXPECT_EQ(a->replica().worker_id(), st.stages((r + 1) % 3).worker_id()) << "replica " << r;
+    }
+  }
+}
 
 TEST_F(RecoveryTest, ADeadWorkersStageMovesToASpareAndEveryStageRestartsFromTheNewestCommonCheckpoint) {
   Fake& a = Add("a");
