@@ -35,6 +35,11 @@ std::string Errno() { return std::strerror(errno); }
 
 std::string Gib(int64_t b) { return absl::StrCat(static_cast<double>(b) / (int64_t{1} << 30), " GiB"); }
 
+// The copies of a job's checkpoints this worker holds.
+std::string ReplicaDir(const std::string& data_dir, uint64_t job_id) {
+  return absl::StrCat(data_dir, "/replicas/job-", job_id);
+}
+
 // The copies of replica `replica`'s checkpoints of a job.
 std::string ReplicaSubdir(const std::string& data_dir, uint64_t job_id, int replica) {
   return absl::StrCat(ReplicaDir(data_dir, job_id), "/replica-", replica);
@@ -174,10 +179,6 @@ absl::Status SendFile(const std::string& path, v1::CheckpointChunk header,
 
 std::string StepCheckpointPath(const std::string& dir, int stage, int64_t step) {
   return absl::StrCat(dir, "/stage-", stage, ".step-", step, ".safetensors");
-}
-
-std::string ReplicaDir(const std::string& data_dir, uint64_t job_id) {
-  return absl::StrCat(data_dir, "/replicas/job-", job_id);
 }
 
 std::string ReplicaPath(const std::string& data_dir, uint64_t job_id, int stage, int replica, int64_t step) {

@@ -52,10 +52,9 @@ inline constexpr int64_t kDefaultReplicaMaxBytes = int64_t{64} << 30;
 
 // <dir>/stage-<stage>.step-<step>.safetensors
 std::string StepCheckpointPath(const std::string& dir, int stage, int64_t step);
-// <data_dir>/replicas/job-<job>: the copies of the job's checkpoints this worker holds
-std::string ReplicaDir(const std::string& data_dir, uint64_t job_id);
-// ReplicaDir(...)/replica-<replica>/stage-<stage>.step-<step>.safetensors (replica: the
-// data-parallel replica whose checkpoint it is, 0 in a job without replicas)
+// <data_dir>/replicas/job-<job>/replica-<replica>/stage-<stage>.step-<step>.safetensors: a copy
+// this worker holds (replica: the data-parallel replica whose checkpoint it is, 0 in a job without
+// replicas)
 std::string ReplicaPath(const std::string& data_dir, uint64_t job_id, int stage, int replica, int64_t step);
 
 // Deletes the step files of `stage` in `dir` (StepCheckpointPath names) older than `floor`, and all

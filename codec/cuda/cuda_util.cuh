@@ -98,21 +98,6 @@ __device__ __forceinline__ int16_t LoadNowS16(const int16_t* p) {
   asm volatile("ld.global.nc.s16 %0, [%1];\n" : "=h"(r) : "l"(p));
   return r;
 }
-__device__ __forceinline__ uint32_t LoadNowU8(const uint8_t* p) {
-  uint32_t r;
-  asm volatile("ld.global.nc.u8 %0, [%1];\n" : "=r"(r) : "l"(p));
-  return r;
-}
-__device__ __forceinline__ int32_t LoadNowS32(const int32_t* p) {
-  int32_t r;
-  asm volatile("ld.global.nc.s32 %0, [%1];\n" : "=r"(r) : "l"(p));
-  return r;
-}
-__device__ __forceinline__ uint64_t LoadNowU64(const unsigned long long* p) {
-  uint64_t r;
-  asm volatile("ld.global.nc.u64 %0, [%1];\n" : "=l"(r) : "l"(p));
-  return r;
-}
 
 // Elements e0 .. e0 + 7 of x as floats (those at n or past it: 0). aligned: x starts on 16 bytes,
 // and e0 is a multiple of 8, so a whole octet is two 16-byte loads (fp32) or one (16-bit types).

@@ -275,21 +275,16 @@ __device__ __forceinline__ void EncodeRow(gqt::TokenSmem& sm, int64_t t, const T
 // block measured slower (64 registers and spills against 64 and none, 87 us against 82.5 us on
 // an H200 for 8192 x 4096).
 // Token t's figures for its encode (the statistics pass's exponent, bad-token mark and flagged
-// groups; the allocation's bit width and block offset), by LoadNow: loaded after the row's loads
-// in program order, so nothing waits for these before the row's are in flight too.
+// groups; the allocation's bit width and block offset). Ordinary loads: a one-chunk row's loads
+// (LoadResidentRow, by LoadNow) come first in program order and stay ahead of the early return
+// these decide, wherever the compiler puts these.
 struct TokenPlan {
   int exp, ok, flagged, bits;
   int64_t blk_off;
 };
 __device__ __forceinline__ TokenPlan LoadTokenPlan(const EncArgs& a, int64_t t) {
-  const TokenInfo* ti = a.info + t;
-  TokenPlan p;
-  p.exp = LoadNowS32(&ti->exp);
-  p.ok = LoadNowS32(&ti->ok);
-  p.flagged = LoadNowS32(&ti->flagged);
-  p.bits = static_cast<int>(LoadNowU8(a.bits + t));
-  p.blk_off = t == 0 ? 0 : static_cast<int64_t>(LoadNowU64(a.ends + t - 1));
-  return p;
+  const TokenInfo& ti = a.info[t];
+  return TokenPlan{ti.exp, ti.ok, ti.flagged, a.bits[t], t == 0 ? 0 : static_cast<int64_t>(a.ends[t - 1])};
 }
 
 template <int G, typename T>
