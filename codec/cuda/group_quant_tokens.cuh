@@ -8,8 +8,8 @@
 // from shared memory with no bank conflicts to speak of, and nothing is staged per group.
 //
 // Bit-exactness with the CPU reference (group_quant.cc, scalar kernels), step by step:
-//  - the statistics pass's token sums (group_quant.cu TokenStatsKernel): thread tid's octets are
-//    the CPU's token lanes 8 tid .. 8 tid + 7 (kernels.h token_sums), combined as
+//  - the statistics pass's token sums (group_quant_stats.cuh TokenStatsKernel): thread tid's
+//    octets are the CPU's token lanes 8 tid .. 8 tid + 7 (kernels.h token_sums), combined as
 //    ReduceLanesAscending; the maximum in any order.
 //  - the outlier test: the top two of the group's multiset of |x| by a min/max network (what the
 //    scalar Top2Abs's sequential scan computes: values are |x| >= +0, so order cannot change bits),
