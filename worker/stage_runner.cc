@@ -403,8 +403,9 @@ absl::Status StageRunner::SetupReplicaSync() {
 absl::Status StageRunner::Restore(const std::string& dir) {
   const int64_t step = a_.restore_step();
   const int stage = a_.stage();
-  const std::string slot =
-      a_.spec().replicas() > 1 ? absl::StrCat("stage ", stage, " replica ", a_.replica_index()) : absl::StrCat("stage ", stage);
+  const std::string slot = a_.spec().replicas() > 1
+                               ? absl::StrCat("stage ", stage, " replica ", a_.replica_index())
+                               : absl::StrCat("stage ", stage);
   const std::string who = absl::StrCat("job ", a_.job_id(), " ", slot);
   std::string path = StepCheckpointPath(dir, stage, step);
   const std::string held = ReplicaPath(data_dir_, a_.job_id(), stage, a_.replica_index(), step);
