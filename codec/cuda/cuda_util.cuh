@@ -35,6 +35,46 @@ inline cudaStream_t AsStream(Stream s) { return static_cast<cudaStream_t>(s); }
 // queries cost microseconds, before a launch that may take tens). runtime.cu.
 absl::StatusOr<int> ResidentBlocks(const void* kernel, int threads);
 
+// Programmatic dependent launches (sm_90 and later): a kernel launched by LaunchDependent may
+// start while the kernel before it on the stream still runs, so that its blocks are resident and
+// loading what no earlier kernel writes (its input) when that kernel ends. Before it reads
+// anything an earlier kernel of the stream writes, it calls WaitForPriorGrids (which returns once
+// the kernel before it, and so every earlier one, has finished and its writes are visible); the
+// kernel before it calls LetDependentsStart where the next one may be launched (else it is, as
+// usual, when this one ends). On older devices LaunchDependent launches as <<<>>> does and both
+// device calls do nothing. The first kernel of an encode is never a dependent one: what came before
+// it on the stream (another codec's kernels) may use the same scratch areas.
+__device__ __forceinline__ void WaitForPriorGrids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void LetDependentsStart() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+// Whether the current device takes dependent launches (compute capability 9.0 or later). Cached
+// per device. runtime.cu.
+absl::StatusOr<bool> DependentLaunches();
+template <typename... Params, typename... Args>
+absl::Status LaunchDependent(void (*kernel)(Params...), unsigned grid, unsigned threads, cudaStream_t st,
+                             const char* what, Args... args) {
+  absl::StatusOr<bool> pdl = DependentLaunches();
+  if (!pdl.ok()) return pdl.status();
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = st;
+  cfg.attrs = *pdl ? &attr : nullptr;
+  cfg.numAttrs = *pdl ? 1 : 0;
+  return CudaStatus(cudaLaunchKernelEx(&cfg, kernel, args...), what);
+}
+
 inline constexpr unsigned kFullMask = 0xffffffffu;
 inline constexpr int kWarp = 32;
 

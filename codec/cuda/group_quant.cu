@@ -114,14 +114,18 @@ struct ResidentRow {
   RoundPivots piv;
   float v[kRounds][8];
 };
-template <int G, typename T>
-__device__ __forceinline__ void LoadResidentRow(const EncArgs& a, int64_t t, const T* __restrict__ row,
-                                                ResidentRow* r) {
+// The row's octets (the input, which no kernel of the encode writes: loaded before
+// WaitForPriorGrids), then, once the earlier kernels are done, its outlier tests.
+template <typename T>
+__device__ __forceinline__ void LoadResidentOctets(const EncArgs& a, const T* __restrict__ row, ResidentRow* r) {
   const int tid = threadIdx.x, len = static_cast<int>(a.dim);
-  r->piv = LoadRoundPivots<G, true>(a, t, 0, len, tid);
   const bool aligned = (reinterpret_cast<uintptr_t>(row) & 15u) == 0;
 #pragma unroll
   for (int k = 0; k < kRounds; ++k) LoadOctetGlobal<T, true>(row, 8 * (k * kThreads + tid), len, aligned, r->v[k]);
+}
+template <int G>
+__device__ __forceinline__ void LoadResidentPivots(const EncArgs& a, int64_t t, ResidentRow* r) {
+  r->piv = LoadRoundPivots<G, true>(a, t, 0, static_cast<int>(a.dim), threadIdx.x);
 }
 
 // Token t's groups, its block at blk_off. Per chunk, three phases:
@@ -276,8 +280,8 @@ __device__ __forceinline__ void EncodeRow(gqt::TokenSmem& sm, int64_t t, const T
 // an H200 for 8192 x 4096).
 // Token t's figures for its encode (the statistics pass's exponent, bad-token mark and flagged
 // groups; the allocation's bit width and block offset). Ordinary loads: a one-chunk row's loads
-// (LoadResidentRow, by LoadNow) come first in program order and stay ahead of the early return
-// these decide, wherever the compiler puts these.
+// (LoadResidentOctets, LoadResidentPivots: by LoadNow) come first in program order and stay ahead
+// of the early return these decide, wherever the compiler puts these.
 struct TokenPlan {
   int exp, ok, flagged, bits;
   int64_t blk_off;
@@ -294,14 +298,18 @@ __global__ void __launch_bounds__(kThreads) EncodeTokens(const T* __restrict__ x
   const T* row = x + t * a.dim;
   if (a.dim <= kChunk) {
     // Every load of a one-chunk token issued before any is used: one round trip to memory, not
-    // three (its figures, then its block's place, then its row). A bad token's row is read for
-    // nothing.
+    // three (its figures, then its block's place, then its row); the row's even before the
+    // allocation has ended (a dependent launch: the first wave of blocks loads while it runs). A
+    // bad token's row is read for nothing.
     ResidentRow resident;
-    LoadResidentRow<G>(a, t, row, &resident);
+    LoadResidentOctets(a, row, &resident);
+    WaitForPriorGrids();
+    LoadResidentPivots<G>(a, t, &resident);
     const TokenPlan p = LoadTokenPlan(a, t);
     if (p.ok == 0) return;  // the encode fails; the block is not written
     EncodeRow<G, true>(sm, t, row, a, p.exp, p.bits, p.flagged, p.blk_off, false, &resident);
   } else {
+    WaitForPriorGrids();
     const TokenPlan p = LoadTokenPlan(a, t);
     if (p.ok == 0) return;
     EncodeRow<G, false>(sm, t, row, a, p.exp, p.bits, p.flagged, p.blk_off, false, nullptr);
@@ -382,6 +390,17 @@ __global__ void __launch_bounds__(kThreads) FusedEncode(const T* __restrict__ x,
 
 // The fused encode's results word before its kernel (a kernel, not a copy from pageable host memory).
 __global__ void InitResults(Results* res) { *res = Results{ULLONG_MAX, 0, 0}; }
+
+// The allocation's histograms zeroed: a kernel, which the statistics pass follows as a dependent
+// launch (it waits for this one only before its first count).
+inline constexpr unsigned kZeroBlocks = 64;
+__global__ void ZeroHistograms(unsigned* hist) {
+  LetDependentsStart();
+  for (int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x); i < gqa::kHistWords;
+       i += static_cast<int>(gridDim.x * blockDim.x)) {
+    hist[i] = 0;
+  }
+}
 
 // Scratch slots of the workspace, and what they hold during an encode (the decoder, in
 // group_quant_decode.cu, uses kOffsets only; the fused int<k> encode only kTemp and kPayload; the
@@ -494,7 +513,13 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
     LONGHAUL_CUDA_OK(cudaHostGetDevicePointer(&res_dev, res, 0));
     auto* hist = static_cast<unsigned*>(*temp);
     const gqa::TokenArrays arrays = TokenArraysAt(*token_arrays, tok);
-    if (select) LONGHAUL_CUDA_OK(cudaMemsetAsync(hist, 0, sizeof(unsigned) * gqa::kHistWords, st));
+    // Each kernel after the first is a dependent launch of the one before (cuda_util.cuh): the
+    // statistics pass of the zeroing, the allocation of the statistics, the encode of the
+    // allocation.
+    if (select) {
+      ZeroHistograms<<<kZeroBlocks, kThreads, 0, st>>>(hist);
+      LONGHAUL_CUDA_OK(cudaGetLastError());
+    }
     // Several tokens a block (its setup shared), one wave of blocks: as many as fit on the SMs.
     const gqs::StatsArgs stats_args{tokens, static_cast<int>(dim), entropy, flags, p.tau, ti, arrays, piv, hist};
     absl::Status stats_launched = WithGroupSize(g, [&](auto gc) {
@@ -504,23 +529,29 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
                                                        : gqs::TokenStatsKernel<decltype(gc)::value, T, false>;
         absl::StatusOr<int> blocks = ResidentBlocks(reinterpret_cast<const void*>(kernel), kThreads);
         if (!blocks.ok()) return blocks.status();
-        kernel<<<static_cast<unsigned>(std::min<int64_t>(tokens, *blocks)), kThreads, 0, st>>>(xt, stats_args);
+        const auto n = static_cast<unsigned>(std::min<int64_t>(tokens, *blocks));
+        if (select) return LaunchDependent(kernel, n, kThreads, st, "token statistics kernel", xt, stats_args);
+        kernel<<<n, kThreads, 0, st>>>(xt, stats_args);
         return CudaStatus(cudaGetLastError(), "token statistics kernel");
       });
     });
     if (!stats_launched.ok()) return stats_launched;
     gqa::AllocArgs alloc{tokens, n_hi, p.adaptive, p.bits_hi, p.bits_lo, fixed_bytes, dim};
     auto* ends = static_cast<unsigned long long*>(*offsets);  // ends[t]: the end of token t's block
-    gqa::AllocateBits<<<1, gqa::kAllocThreads, 0, st>>>(alloc, arrays, hist, ends, static_cast<Results*>(res_dev));
-    LONGHAUL_CUDA_OK(cudaGetLastError());
+    if (absl::Status s = LaunchDependent(gqa::AllocateBits, 1, gqa::kAllocThreads, st, "allocation kernel", alloc,
+                                         arrays, static_cast<const unsigned*>(hist), ends,
+                                         static_cast<Results*>(res_dev));
+        !s.ok()) {
+      return s;
+    }
     args.info = ti;
     args.bits = arrays.bits;
     args.pivots = piv;
     args.ends = ends;
     absl::Status encode_launched = WithGroupSize(g, [&](auto gc) {
       return WithInputType(x, dtype, [&](const auto* xt) -> absl::Status {
-        EncodeTokens<decltype(gc)::value><<<grid, kThreads, 0, st>>>(xt, args);
-        return CudaStatus(cudaGetLastError(), "encode kernel");
+        return LaunchDependent(EncodeTokens<decltype(gc)::value, std::remove_cv_t<std::remove_pointer_t<decltype(xt)>>>,
+                               grid, kThreads, st, "encode kernel", xt, args);
       });
     });
     if (!encode_launched.ok()) return encode_launched;

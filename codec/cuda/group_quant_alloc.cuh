@@ -255,6 +255,10 @@ __global__ void __launch_bounds__(kAllocThreads)
   __shared__ unsigned long long first_bad;
   const int tid = threadIdx.x;
   const bool select = Selects(a.n_hi, a.tokens);
+  // The encode's blocks may start now (a dependent launch: they load their rows while this block
+  // works); this block reads the statistics pass's figures, so it waits for that kernel's end.
+  LetDependentsStart();
+  WaitForPriorGrids();
   if (tid == 0) {
     sel = SelectState{0, a.n_hi, 0};
     first_bad = ULLONG_MAX;

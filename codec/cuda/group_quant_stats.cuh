@@ -103,14 +103,20 @@ __device__ __forceinline__ void FinishTokenStats(const StatsLanes<G>& acc, int64
     a.tok.flagged[t] = isfinite(s) ? -2 : -1;
     // Counted too, with the key the allocation computes for it (entropy 0): both levels of its
     // selection then count every token, bad or not, as the CPU's nth_element does.
-    if (a.hist != nullptr) gqa::CountKey(a.hist, gqa::AllocDigit(a.entropy, gqa::AllocKey(a.entropy, t, 0.0f)));
+    if (a.hist != nullptr) {
+      WaitForPriorGrids();  // the histogram's zeroing
+      gqa::CountKey(a.hist, gqa::AllocDigit(a.entropy, gqa::AllocKey(a.entropy, t, 0.0f)));
+    }
     return;
   }
   const float h = a.entropy ? TokenEntropy(s, al) : 0.0f;
   a.info[t] = TokenInfo{h, gqt::TokenExp(mx), 0, 1, flagged, 0};
   a.tok.entropy[t] = h;
   a.tok.flagged[t] = flagged;
-  if (a.hist != nullptr) gqa::CountKey(a.hist, gqa::AllocDigit(a.entropy, gqa::AllocKey(a.entropy, t, h)));
+  if (a.hist != nullptr) {
+    WaitForPriorGrids();
+    gqa::CountKey(a.hist, gqa::AllocDigit(a.entropy, gqa::AllocKey(a.entropy, t, h)));
+  }
 }
 
 // The statistics of tokens blockIdx.x, blockIdx.x + gridDim.x, ..., each row read once from
@@ -130,6 +136,7 @@ template <int G, typename T, bool kPrefetch>
 __global__ void __launch_bounds__(kThreads, kPrefetch ? 4 : 5)  // 64 or 48 registers
     TokenStatsKernel(const T* __restrict__ x, StatsArgs a) {
   __shared__ StatsSmem sm;
+  LetDependentsStart();  // the allocation's block: it waits for this kernel's end
   const int tid = threadIdx.x, lane = tid % kWarp;
   const int dim = a.dim, noct = (dim + 7) / 8, ng = (dim + G - 1) / G;
   int set = 0;  // the token's parity in this block

@@ -49,6 +49,22 @@ absl::StatusOr<int> ResidentBlocks(const void* kernel, int threads) {
   return blocks;
 }
 
+absl::StatusOr<bool> DependentLaunches() {
+  static std::mutex mu;
+  static std::map<int, bool>* cache = new std::map<int, bool>;
+  int device = 0;
+  LONGHAUL_CUDA_OK(cudaGetDevice(&device));
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (auto it = cache->find(device); it != cache->end()) return it->second;
+  }
+  int major = 0;
+  LONGHAUL_CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  std::lock_guard<std::mutex> lock(mu);
+  cache->emplace(device, major >= 9);
+  return major >= 9;
+}
+
 DeviceBuffer::~DeviceBuffer() {
   if (data_ != nullptr) cudaFree(data_);
 }
