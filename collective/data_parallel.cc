@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "codec/bitdp.h"
@@ -19,6 +20,8 @@ absl::Status BadPayload(const Op& op, int peer, absl::string_view what, const ab
 // BitDP's full-precision segments (biases, norms) are small and never quantised: their ring
 // shards need no group alignment, only whole cache lines.
 constexpr int64_t kPlainAlign = 16;
+// The phases of BitDP's fp32 ring (Op::Fork), above any its all-gather reaches.
+constexpr uint32_t kRingPhases = 128;
 
 int Bits(DpCodec c) { return c == DpCodec::kBitDp1 ? 1 : 2; }
 bool IsBitDp(DpCodec c) { return c == DpCodec::kBitDp1 || c == DpCodec::kBitDp2; }
@@ -240,32 +243,59 @@ absl::Status DataParallelSync::StepBitDp(Op& op, absl::Span<const float> grad, a
                                          const UpdateFn& update) {
   const Topology& topo = g_->topology();
   const int P = topo.size(), me = g_->rank(), bits = Bits(o_.codec);
-  // This rank's payload: every quantised segment's planes, in order; the others go to the ring.
-  std::vector<std::string> blobs(static_cast<size_t>(P));
+  // The segments BitDP leaves alone (embeddings, biases, norms) go through the fp32 ring, on a
+  // thread of its own while this one encodes the others' bit planes and all-gathers them: the two
+  // need nothing from each other, and on a slow link the ring's transfers (most of the bytes
+  // across regions in a small model) would otherwise only start after the all-gather's. Either
+  // side that fails aborts the transport, so the other one stops at once rather than at its
+  // deadline.
   std::vector<float> plain;
   int64_t quantised = 0, off = 0;
   for (const BitDpSegment& s : o_.bitdp_layout) {
     const int64_t m = s.rows * s.cols;
     if (s.quantise) {
-      codec::BitDpEncode(grad.data() + off, s.rows, s.cols, bits, &blobs[me]);
       quantised += m;
     } else {
       plain.insert(plain.end(), grad.begin() + off, grad.begin() + off + m);
     }
     off += m;
   }
-  const int64_t payload = static_cast<int64_t>(blobs[me].size());
-  if (absl::Status s = TwoLevelAllGather(op, topo, &blobs, std::vector<int64_t>(static_cast<size_t>(P), payload),
-                                         std::vector<int64_t>(static_cast<size_t>(P), quantised * 4));
-      !s.ok()) {
-    return s;
-  }
+  Op ring_op = op.Fork(kRingPhases);
+  const std::string who = absl::StrCat(op.stats().op, " on rank ", me, ": ");
+  auto abort = [&](const absl::Status& s) {
+    g_->transport()->Abort(absl::Status(s.code(), absl::StrCat(who, s.message())));
+  };
+  absl::Status ring_status;
+  std::thread ring;
   if (!plain.empty()) {
-    const ShardLayout l = MakeShards(static_cast<int64_t>(plain.size()), P, kPlainAlign);
-    plain.resize(static_cast<size_t>(l.padded()), 0.0f);
-    if (absl::Status s = RingReduceScatter(op, topo, l, plain.data()); !s.ok()) return s;
-    if (absl::Status s = RingAllGather(op, topo, l, plain.data()); !s.ok()) return s;
+    ring = std::thread([&] {
+      const ShardLayout l = MakeShards(static_cast<int64_t>(plain.size()), P, kPlainAlign);
+      plain.resize(static_cast<size_t>(l.padded()), 0.0f);
+      ring_status = RingReduceScatter(ring_op, topo, l, plain.data());
+      if (ring_status.ok()) ring_status = RingAllGather(ring_op, topo, l, plain.data());
+      if (!ring_status.ok()) {
+        ring_status = absl::Status(ring_status.code(), absl::StrCat("its fp32 ring: ", ring_status.message()));
+        abort(ring_status);
+      }
+    });
   }
+  // This rank's payload: every quantised segment's planes, in order.
+  std::vector<std::string> blobs(static_cast<size_t>(P));
+  off = 0;
+  for (const BitDpSegment& s : o_.bitdp_layout) {
+    if (s.quantise) codec::BitDpEncode(grad.data() + off, s.rows, s.cols, bits, &blobs[me]);
+    off += s.rows * s.cols;
+  }
+  const int64_t payload = static_cast<int64_t>(blobs[me].size());
+  absl::Status gathered = TwoLevelAllGather(op, topo, &blobs, std::vector<int64_t>(static_cast<size_t>(P), payload),
+                                            std::vector<int64_t>(static_cast<size_t>(P), quantised * 4));
+  if (ring.joinable()) {
+    if (!gathered.ok()) abort(gathered);
+    ring.join();
+    op.Absorb(ring_op);
+  }
+  if (!gathered.ok()) return gathered;
+  if (!ring_status.ok()) return ring_status;
   // The exact reduction of the same bytes in rank order: the same sum on every rank.
   std::vector<float> sum(static_cast<size_t>(n_));
   off = 0;

@@ -71,6 +71,21 @@ uint64_t Op::Tag(uint32_t index) const {
 }
 
 std::string Op::PeerName(int peer) const { return g_->t_->PeerName(peer); }
+
+Op Op::Fork(uint32_t first_phase) const {
+  Op f(g_, seq_, start_, deadline_);
+  f.phase_ = first_phase;
+  f.stats_.op = stats_.op;
+  return f;
+}
+
+void Op::Absorb(const Op& fork) {
+  CallStats s = fork.stats_;
+  s.elements = 0;  // the call's, counted once
+  s.wall = absl::ZeroDuration();
+  s.wire_bytes_sent = 0;  // Finish takes the transport's counter, which has both parts
+  stats_.Add(s);
+}
 int Op::rank() const { return g_->rank(); }
 
 absl::Status Op::Send(int peer, uint32_t index, absl::string_view data, int64_t raw_bytes) {

@@ -111,6 +111,11 @@ class Op {
   // "rank 2 (host:port)", for errors about what a peer sent.
   std::string PeerName(int peer) const;
   int rank() const;
+  // A part of this call that runs on another thread at the same time: the same call and deadline,
+  // its own phases from `first_phase` on (above any the rest of the call reaches, so their
+  // messages never match) and its own counters, which Absorb adds back once that thread is done.
+  Op Fork(uint32_t first_phase) const;
+  void Absorb(const Op& fork);
 
  private:
   friend class Group;

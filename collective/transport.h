@@ -19,7 +19,7 @@
 //     Send and Recv calls fail too (a send waiting for a dead peer included). A group is not usable
 //     after an abort; the caller builds a new one (a new group id on the gRPC transport).
 // Threading: Send/Recv/Abort/counters may be called from any thread; the collectives use one
-// thread per rank.
+// thread per rank (two during a BitDP step: its fp32 ring runs beside the all-gather).
 #ifndef LONGHAUL_COLLECTIVE_TRANSPORT_H_
 #define LONGHAUL_COLLECTIVE_TRANSPORT_H_
 

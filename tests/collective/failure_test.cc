@@ -20,13 +20,16 @@ class FailureTest : public ::testing::TestWithParam<Kind> {};
 TEST_P(FailureTest, ADeadRankFailsTheOthersWithinTheDeadlineNamingIt) {
   testing::ClusterOptions o;
   o.timeout = absl::Seconds(2);
-  for (DpCodec codec : {DpCodec::kFp32, DpCodec::kSdp4Bit}) {
+  for (DpCodec codec : {DpCodec::kFp32, DpCodec::kSdp4Bit, DpCodec::kBitDp2}) {
     Cluster c(GetParam(), {"a", "a", "b", "b"}, o);
     c.Kill(2);
     std::vector<absl::Status> status(4);
     std::vector<absl::Duration> took(4);
+    DpOptions opts = DefaultDpOptions(codec);
+    // BitDP: bit planes and an fp32 segment, whose ring runs on a thread of its own.
+    if (codec == DpCodec::kBitDp2) opts.bitdp_layout = {{40, 100, true}, {1, 1000, false}};
     c.Run([&](int r) {
-      auto dp = DataParallelSync::Create(&c.group(r), 5000, DefaultDpOptions(codec));
+      auto dp = DataParallelSync::Create(&c.group(r), 5000, opts);
       std::vector<float> g(5000, 1.0f), w(5000, 0.0f);
       const absl::Time t0 = absl::Now();
       auto none = [](int64_t, absl::Span<const float>, absl::Span<float>) {};
