@@ -25,12 +25,12 @@ namespace longhaul::bench {
 namespace {
 
 // One data-parallel cell's jobs, averaged over the measured steps: the step's wall time and, per
-// stage, its slowest replica's sync wall time and the most bytes one of its replicas sent across
-// regions.
+// stage, its slowest replica's sync wall time and the most bytes one of its replicas sent to one
+// replica in another region (the busiest directed link between regions).
 struct DpSample {
   double step_s = 0;
   std::vector<double> sync_s;
-  std::vector<int64_t> inter_region_bytes;
+  std::vector<int64_t> busiest_link_bytes;
   int64_t bytes = 0, raw_bytes = 0;  // every replica and stage, per step
 };
 
@@ -41,8 +41,9 @@ struct DpSample {
 // pass, and the step ends when every stage's sync has): stage s's backward pass ends at the
 // unshaped step minus its unshaped sync (the data-parallel links do not carry the pipeline's
 // traffic); its sync then takes at least the larger of its unshaped sync and the most bytes one of
-// its replicas must send across regions at the rate (each directed pair of regions' replicas has
-// the rate to itself, as longhaul-netem's between_regions). The step bound is the largest stage's
+// its replicas must send to one replica of another region, at the rate (each directed pair of
+// regions' replicas has the rate to itself, as longhaul-netem's between_regions, so messages to
+// different peers may overlap). The step bound is the largest stage's
 // sum; the sync columns are that stage's. fraction = bound / measured (1 = at the bound).
 int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
   const std::vector<double> rates = cmd.count("--rates") ? f.rates : std::vector<double>{10, 100};
@@ -86,20 +87,20 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
       x.step_s = absl::ToDoubleSeconds(absl::Now() - t0);
       for (const auto& st : (*p)->last_stage_dp()) {
         x.sync_s.push_back(absl::ToDoubleSeconds(st.wall));
-        x.inter_region_bytes.push_back(st.max_inter_region);
+        x.busiest_link_bytes.push_back(st.busiest_link);
       }
       x.bytes = (*p)->last_dp().bytes_sent, x.raw_bytes = (*p)->last_dp().bytes_sent_uncompressed;
       steps.push_back(std::move(x));
     }
     DpSample mean;
     mean.sync_s.assign(static_cast<size_t>(stages), 0.0);
-    mean.inter_region_bytes.assign(static_cast<size_t>(stages), 0);
+    mean.busiest_link_bytes.assign(static_cast<size_t>(stages), 0);
     for (const DpSample& x : steps) {
       const double w = 1.0 / static_cast<double>(steps.size());
       mean.step_s += x.step_s * w;
       for (int s = 0; s < stages; ++s) {
         mean.sync_s[s] += x.sync_s[s] * w;
-        mean.inter_region_bytes[s] = std::max(mean.inter_region_bytes[s], x.inter_region_bytes[s]);
+        mean.busiest_link_bytes[s] = std::max(mean.busiest_link_bytes[s], x.busiest_link_bytes[s]);
       }
       mean.bytes = x.bytes, mean.raw_bytes = x.raw_bytes;
     }
@@ -120,8 +121,8 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
         if (!f.json) {
           std::string per_stage;
           for (int s = 0; s < stages; ++s) {
-            absl::StrAppendFormat(&per_stage, "%s stage %d %.3f s (%lld bytes across regions)", s ? "," : "", s,
-                                  x->sync_s[s], static_cast<long long>(x->inter_region_bytes[s]));
+            absl::StrAppendFormat(&per_stage, "%s stage %d %.3f s (%lld bytes on its busiest link between regions)",
+                                  s ? "," : "", s, x->sync_s[s], static_cast<long long>(x->busiest_link_bytes[s]));
           }
           std::fprintf(stderr, "round %lld: %s, %s: step %.3f s, sync:%s\n", static_cast<long long>(rep + 1),
                        rate > 0 ? absl::StrCat(rate, " Mbit/s").c_str() : "unshaped", c.c_str(), x->step_s,
@@ -143,7 +144,7 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
   std::string md = absl::StrFormat(
       "| between regions Mbit/s | data-parallel codec | step s | step bound s | step fraction of bound | "
       "bounding stage | its sync s | its sync bound s | its sync fraction of bound | slowest sync s (any stage) | "
-      "KB across regions per replica-step (max) | data-parallel KB per step, all replicas / as fp32 | "
+      "KB on the busiest link between regions, per step | data-parallel KB per step, all replicas / as fp32 | "
       "sync speed-up vs fp32 | step speed-up vs fp32 |\n"
       "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
@@ -157,19 +158,19 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
       double step_bound = 0, sync_bound = 0;
       for (int s = 0; s < stages; ++s) {
         const double unshaped_sync = median(0, c, sync_of(s));
-        const double link_s = static_cast<double>(any.inter_region_bytes[s]) / (rate * 1e6 / 8);
+        const double link_s = static_cast<double>(any.busiest_link_bytes[s]) / (rate * 1e6 / 8);
         const double bound = median(0, c, step_of) - unshaped_sync + std::max(unshaped_sync, link_s);
         if (bound > step_bound) bounding = s, step_bound = bound, sync_bound = std::max(unshaped_sync, link_s);
       }
       const double sync = median(rate, c, sync_of(bounding));
-      const int64_t inter_region = *std::max_element(any.inter_region_bytes.begin(), any.inter_region_bytes.end());
+      const int64_t busiest = *std::max_element(any.busiest_link_bytes.begin(), any.busiest_link_bytes.end());
       const bool has_fp32 = samples.count({rate, "fp32"}) > 0;
       const double fp32_step = has_fp32 ? median(rate, "fp32", step_of) : 0;
       const double fp32_slowest = has_fp32 ? median(rate, "fp32", slowest_sync) : 0;
       absl::StrAppendFormat(
           &md, "| %g | %s | %.3f | %.3f | %.2f | %d | %.3f | %.3f | %.2f | %.3f | %.1f | %.0f / %.0f | %s | %s |\n", rate,
           c, step, step_bound, step_bound / step, bounding, sync, sync_bound, sync_bound / sync, slowest,
-          inter_region / 1e3, any.bytes / 1e3, any.raw_bytes / 1e3,
+          busiest / 1e3, any.bytes / 1e3, any.raw_bytes / 1e3,
           has_fp32 ? absl::StrFormat("%.2fx", fp32_slowest / slowest) : "-",
           has_fp32 ? absl::StrFormat("%.2fx", fp32_step / step) : "-");
       rows.push_back({{"rate_mbit", rate}, {"dp_codec", c}, {"step_s", Round(step, 4)},
@@ -177,7 +178,7 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
                       {"bounding_stage", bounding}, {"bounding_stage_sync_s", Round(sync, 4)},
                       {"bounding_stage_sync_bound_s", Round(sync_bound, 4)},
                       {"bounding_stage_sync_fraction", Round(sync_bound / sync, 3)}, {"slowest_sync_s", Round(slowest, 4)},
-                      {"inter_region_bytes", inter_region}, {"stage_inter_region_bytes", any.inter_region_bytes},
+                      {"busiest_link_bytes", busiest}, {"stage_busiest_link_bytes", any.busiest_link_bytes},
                       {"dp_bytes_per_step", any.bytes}, {"dp_raw_bytes_per_step", any.raw_bytes},
                       {"slowest_sync_speedup_vs_fp32", Round(has_fp32 ? fp32_slowest / slowest : 0.0, 3)},
                       {"step_speedup_vs_fp32", Round(has_fp32 ? fp32_step / step : 0.0, 3)}});

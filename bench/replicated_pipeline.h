@@ -149,7 +149,7 @@ class ReplicatedPipeline {
         const collective::CallStats& c = x.syncs[s]->last();
         last_dp_.Add(c);
         last_stage_dp_[s].wall = std::max(last_stage_dp_[s].wall, c.wall);
-        last_stage_dp_[s].max_inter_region = std::max(last_stage_dp_[s].max_inter_region, c.bytes_sent_inter_region);
+        last_stage_dp_[s].busiest_link = std::max(last_stage_dp_[s].busiest_link, c.busiest_inter_region_link());
       }
     }
     return *results[static_cast<size_t>(S - 1)];  // replica 0's last stage: the replicas' mean loss
@@ -184,11 +184,12 @@ class ReplicatedPipeline {
   const collective::CallStats& last_dp() const { return last_dp_; }
   // Per stage, the last step's data-parallel sync: the slowest replica's wall time (from the end of
   // its backward pass, so it includes waiting for the other replicas and, through the clipping norm,
-  // for the other stages) and the most bytes one replica sent across regions (with two regions, all
-  // to one peer: its partner, or for fp32's ring the next rank across the boundary).
+  // for the other stages) and the most bytes one replica sent to one replica in another region (each
+  // directed link between regions is shaped on its own: a replica's messages to two such peers may
+  // overlap, as BitDP's bit planes and fp32 ring do).
   struct StageDp {
     absl::Duration wall = absl::ZeroDuration();
-    int64_t max_inter_region = 0;
+    int64_t busiest_link = 0;
   };
   const std::vector<StageDp>& last_stage_dp() const { return last_stage_dp_; }
   absl::Duration last_dp_wall() const {  // the slowest replica's of any stage

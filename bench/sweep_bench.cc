@@ -465,7 +465,8 @@ BenchmarkRun AddSweepBench(CLI::App& app) {
       "10,100; within a region and along the pipeline unshaped), plus unshaped. Per cell: the step time\n"
       "and its bound, the largest over the stages of (the unshaped step minus the stage's unshaped\n"
       "sync, i.e. when its backward pass ends) + (the larger of its unshaped sync and the most bytes one\n"
-      "of its replicas sends across regions / rate), bound / measured, that stage's sync against its\n"
+      "of its replicas sends to one replica of another region / rate: each such directed link is\n"
+      "shaped on its own), bound / measured, that stage's sync against its\n"
       "bound, the slowest replica's sync of any stage, and the speed-ups over fp32.");
   return [f, cmd] { return RunSweep(*f, *cmd); };
 }

@@ -51,10 +51,20 @@ void CallStats::Add(const CallStats& o) {
   wire_bytes_sent += o.wire_bytes_sent;
   bytes_sent_uncompressed += o.bytes_sent_uncompressed;
   bytes_sent_inter_region += o.bytes_sent_inter_region;
+  if (inter_region_bytes_to.size() < o.inter_region_bytes_to.size()) {
+    inter_region_bytes_to.resize(o.inter_region_bytes_to.size(), 0);
+  }
+  for (size_t k = 0; k < o.inter_region_bytes_to.size(); ++k) inter_region_bytes_to[k] += o.inter_region_bytes_to[k];
   bytes_received += o.bytes_received;
   wall += o.wall;
   send += o.send;
   recv_wait += o.recv_wait;
+}
+
+int64_t CallStats::busiest_inter_region_link() const {
+  int64_t m = 0;
+  for (int64_t b : inter_region_bytes_to) m = std::max(m, b);
+  return m;
 }
 
 std::string CallStats::ToString() const {
@@ -97,7 +107,12 @@ absl::Status Op::Send(int peer, uint32_t index, absl::string_view data, int64_t 
   const int64_t n = static_cast<int64_t>(data.size());
   stats_.bytes_sent += n;
   stats_.bytes_sent_uncompressed += raw_bytes;
-  if (g_->topo_.region(peer) != g_->topo_.region(g_->rank())) stats_.bytes_sent_inter_region += n;
+  if (g_->topo_.region(peer) != g_->topo_.region(g_->rank())) {
+    stats_.bytes_sent_inter_region += n;
+    std::vector<int64_t>& to = stats_.inter_region_bytes_to;
+    if (to.size() <= static_cast<size_t>(peer)) to.resize(static_cast<size_t>(peer) + 1, 0);
+    to[static_cast<size_t>(peer)] += n;
+  }
   return absl::OkStatus();
 }
 

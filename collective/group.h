@@ -80,10 +80,15 @@ struct CallStats {
   int64_t wire_bytes_sent = 0;          // the same with the transport's framing (chunk headers)
   int64_t bytes_sent_uncompressed = 0;  // the same messages' contents as fp32
   int64_t bytes_sent_inter_region = 0;  // the part of bytes_sent that crossed regions
+  // That part by receiving rank (index: rank; shorter than the group when the last ranks got none):
+  // each directed link has its own rate, so the busiest one, not the sum, bounds a call whose
+  // messages to different peers overlap.
+  std::vector<int64_t> inter_region_bytes_to;
   int64_t bytes_received = 0;
   absl::Duration wall = absl::ZeroDuration();
   absl::Duration send = absl::ZeroDuration();       // inside Transport::Send
   absl::Duration recv_wait = absl::ZeroDuration();  // inside Transport::Recv
+  int64_t busiest_inter_region_link() const;  // the largest of inter_region_bytes_to (0 if none)
   double compression() const {
     return bytes_sent > 0 ? static_cast<double>(bytes_sent_uncompressed) / static_cast<double>(bytes_sent) : 1.0;
   }

@@ -329,6 +329,8 @@ TEST(CollectiveBytesTest, SendsTheCodecsBitsPerElement) {
     const int64_t w_intra = (X - 1) * (weight_bytes(r) + weight_bytes((r + X) % P));
     EXPECT_EQ(res.stats[r].bytes_sent, grad_intra + grad_inter + w_inter + w_intra) << "rank " << r;
     EXPECT_EQ(res.stats[r].bytes_sent_inter_region, grad_inter + w_inter) << "rank " << r;
+    // All of it to one peer: the partner in the other region.
+    EXPECT_EQ(res.stats[r].busiest_inter_region_link(), grad_inter + w_inter) << "rank " << r;
     EXPECT_EQ(res.stats[r].bytes_sent_uncompressed,
               4 * ((X - 1) * Y * chunk + (Y - 1) * chunk + (Y - 1) * len(r) + (X - 1) * (len(r) + len((r + X) % P))));
   }
@@ -337,6 +339,18 @@ TEST(CollectiveBytesTest, SendsTheCodecsBitsPerElement) {
   const int64_t payload = 100 * 4 + 100 * 2 * 50;
   EXPECT_EQ(payload, static_cast<int64_t>(codec::BitDpPayloadBytes(100, 400, 2)));
   for (int r = 0; r < P; ++r) EXPECT_EQ(b.stats[r].bytes_sent, (Y - 1) * payload + (X - 1) * Y * payload);
+  // With an fp32 segment too, whose ring (0 1 2 3) runs beside the all-gather: rank 1 sends the
+  // ring's reduce-scatter and all-gather to rank 2 and its planes to its partner, rank 3, two
+  // links between the regions, counted apart.
+  StepResult m = RunSteps(c, DpCodec::kBitDp2, 44000, 1, {{100, 400, true}, {1, 4000, false}});
+  const int64_t plain_chunk = (4000 / P + 15) / 16 * 16;  // fp32 shards are whole 16-element lines
+  const int64_t ring = 2 * (P - 1) * plain_chunk * 4;
+  const std::vector<int64_t>& to = m.stats[1].inter_region_bytes_to;
+  ASSERT_EQ(to.size(), 4u);
+  EXPECT_EQ(to[2], ring);
+  EXPECT_EQ(to[3], (Y - 1) * payload);
+  EXPECT_EQ(m.stats[1].bytes_sent_inter_region, ring + (Y - 1) * payload);
+  EXPECT_EQ(m.stats[1].busiest_inter_region_link(), std::max(ring, (Y - 1) * payload));
 }
 
 }  // namespace
