@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
-#include <numeric>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -26,20 +25,21 @@ constexpr int64_t kPlainAlign = 16;
 // apart: above any phase a step reaches on its own Op.
 constexpr uint32_t kForkPhases = 32;
 constexpr uint32_t kPhasesPerFork = 16;
-static_assert(kForkPhases + 2 * 4 * kPhasesPerFork <= 256, "Op tags keep 8 bits of phase");
+constexpr int kMaxParts = 8;
+static_assert(kForkPhases + kMaxParts * kPhasesPerFork <= 256, "Op tags keep 8 bits of phase");
 
-// Runs task(i, op_i) for i in [0, n) at the same time, task 0 on this thread and the others on
-// threads of their own, each op_i a fork of `op` (its own phases and counters, absorbed back), with
-// `phase_base` + i phase slots. A task that fails aborts the transport, so the others stop at once
-// rather than at their deadline; the first failure (by task index) is returned, named by `part`.
-// n == 1 runs task 0 on `op` itself.
-absl::Status RunConcurrently(Group* g, Op& op, int n, uint32_t phase_base,
-                             const std::function<absl::Status(int, Op&)>& task,
+// Runs task(i, op_i) for i in [0, n) (1 <= n <= kMaxParts) at the same time, task 0 on this thread
+// and the others on threads of their own, each op_i a fork of `op` (its own phases and counters,
+// absorbed back). A task that fails aborts the transport, so the others stop at once rather than
+// at their deadline; the first failure (by task index) is returned, named by `part`. n == 1 runs
+// task 0 on `op` itself.
+absl::Status RunConcurrently(Group* g, Op& op, int n, const std::function<absl::Status(int, Op&)>& task,
                              const std::function<std::string(int)>& part) {
   if (n == 1) return task(0, op);
+  if (n < 1 || n > kMaxParts) return absl::InternalError(absl::StrCat(n, " concurrent parts of a step"));
   const std::string who = absl::StrCat(op.stats().op, " on rank ", g->rank(), ": ");
   std::vector<Op> forks;
-  for (int i = 0; i < n; ++i) forks.push_back(op.Fork(kForkPhases + (phase_base + i) * kPhasesPerFork));
+  for (int i = 0; i < n; ++i) forks.push_back(op.Fork(kForkPhases + static_cast<uint32_t>(i) * kPhasesPerFork));
   std::vector<absl::Status> status(static_cast<size_t>(n));
   auto run = [&](int i) {
     absl::Status s = task(i, forks[i]);
@@ -57,30 +57,6 @@ absl::Status RunConcurrently(Group* g, Op& op, int n, uint32_t phase_base,
     if (!s.ok()) return s;
   }
   return absl::OkStatus();
-}
-
-// SDP4Bit / ZeRO++ cut each shard into buckets of whole quantisation groups (gradients' and
-// weights'), at least kMinBucket elements, at most kMaxBuckets: each bucket's reduce-scatter, and
-// later its weights' all-gather, runs at the same time as the others' (RunConcurrently), so one
-// bucket's transfers overlap another's quantisation. The bytes are those of the whole shard (every
-// bucket but the last is whole groups).
-constexpr int kMaxBuckets = 4;
-constexpr int64_t kMinBucket = 32768;
-struct Bucket {
-  int64_t begin = 0, length = 0;  // within every shard
-};
-std::vector<Bucket> ShardBuckets(int64_t chunk, int64_t align) {
-  const int64_t k = std::clamp<int64_t>(chunk / kMinBucket, 1, kMaxBuckets);
-  const int64_t size = (chunk + k - 1) / k;
-  const int64_t step = (size + align - 1) / align * align;
-  std::vector<Bucket> out;
-  for (int64_t b = 0; b < chunk; b += step) out.push_back({b, std::min(step, chunk - b)});
-  if (out.empty()) out.push_back({0, 0});
-  return out;
-}
-// The part of [begin, begin + length) that lies in a shard of `shard_length` elements.
-int64_t InShard(const Bucket& b, int64_t shard_length) {
-  return std::clamp<int64_t>(shard_length - b.begin, 0, b.length);
 }
 
 int Bits(DpCodec c) { return c == DpCodec::kBitDp1 ? 1 : 2; }
@@ -258,80 +234,43 @@ absl::Status DataParallelSync::StepQuantised(Op& op, absl::Span<const float> gra
                                              const UpdateFn& update) {
   const Topology& topo = g_->topology();
   const int P = topo.size(), me = g_->rank();
-  const int64_t b = layout_.begin(me), len = layout_.length(me), chunk = layout_.chunk;
+  const int64_t b = layout_.begin(me), len = layout_.length(me);
   const bool qwd = o_.codec == DpCodec::kSdp4Bit;
   const uint64_t seed = o_.seed * 0x9e3779b97f4a7c15ull + steps_;
-  const std::vector<Bucket> buckets =
-      ShardBuckets(chunk, std::lcm<int64_t>(kShardAlign, std::max(1, o_.weights.group_size)));
-  const int K = static_cast<int>(buckets.size());
-  auto name = [](const char* what) { return [what](int i) { return absl::StrCat(what, " of bucket ", i); }; };
   padded_.assign(static_cast<size_t>(layout_.padded()), 0.0f);
   std::memcpy(padded_.data(), grad.data(), grad.size() * sizeof(float));
-  shard_.resize(static_cast<size_t>(chunk));
-  // Gradients: each bucket's pieces of every shard, reduce-scattered as a tensor of its own (one
-  // bucket: the padded buffer itself).
-  absl::Status reduced = RunConcurrently(
-      g_, op, K, 0,
-      [&](int i, Op& bop) {
-        const Bucket& k = buckets[i];
-        if (K == 1) return TwoLevelReduceScatter(bop, topo, layout_, padded_.data(), o_.grad, seed, shard_.data());
-        std::vector<float> piece(static_cast<size_t>(P * k.length));
-        for (int r = 0; r < P; ++r) {
-          std::memcpy(piece.data() + r * k.length, padded_.data() + r * chunk + k.begin,
-                      static_cast<size_t>(k.length) * sizeof(float));
-        }
-        ShardLayout l;
-        l.n = P * k.length;
-        l.chunk = k.length;
-        l.parts = P;
-        return TwoLevelReduceScatter(bop, topo, l, piece.data(), o_.grad, seed + 0x51ed27u * static_cast<uint64_t>(i),
-                                     shard_.data() + k.begin);
-      },
-      name("gradient reduce-scatter"));
-  if (!reduced.ok()) return reduced;
+  shard_.resize(static_cast<size_t>(layout_.chunk));
+  if (absl::Status s = TwoLevelReduceScatter(op, topo, layout_, padded_.data(), o_.grad, seed, shard_.data());
+      !s.ok()) {
+    return s;
+  }
   if (main_.empty()) main_.assign(weights.begin() + b, weights.begin() + b + len);
   update(b, absl::MakeConstSpan(shard_.data(), static_cast<size_t>(len)), absl::MakeSpan(main_));
   // Weights: qWD sends the quantised difference main - model (the model keeps what earlier steps
-  // could not express, so the error does not accumulate); qwZ the quantised main weights. Bucket
-  // by bucket, every shard's blob validated before any weight changes, so a bad payload leaves the
-  // model as it was.
-  std::vector<std::vector<std::string>> blobs(static_cast<size_t>(K), std::vector<std::string>(static_cast<size_t>(P)));
-  absl::Status gathered = RunConcurrently(
-      g_, op, K, static_cast<uint32_t>(K),
-      [&](int i, Op& bop) {
-        const Bucket& k = buckets[i];
-        std::vector<std::string>& bl = blobs[i];
-        const int64_t mine = InShard(k, len);
-        if (qwd) {
-          bl[me] = codec::QwdEncodeShard(main_.data() + k.begin, weights.data() + b + k.begin, mine, o_.weights);
-        } else {
-          codec::SymQuantEncode(main_.data() + k.begin, mine, o_.weights, seed, &bl[me], k.begin);
-        }
-        std::vector<int64_t> expected(static_cast<size_t>(P)), raw(static_cast<size_t>(P));
-        for (int r = 0; r < P; ++r) {
-          const int64_t lr = InShard(k, layout_.length(r));
-          expected[r] = static_cast<int64_t>(codec::SymQuantPayloadBytes(lr, o_.weights));
-          raw[r] = lr * 4;
-        }
-        return TwoLevelAllGather(bop, topo, &bl, expected, raw);
-      },
-      name("weight all-gather"));
-  if (!gathered.ok()) return gathered;
-  for (int i = 0; i < K; ++i) {
-    for (int r = 0; r < P; ++r) {
-      const int64_t lr = InShard(buckets[i], layout_.length(r));
-      if (absl::Status s = codec::SymQuantValidate(blobs[i][r], lr, o_.weights); !s.ok()) {
-        return BadPayload(op, r, qwd ? "weight-difference payload" : "weight payload", s);
-      }
+  // could not express, so the error does not accumulate); qwZ the quantised main weights.
+  std::vector<std::string> blobs(static_cast<size_t>(P));
+  if (qwd) {
+    blobs[me] = codec::QwdEncodeShard(main_.data(), weights.data() + b, len, o_.weights);
+  } else {
+    codec::SymQuantEncode(main_.data(), len, o_.weights, seed, &blobs[me]);
+  }
+  std::vector<int64_t> expected(static_cast<size_t>(P)), raw(static_cast<size_t>(P));
+  for (int k = 0; k < P; ++k) {
+    expected[k] = WeightPayloadBytes(k);
+    raw[k] = layout_.length(k) * 4;
+  }
+  if (absl::Status s = TwoLevelAllGather(op, topo, &blobs, expected, raw); !s.ok()) return s;
+  // Validate every shard before changing any weight, so a bad payload leaves the model as it was.
+  for (int k = 0; k < P; ++k) {
+    if (absl::Status s = codec::SymQuantValidate(blobs[k], layout_.length(k), o_.weights); !s.ok()) {
+      return BadPayload(op, k, qwd ? "weight-difference payload" : "weight payload", s);
     }
   }
-  for (int i = 0; i < K; ++i) {
-    for (int r = 0; r < P; ++r) {
-      const int64_t lr = InShard(buckets[i], layout_.length(r));
-      if (lr == 0) continue;
-      const codec::SymDecodeOptions d{/*accumulate=*/qwd, /*hadamard_domain=*/false};
-      codec::SymQuantDecode(blobs[i][r], lr, o_.weights, d, weights.data() + layout_.begin(r) + buckets[i].begin);
-    }
+  for (int k = 0; k < P; ++k) {
+    const int64_t lk = layout_.length(k);
+    if (lk == 0) continue;
+    const codec::SymDecodeOptions d{/*accumulate=*/qwd, /*hadamard_domain=*/false};
+    codec::SymQuantDecode(blobs[k], lk, o_.weights, d, weights.data() + layout_.begin(k));
   }
   return absl::OkStatus();
 }
@@ -374,7 +313,7 @@ absl::Status DataParallelSync::StepBitDp(Op& op, absl::Span<const float> grad, a
     return s.ok() ? RingAllGather(rop, topo, l, plain.data()) : s;
   };
   if (absl::Status s = RunConcurrently(
-          g_, op, plain.empty() ? 1 : 2, 0, [&](int i, Op& part) { return i == 0 ? planes(part) : ring(part); },
+          g_, op, plain.empty() ? 1 : 2, [&](int i, Op& part) { return i == 0 ? planes(part) : ring(part); },
           [](int i) { return i == 0 ? "its bit planes" : "its fp32 ring"; });
       !s.ok()) {
     return s;

@@ -274,29 +274,6 @@ TEST_P(CollectivesTest, BitDpStepIsTheExactReductionOfEveryRanksPlanes) {
 
 INSTANTIATE_TEST_SUITE_P(Groups, CollectivesTest, ::testing::ValuesIn(Setups()), SetupName);
 
-// Shards of 64K elements and more are synchronised in buckets (2 here, 4 for the larger tensor,
-// whose last shard ends inside its last bucket), each bucket's reduce-scatter and all-gather at
-// the same time as the others': the replicas still agree bit for bit, the bytes are the whole
-// shard's, and the error is the codec's.
-TEST(BucketedStepTest, ReplicasAgreeAndTheBytesAreTheWholeShards) {
-  for (Kind kind : {Kind::kInProcess, Kind::kGrpc}) {
-    for (int64_t n : {270000, 600000}) {
-      for (DpCodec codec : {DpCodec::kSdp4Bit, DpCodec::kZeroPP}) {
-        SCOPED_TRACE(absl::StrCat(testing::KindName(kind), " ", n, " ", DpCodecName(codec)));
-        Cluster c(kind, {"a", "b", "a", "b"});
-        StepResult res = RunSteps(c, codec, n, 2);
-        ExpectBitIdentical(res);
-        ExpectBytes(res, kind);
-        const double err = RelL2(res.reduced, ExactSum(c.size(), n, 100));
-        EXPECT_LT(err, codec == DpCodec::kSdp4Bit ? 0.15 : 0.4) << err;
-        if (codec == DpCodec::kSdp4Bit) {
-          EXPECT_LT(res.weight_error, 0.5) << res.weight_error;
-        }
-      }
-    }
-  }
-}
-
 TEST(BitDpLayoutTest, QuantisesOnlyTheLinearLayersWeightMatrices) {
   const std::vector<BitDpSegment> l = BitDpLayoutFor({{"wte.weight", {100, 64}},
                                                       {"h.0.ln_1.weight", {64}},
