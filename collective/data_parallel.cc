@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "codec/bitdp.h"
 #include "codec/sym_quant.h"
 #include "collective/algorithms.h"
@@ -31,8 +32,8 @@ static_assert(kForkPhases + kMaxParts * kPhasesPerFork <= 256, "Op tags keep 8 b
 // Runs task(i, op_i) for i in [0, n) (1 <= n <= kMaxParts) at the same time, task 0 on this thread
 // and the others on threads of their own, each op_i a fork of `op` (its own phases and counters,
 // absorbed back). A task that fails aborts the transport, so the others stop at once rather than
-// at their deadline; the first failure (by task index) is returned, named by `part`. n == 1 runs
-// task 0 on `op` itself.
+// at their deadline; the first failure in time (the cause, not the others' aborts) is returned,
+// named by `part`. n == 1 runs task 0 on `op` itself.
 absl::Status RunConcurrently(Group* g, Op& op, int n, const std::function<absl::Status(int, Op&)>& task,
                              const std::function<std::string(int)>& part) {
   if (n == 1) return task(0, op);
@@ -40,23 +41,32 @@ absl::Status RunConcurrently(Group* g, Op& op, int n, const std::function<absl::
   const std::string who = absl::StrCat(op.stats().op, " on rank ", g->rank(), ": ");
   std::vector<Op> forks;
   for (int i = 0; i < n; ++i) forks.push_back(op.Fork(kForkPhases + static_cast<uint32_t>(i) * kPhasesPerFork));
-  std::vector<absl::Status> status(static_cast<size_t>(n));
+  absl::Mutex mu;
+  absl::Status first;  // guarded by mu
   auto run = [&](int i) {
     absl::Status s = task(i, forks[i]);
-    if (!s.ok()) {
-      status[i] = absl::Status(s.code(), absl::StrCat(part(i), ": ", s.message()));
-      g->transport()->Abort(absl::Status(s.code(), absl::StrCat(who, status[i].message())));
+    if (s.ok()) return;
+    s = absl::Status(s.code(), absl::StrCat(part(i), ": ", s.message()));
+    {
+      absl::MutexLock l(&mu);
+      if (!first.ok()) return;  // a consequence of the first failure's abort
+      first = s;
     }
+    g->transport()->Abort(absl::Status(s.code(), absl::StrCat(who, s.message())));
   };
-  std::vector<std::thread> threads;
-  for (int i = 1; i < n; ++i) threads.emplace_back(run, i);
-  run(0);
-  for (std::thread& t : threads) t.join();
-  for (const Op& f : forks) op.Absorb(f);
-  for (const absl::Status& s : status) {
-    if (!s.ok()) return s;
+  {
+    std::vector<std::thread> threads;
+    struct JoinAll {
+      std::vector<std::thread>& t;
+      ~JoinAll() {
+        for (std::thread& x : t) x.join();
+      }
+    } join{threads};
+    for (int i = 1; i < n; ++i) threads.emplace_back(run, i);
+    run(0);
   }
-  return absl::OkStatus();
+  for (const Op& f : forks) op.Absorb(f);
+  return first;
 }
 
 int Bits(DpCodec c) { return c == DpCodec::kBitDp1 ? 1 : 2; }

@@ -86,8 +86,10 @@ struct CallStats {
   std::vector<int64_t> inter_region_bytes_to;
   int64_t bytes_received = 0;
   absl::Duration wall = absl::ZeroDuration();
-  absl::Duration send = absl::ZeroDuration();       // inside Transport::Send
-  absl::Duration recv_wait = absl::ZeroDuration();  // inside Transport::Recv
+  // Inside Transport::Send and Recv, summed over a call's parts that run at the same time
+  // (Op::Fork), so together they may exceed `wall`.
+  absl::Duration send = absl::ZeroDuration();
+  absl::Duration recv_wait = absl::ZeroDuration();
   int64_t busiest_inter_region_link() const;  // the largest of inter_region_bytes_to (0 if none)
   double compression() const {
     return bytes_sent > 0 ? static_cast<double>(bytes_sent_uncompressed) / static_cast<double>(bytes_sent) : 1.0;

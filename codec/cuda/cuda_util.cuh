@@ -39,11 +39,15 @@ absl::StatusOr<int> ResidentBlocks(const void* kernel, int threads);
 // start while the kernel before it on the stream still runs, so that its blocks are resident and
 // loading what no earlier kernel writes (its input) when that kernel ends. Before it reads
 // anything an earlier kernel of the stream writes, it calls WaitForPriorGrids (which returns once
-// the kernel before it, and so every earlier one, has finished and its writes are visible); the
-// kernel before it calls LetDependentsStart where the next one may be launched (else it is, as
-// usual, when this one ends). On older devices LaunchDependent launches as <<<>>> does and both
-// device calls do nothing. The first kernel of an encode is never a dependent one: what came before
-// it on the stream (another codec's kernels) may use the same scratch areas.
+// the kernel before it, and so every earlier one, has finished and its writes are visible), and it
+// reads such data by ordinary loads, never through the non-coherent path (ld.global.nc, const
+// __restrict__), which assumes data no kernel alive at the same time writes. The kernel before it
+// calls LetDependentsStart where the next one may be launched (else it is, as usual, when this one
+// ends). LaunchDependent launches as <<<>>> does unless the kernel's code was compiled for sm_90 or
+// later (its PTX version: a build for older architectures that a newer device runs by JIT has no
+// griddepcontrol instructions, so its launches must stay ordinary). The first kernel of an encode
+// is never a dependent one: what came before it on the stream (another codec's kernels) may use the
+// same scratch areas.
 __device__ __forceinline__ void WaitForPriorGrids() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -54,13 +58,13 @@ __device__ __forceinline__ void LetDependentsStart() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
-// Whether the current device takes dependent launches (compute capability 9.0 or later). Cached
-// per device. runtime.cu.
-absl::StatusOr<bool> DependentLaunches();
+// Whether `kernel`, as the current device runs it, may be a dependent launch: its PTX version is
+// 9.0 or later (then so is the device). Cached per kernel and device. runtime.cu.
+absl::StatusOr<bool> DependentLaunches(const void* kernel);
 template <typename... Params, typename... Args>
 absl::Status LaunchDependent(void (*kernel)(Params...), unsigned grid, unsigned threads, cudaStream_t st,
                              const char* what, Args... args) {
-  absl::StatusOr<bool> pdl = DependentLaunches();
+  absl::StatusOr<bool> pdl = DependentLaunches(reinterpret_cast<const void*>(kernel));
   if (!pdl.ok()) return pdl.status();
   cudaLaunchAttribute attr{};
   attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -72,7 +76,9 @@ absl::Status LaunchDependent(void (*kernel)(Params...), unsigned grid, unsigned 
   cfg.stream = st;
   cfg.attrs = *pdl ? &attr : nullptr;
   cfg.numAttrs = *pdl ? 1 : 0;
-  return CudaStatus(cudaLaunchKernelEx(&cfg, kernel, args...), what);
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args...);
+  if (e != cudaSuccess) cudaGetLastError();  // not left for the next launch's check to find
+  return CudaStatus(e, what);
 }
 
 inline constexpr unsigned kFullMask = 0xffffffffu;
@@ -133,9 +139,11 @@ __device__ __forceinline__ uint4 LoadNow16(const void* p) {
                : "l"(p));
   return r;
 }
+// An ordinary (coherent) load: for data an earlier kernel of the stream wrote (after
+// WaitForPriorGrids).
 __device__ __forceinline__ int16_t LoadNowS16(const int16_t* p) {
   short r;
-  asm volatile("ld.global.nc.s16 %0, [%1];\n" : "=h"(r) : "l"(p));
+  asm volatile("ld.global.s16 %0, [%1];\n" : "=h"(r) : "l"(p));
   return r;
 }
 

@@ -110,7 +110,7 @@ struct SelectState {
 
 // Level 1: the top digit of kth from the global histograms, the coarse one first (two loads a
 // thread). Every thread of the block calls it.
-__device__ inline void SelectTopDigit(const unsigned* __restrict__ hist, const AllocArgs& a, SelectState* s) {
+__device__ inline void SelectTopDigit(const unsigned* hist, const AllocArgs& a, SelectState* s) {
   using Scan = cub::BlockScan<unsigned, kAllocThreads>;
   __shared__ typename Scan::TempStorage tmp;
   __shared__ unsigned coarse;
@@ -242,7 +242,7 @@ __device__ inline void SelectLowDigits(const Keys& key, const AllocArgs& a, Sele
 // the statistics pass's histograms (CountKey, when Selects). The arrays of tok and ends are 32-byte
 // aligned. Launched with one block of kAllocThreads threads.
 __global__ void __launch_bounds__(kAllocThreads)
-    AllocateBits(AllocArgs a, TokenArrays tok, const unsigned* __restrict__ hist, unsigned long long* __restrict__ ends,
+    AllocateBits(AllocArgs a, TokenArrays tok, const unsigned* hist, unsigned long long* __restrict__ ends,
                  Results* __restrict__ res) {
   using IntScan = cub::BlockScan<int, kAllocThreads>;
   using SizeScan = cub::BlockScan<unsigned long long, kAllocThreads>;

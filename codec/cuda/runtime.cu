@@ -49,20 +49,22 @@ absl::StatusOr<int> ResidentBlocks(const void* kernel, int threads) {
   return blocks;
 }
 
-absl::StatusOr<bool> DependentLaunches() {
+absl::StatusOr<bool> DependentLaunches(const void* kernel) {
   static std::mutex mu;
-  static std::map<int, bool>* cache = new std::map<int, bool>;
+  static std::map<std::pair<const void*, int>, bool>* cache = new std::map<std::pair<const void*, int>, bool>;
   int device = 0;
   LONGHAUL_CUDA_OK(cudaGetDevice(&device));
+  const auto key = std::make_pair(kernel, device);
   {
     std::lock_guard<std::mutex> lock(mu);
-    if (auto it = cache->find(device); it != cache->end()) return it->second;
+    if (auto it = cache->find(key); it != cache->end()) return it->second;
   }
-  int major = 0;
-  LONGHAUL_CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  cudaFuncAttributes attr{};
+  LONGHAUL_CUDA_OK(cudaFuncGetAttributes(&attr, kernel));
+  const bool pdl = attr.ptxVersion >= 90;
   std::lock_guard<std::mutex> lock(mu);
-  cache->emplace(device, major >= 9);
-  return major >= 9;
+  cache->emplace(key, pdl);
+  return pdl;
 }
 
 DeviceBuffer::~DeviceBuffer() {
