@@ -43,8 +43,8 @@ struct DpSample {
 // traffic); its sync then takes at least the larger of its unshaped sync and the most bytes one of
 // its replicas must send to one replica of another region, at the rate (each directed pair of
 // regions' replicas has the rate to itself, as longhaul-netem's between_regions, so messages to
-// different peers may overlap). The step bound is the largest stage's
-// sum; the sync columns are that stage's. fraction = bound / measured (1 = at the bound).
+// different peers may overlap). The step bound is the largest stage's sum; the sync columns are
+// that stage's. fraction = bound / measured (1 = at the bound).
 int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
   const std::vector<double> rates = cmd.count("--rates") ? f.rates : std::vector<double>{10, 100};
   const int stages = static_cast<int>(f.stages > 0 ? f.stages : 2);

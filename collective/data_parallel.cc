@@ -50,9 +50,10 @@ absl::Status RunConcurrently(Group* g, Op& op, int n, const std::function<absl::
     {
       absl::MutexLock l(&mu);
       if (!first.ok()) return;  // a consequence of the first failure's abort
-      first = s;
+      first = s;  // Group::Finish adds the unreachable peers to what the step returns
     }
-    g->transport()->Abort(absl::Status(s.code(), absl::StrCat(who, s.message())));
+    // The peers' view of it: said before the others' aborts can say less.
+    g->transport()->Abort(absl::Status(s.code(), absl::StrCat(who, s.message(), g->UnreachableNote(s))));
   };
   {
     std::vector<std::thread> threads;

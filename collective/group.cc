@@ -156,16 +156,19 @@ absl::StatusOr<CallStats> Group::Finish(Op& op, absl::Status outcome) {
     totals_.Add(op.stats_);
     return op.stats_;
   }
-  std::string msg = absl::StrCat(op.stats_.op, " (call ", op.seq_, ") on rank ", rank(), ": ", outcome.message());
-  if (outcome.code() == absl::StatusCode::kDeadlineExceeded) {
-    // The peer this rank waited for may itself be waiting for the one that died: say who does not
-    // answer at all.
-    const std::vector<std::string> dead = t_->UnreachablePeers(absl::Now() + absl::Seconds(1));
-    if (!dead.empty()) absl::StrAppend(&msg, "; unreachable: ", absl::StrJoin(dead, "; "));
-  }
+  const std::string msg = absl::StrCat(op.stats_.op, " (call ", op.seq_, ") on rank ", rank(), ": ", outcome.message(),
+                                       UnreachableNote(outcome));
   failed_ = absl::Status(outcome.code(), msg);
   t_->Abort(failed_);
   return failed_;
+}
+
+std::string Group::UnreachableNote(const absl::Status& outcome) const {
+  if (outcome.code() != absl::StatusCode::kDeadlineExceeded) return "";
+  // The peer this rank waited for may itself be waiting for the one that died: say who does not
+  // answer at all.
+  const std::vector<std::string> dead = t_->UnreachablePeers(absl::Now() + absl::Seconds(1));
+  return dead.empty() ? "" : absl::StrCat("; unreachable: ", absl::StrJoin(dead, "; "));
 }
 
 absl::StatusOr<CallStats> Group::AllReduceFp32(absl::Span<float> x) {

@@ -161,6 +161,9 @@ class Group {
   // outcome, which records the stats and, on error, names the unreachable peers and aborts.
   absl::StatusOr<Op> Begin(std::string name, int64_t elements);
   absl::StatusOr<CallStats> Finish(Op& op, absl::Status outcome);
+  // For a failed `outcome` that is a timeout: "; unreachable: <the peers that do not answer>" (the
+  // peer waited on may itself be waiting on the dead one); else empty. Waits up to about a second.
+  std::string UnreachableNote(const absl::Status& outcome) const;
 
  private:
   friend class Op;
