@@ -30,6 +30,7 @@ namespace {
 struct DpSample {
   double step_s = 0;
   std::vector<double> sync_s;
+  std::vector<double> update_s;  // of sync_s, the slowest replica's update (optimizer, norm exchange)
   std::vector<int64_t> busiest_link_bytes;
   int64_t bytes = 0, raw_bytes = 0;  // every replica and stage, per step
 };
@@ -87,6 +88,7 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
       x.step_s = absl::ToDoubleSeconds(absl::Now() - t0);
       for (const auto& st : (*p)->last_stage_dp()) {
         x.sync_s.push_back(absl::ToDoubleSeconds(st.wall));
+        x.update_s.push_back(absl::ToDoubleSeconds(st.update));
         x.busiest_link_bytes.push_back(st.busiest_link);
       }
       x.bytes = (*p)->last_dp().bytes_sent, x.raw_bytes = (*p)->last_dp().bytes_sent_uncompressed;
@@ -94,12 +96,14 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
     }
     DpSample mean;
     mean.sync_s.assign(static_cast<size_t>(stages), 0.0);
+    mean.update_s.assign(static_cast<size_t>(stages), 0.0);
     mean.busiest_link_bytes.assign(static_cast<size_t>(stages), 0);
     for (const DpSample& x : steps) {
       const double w = 1.0 / static_cast<double>(steps.size());
       mean.step_s += x.step_s * w;
       for (int s = 0; s < stages; ++s) {
         mean.sync_s[s] += x.sync_s[s] * w;
+        mean.update_s[s] += x.update_s[s] * w;
         mean.busiest_link_bytes[s] = std::max(mean.busiest_link_bytes[s], x.busiest_link_bytes[s]);
       }
       mean.bytes = x.bytes, mean.raw_bytes = x.raw_bytes;
@@ -121,8 +125,11 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
         if (!f.json) {
           std::string per_stage;
           for (int s = 0; s < stages; ++s) {
-            absl::StrAppendFormat(&per_stage, "%s stage %d %.3f s (%lld bytes on its busiest link between regions)",
-                                  s ? "," : "", s, x->sync_s[s], static_cast<long long>(x->busiest_link_bytes[s]));
+            // (fp32 syncs through Group::AllReduceFp32 and the executor's optimizer: no update time)
+            const std::string update =
+                x->update_s[s] > 0 ? absl::StrFormat("%.3f s in the update; ", x->update_s[s]) : std::string();
+            absl::StrAppendFormat(&per_stage, "%s stage %d %.3f s (%s%lld bytes on its busiest link between regions)",
+                                  s ? "," : "", s, x->sync_s[s], update, static_cast<long long>(x->busiest_link_bytes[s]));
           }
           std::fprintf(stderr, "round %lld: %s, %s: step %.3f s, sync:%s\n", static_cast<long long>(rep + 1),
                        rate > 0 ? absl::StrCat(rate, " Mbit/s").c_str() : "unshaped", c.c_str(), x->step_s,

@@ -148,6 +148,7 @@ class ReplicatedPipeline {
       for (size_t s = 0; s < x.syncs.size(); ++s) {
         const collective::CallStats& c = x.syncs[s]->last();
         last_dp_.Add(c);
+        if (c.wall >= last_stage_dp_[s].wall) last_stage_dp_[s].update = c.update;  // the slowest replica's
         last_stage_dp_[s].wall = std::max(last_stage_dp_[s].wall, c.wall);
         last_stage_dp_[s].busiest_link = std::max(last_stage_dp_[s].busiest_link, c.busiest_inter_region_link());
       }
@@ -189,6 +190,7 @@ class ReplicatedPipeline {
   // overlap, as BitDP's bit planes and fp32 ring do).
   struct StageDp {
     absl::Duration wall = absl::ZeroDuration();
+    absl::Duration update = absl::ZeroDuration();  // of that wall, the slowest replica's update
     int64_t busiest_link = 0;
   };
   const std::vector<StageDp>& last_stage_dp() const { return last_stage_dp_; }

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "codec/bitdp.h"
 #include "codec/sym_quant.h"
 #include "collective/algorithms.h"
@@ -210,16 +211,24 @@ absl::StatusOr<CallStats> DataParallelSync::Step(absl::Span<const float> grad, a
   absl::StatusOr<Op> op = g_->Begin(absl::StrCat("dp-step-", DpCodecName(o_.codec)), n_);
   if (!op.ok()) return op.status();
   absl::Status s;
+  // The update's time, apart from the sync's own (CallStats::update).
+  absl::Duration in_update = absl::ZeroDuration();
+  const UpdateFn timed = [&](int64_t off, absl::Span<const float> sum, absl::Span<float> main) {
+    const absl::Time t0 = absl::Now();
+    update(off, sum, main);
+    in_update += absl::Now() - t0;
+  };
   if (static_cast<int64_t>(grad.size()) != n_ || static_cast<int64_t>(weights.size()) != n_) {
     s = absl::InvalidArgumentError(
         absl::StrCat("a step over ", grad.size(), " gradients and ", weights.size(), " weights; ", n_, " expected"));
   } else if (o_.codec == DpCodec::kFp32) {
-    s = StepFp32(*op, grad, weights, update);
+    s = StepFp32(*op, grad, weights, timed);
   } else if (IsBitDp(o_.codec)) {
-    s = StepBitDp(*op, grad, weights, update);
+    s = StepBitDp(*op, grad, weights, timed);
   } else {
-    s = StepQuantised(*op, grad, weights, update);
+    s = StepQuantised(*op, grad, weights, timed);
   }
+  op->stats().update = in_update;
   ++steps_;
   return g_->Finish(*op, s);
 }

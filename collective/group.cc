@@ -59,6 +59,7 @@ void CallStats::Add(const CallStats& o) {
   wall += o.wall;
   send += o.send;
   recv_wait += o.recv_wait;
+  update += o.update;
 }
 
 int64_t CallStats::busiest_inter_region_link() const {
@@ -73,7 +74,8 @@ std::string CallStats::ToString() const {
                       absl::SixDigits(compression()), "; ",
                       bytes_sent_inter_region, " across regions), received ", bytes_received, " bytes, ",
                       absl::FormatDuration(wall), " (send ", absl::FormatDuration(send), ", waiting ",
-                      absl::FormatDuration(recv_wait), ")");
+                      absl::FormatDuration(recv_wait), update > absl::ZeroDuration() ? ", update " : "",
+                      update > absl::ZeroDuration() ? absl::FormatDuration(update) : "", ")");
 }
 
 uint64_t Op::Tag(uint32_t index) const {

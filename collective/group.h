@@ -90,6 +90,9 @@ struct CallStats {
   // (Op::Fork), so together they may exceed `wall`.
   absl::Duration send = absl::ZeroDuration();
   absl::Duration recv_wait = absl::ZeroDuration();
+  // DataParallelSync::Step: inside the caller's update (the optimizer and, in a job, the clipping
+  // norm's exchange along the pipeline, which waits for the other stages).
+  absl::Duration update = absl::ZeroDuration();
   int64_t busiest_inter_region_link() const;  // the largest of inter_region_bytes_to (0 if none)
   double compression() const {
     return bytes_sent > 0 ? static_cast<double>(bytes_sent_uncompressed) / static_cast<double>(bytes_sent) : 1.0;
