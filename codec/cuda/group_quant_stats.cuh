@@ -69,6 +69,14 @@ struct StatsSmem {
   int warp_flagged[2][gqt::kWarps];
 };
 
+// Token t's allocation key (h: its entropy) counted in the histograms, when the allocation
+// selects; after the histograms' zeroing (a dependent launch of it: cuda_util.cuh).
+__device__ __forceinline__ void CountToken(const StatsArgs& a, int64_t t, float h) {
+  if (a.hist == nullptr) return;
+  WaitForPriorGrids();
+  gqa::CountKey(a.hist, gqa::AllocDigit(a.entropy, gqa::AllocKey(a.entropy, t, h)));
+}
+
 // Token t's lanes combined (ReduceLanesAscending: within the thread, across the warp, across the
 // warps) and its figures written. Every thread of the block calls it; `set`: the token's parity.
 template <int G>
@@ -103,20 +111,14 @@ __device__ __forceinline__ void FinishTokenStats(const StatsLanes<G>& acc, int64
     a.tok.flagged[t] = isfinite(s) ? -2 : -1;
     // Counted too, with the key the allocation computes for it (entropy 0): both levels of its
     // selection then count every token, bad or not, as the CPU's nth_element does.
-    if (a.hist != nullptr) {
-      WaitForPriorGrids();  // the histogram's zeroing
-      gqa::CountKey(a.hist, gqa::AllocDigit(a.entropy, gqa::AllocKey(a.entropy, t, 0.0f)));
-    }
+    CountToken(a, t, 0.0f);
     return;
   }
   const float h = a.entropy ? TokenEntropy(s, al) : 0.0f;
   a.info[t] = TokenInfo{h, gqt::TokenExp(mx), 0, 1, flagged, 0};
   a.tok.entropy[t] = h;
   a.tok.flagged[t] = flagged;
-  if (a.hist != nullptr) {
-    WaitForPriorGrids();
-    gqa::CountKey(a.hist, gqa::AllocDigit(a.entropy, gqa::AllocKey(a.entropy, t, h)));
-  }
+  CountToken(a, t, h);
 }
 
 // The statistics of tokens blockIdx.x, blockIdx.x + gridDim.x, ..., each row read once from

@@ -30,41 +30,51 @@ bool Available(std::string* why) {
   return true;
 }
 
-absl::StatusOr<int> ResidentBlocks(const void* kernel, int threads) {
+namespace {
+
+// A figure of a kernel on the current device that its launches need and that does not change:
+// computed by compute(device) the first time and cached under (kernel, arg, device) (the
+// queries cost microseconds, before a launch that may take tens). `Tag` keeps each figure's
+// cache apart.
+template <typename Tag, typename F>
+absl::StatusOr<int> PerKernel(const void* kernel, int arg, F&& compute) {
   static std::mutex mu;
-  static std::map<std::tuple<const void*, int, int>, int>* cache = new std::map<std::tuple<const void*, int, int>, int>;
+  static auto* cache = new std::map<std::tuple<const void*, int, int>, int>;
   int device = 0;
   LONGHAUL_CUDA_OK(cudaGetDevice(&device));
-  const auto key = std::make_tuple(kernel, threads, device);
+  const auto key = std::make_tuple(kernel, arg, device);
   {
     std::lock_guard<std::mutex> lock(mu);
     if (auto it = cache->find(key); it != cache->end()) return it->second;
   }
-  int sms = 0, per_sm = 0;
-  LONGHAUL_CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  LONGHAUL_CUDA_OK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
-  const int blocks = std::max(1, per_sm * sms);
+  absl::StatusOr<int> v = compute(device);
+  if (!v.ok()) return v.status();
   std::lock_guard<std::mutex> lock(mu);
-  cache->emplace(key, blocks);
-  return blocks;
+  cache->emplace(key, *v);
+  return *v;
+}
+
+}  // namespace
+
+absl::StatusOr<int> ResidentBlocks(const void* kernel, int threads) {
+  struct Tag;
+  return PerKernel<Tag>(kernel, threads, [&](int device) -> absl::StatusOr<int> {
+    int sms = 0, per_sm = 0;
+    LONGHAUL_CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    LONGHAUL_CUDA_OK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
+    return std::max(1, per_sm * sms);
+  });
 }
 
 absl::StatusOr<bool> DependentLaunches(const void* kernel) {
-  static std::mutex mu;
-  static std::map<std::pair<const void*, int>, bool>* cache = new std::map<std::pair<const void*, int>, bool>;
-  int device = 0;
-  LONGHAUL_CUDA_OK(cudaGetDevice(&device));
-  const auto key = std::make_pair(kernel, device);
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    if (auto it = cache->find(key); it != cache->end()) return it->second;
-  }
-  cudaFuncAttributes attr{};
-  LONGHAUL_CUDA_OK(cudaFuncGetAttributes(&attr, kernel));
-  const bool pdl = attr.ptxVersion >= 90;
-  std::lock_guard<std::mutex> lock(mu);
-  cache->emplace(key, pdl);
-  return pdl;
+  struct Tag;
+  absl::StatusOr<int> ptx = PerKernel<Tag>(kernel, 0, [&](int) -> absl::StatusOr<int> {
+    cudaFuncAttributes attr{};
+    LONGHAUL_CUDA_OK(cudaFuncGetAttributes(&attr, kernel));
+    return attr.ptxVersion;
+  });
+  if (!ptx.ok()) return ptx.status();
+  return *ptx >= 90;
 }
 
 DeviceBuffer::~DeviceBuffer() {
