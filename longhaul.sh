@@ -33,9 +33,11 @@ OFFLINE_DEBS="$ROOT/.deps/gpu/debs"
 OFFLINE_PREFIX="$ROOT/.deps/gpu-prefix"
 # A machine without a package registry (the offline GPU machine, docs/gpu.md) carries the .deb
 # files fetched by tools/gpu/fetch-debs.sh; they are unpacked into a prefix instead of installed.
-# A machine that has the packages installed (the development machine that fetched them) uses those.
+# The development machine that fetched them (Debian 12, with its registry) installs the packages
+# with tools/setup.sh instead, whether or not it has yet.
 offline() {
   compgen -G "$OFFLINE_DEBS/*.deb" >/dev/null &&
+    [[ "$(. /etc/os-release 2>/dev/null; echo "${VERSION_CODENAME:-}")" != bookworm ]] &&
     [[ "$(dpkg-query -W -f='${Status}' libgrpc++-dev 2>/dev/null)" != "install ok installed" ]]
 }
 

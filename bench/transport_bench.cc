@@ -55,7 +55,7 @@ class Router : public worker::InboxRouter {
   Router()
       : inbox_(std::make_shared<worker::Inbox>(8, "bench sender")),
         tls_inbox_(std::make_shared<worker::Inbox>(8, "bench sender (TLS)")) {}
-  absl::StatusOr<std::shared_ptr<worker::Inbox>> Find(uint64_t job, int, int, absl::Duration) override {
+  absl::StatusOr<std::shared_ptr<worker::Inbox>> Find(uint64_t job, int, int, int, absl::Duration) override {
     return job == 2 ? tls_inbox_ : inbox_;
   }
   std::shared_ptr<worker::Inbox> inbox_, tls_inbox_;

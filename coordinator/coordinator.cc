@@ -162,20 +162,21 @@ void CoordinatorService::Start(Job& job, const std::vector<uint64_t>& worker_ids
   const std::vector<stage_runtime::LayerRange> parts = *stage_runtime::PartitionLayers(spec.model().layers(), spec.stages());
   std::vector<Worker*> ws;
   for (uint64_t wid : worker_ids) ws.push_back(&workers_.at(wid));
-  // Slot i = r * S + s: replica r of stage s (placement.h's order; with one replica, the stage).
-  const int S = spec.stages(), R = Replicas(spec);
+  // The slots in proto/replica_layout.h's order (placement.h's; with one replica, the stages).
+  const std::vector<ReplicaSlot> slots = ReplicaSlots(spec);
+  const int n = static_cast<int>(slots.size());
   job.status.clear_stages();
-  for (int i = 0; i < S * R; ++i) {
-    const int s = i % S;
+  for (int i = 0; i < n; ++i) {
+    const int s = slots[static_cast<size_t>(i)].stage;
     v1::StagePlacement* p = job.status.add_stages();
     p->set_stage(s);
-    if (R > 1) p->set_replica(i / S);
+    p->set_replica(slots[static_cast<size_t>(i)].replica);
     p->set_worker_id(ws[i]->status.worker_id());
     p->set_worker_name(ws[i]->status.info().name());
     p->set_layer_begin(parts[s].begin);
     p->set_layer_end(parts[s].end);
   }
-  for (int i = 0; i < S * R; ++i) {
+  for (int i = 0; i < n; ++i) {
     v1::CoordinatorMessage m;
     FillAssignment(job, ws, i, m.mutable_assign());
     SetWorkerState(*ws[i], v1::WORKER_STATE_BUSY, id, "");
@@ -188,7 +189,7 @@ void CoordinatorService::Start(Job& job, const std::vector<uint64_t>& worker_ids
   job.status.set_state(v1::JOB_STATE_RUNNING);
   job.status.set_started_unix(UnixNow());
   ResetProgress(job);
-  Log(absl::StrCat("job ", id, " (", job.status.name(), ") placed on ", S * R, " worker(s) after waiting ",
+  Log(absl::StrCat("job ", id, " (", job.status.name(), ") placed on ", n, " worker(s) after waiting ",
                    Ms(opt_.clock->Now() - job.queued_at)));
   Persist(job);
   Changed();
@@ -197,40 +198,48 @@ void CoordinatorService::Start(Job& job, const std::vector<uint64_t>& worker_ids
 void CoordinatorService::FillAssignment(const Job& job, const std::vector<Worker*>& ws, int slot,
                                         v1::StageAssignment* a) {
   const v1::JobSpec& spec = job.status.spec();
-  const int S = spec.stages(), R = Replicas(spec), s = slot % S, r = slot / S;
+  const ReplicaSlot at = ReplicaSlots(spec)[static_cast<size_t>(slot)];
+  const int S = spec.stages(), s = at.stage, r = at.replica;
   const v1::StagePlacement& p = job.status.stages(slot);
-  auto peer = [&](int i, v1::StagePeer* to) {
-    to->set_worker_id(ws[i]->status.worker_id());
-    to->set_name(ws[i]->status.info().name());
-    to->set_address(ws[i]->status.info().address());
-    to->set_region(ws[i]->status.info().region());  // links.between_regions_mbit, collectives
+  auto peer = [&](int stage, int replica, v1::StagePeer* to) {
+    const Worker* w = ws[static_cast<size_t>(SlotOf(spec, stage, replica))];
+    to->set_worker_id(w->status.worker_id());
+    to->set_name(w->status.info().name());
+    to->set_address(w->status.info().address());
+    to->set_region(w->status.info().region());  // links.between_regions_mbit, collectives
   };
   a->set_job_id(job.status.job_id());
   *a->mutable_spec() = spec;
   a->set_stage(s);
   a->set_layer_begin(p.layer_begin());
   a->set_layer_end(p.layer_end());
-  // Replica r of stage s streams to replica r of stage s + 1.
-  if (s > 0) peer(slot - 1, a->mutable_prev());
-  if (s + 1 < S) peer(slot + 1, a->mutable_next());
+  // Replica r of stage s streams to the replicas of its neighbours whose share of the step overlaps
+  // its own (with equal counts, replica r): prev and next are the first of them, the lists every
+  // replica of the neighbouring stage (the worker picks: proto/replica_layout.h).
+  for (const int n : {s - 1, s + 1}) {
+    if (n < 0 || n >= S) continue;
+    peer(n, ExchangingReplicas(spec, s, r, n).front(), n < s ? a->mutable_prev() : a->mutable_next());
+    for (int q = 0; q < StageReplicas(spec, n); ++q) {
+      peer(n, q, n < s ? a->add_prev_replicas() : a->add_next_replicas());
+    }
+  }
   a->set_attempt(job.status.attempt());
   // Each stage's checkpoints are copied to the next stage's worker (the last stage's to stage 0's)
-  // of the same replica; with one stage, to the next replica's worker (the last replica's to
-  // replica 0's). The copy store names a copy by stage and replica, so a sharded optimizer's
-  // checkpoints (each replica its own shard) are told apart.
+  // of the same replica (of replica r mod N where the next stage has fewer); with one stage, to the
+  // next replica's worker (the last replica's to replica 0's). The copy store names a copy by stage
+  // and replica, so a sharded optimizer's checkpoints (each replica its own shard) are told apart.
+  const int R = StageReplicas(spec, s);
   if (spec.checkpoint_replicate() == "peer") {
     if (S > 1) {
-      peer(r * S + (s + 1) % S, a->mutable_replica());
+      const int to = (s + 1) % S;
+      peer(to, r % StageReplicas(spec, to), a->mutable_replica());
     } else if (R > 1) {
-      peer(((r + 1) % R) * S + s, a->mutable_replica());
+      peer(s, (r + 1) % R, a->mutable_replica());
     }
   }
   if (R > 1) {
     a->set_replica_index(r);
-    for (int q = 0; q < R; ++q) {
-      v1::StagePeer* g = a->add_replica_group();
-      peer(q * S + s, g);
-    }
+    for (int q = 0; q < R; ++q) peer(s, q, a->add_replica_group());
   }
 }
 
@@ -453,7 +462,7 @@ void CoordinatorService::OnProgress(Worker& w, const v1::StepProgress& p) {
   if (it == jobs_.end() || it->second.status.state() != v1::JOB_STATE_RUNNING) return;
   Job& job = it->second;
   const int S = job.status.spec().stages();
-  // Replicated stages: slot = replica * S + stage; the loss (the mean over the last stage's
+  // Replicated stages (slots: proto/replica_layout.h): the loss (the mean over the last stage's
   // replicas, which every one of them knows) is taken from replica 0.
   const int slot = Slot(job, p.stage(), p.replica());
   if (slot < 0 || job.status.stages(slot).worker_id() != w.status.worker_id()) {
@@ -487,7 +496,7 @@ void CoordinatorService::OnProgress(Worker& w, const v1::StepProgress& p) {
   job.status.set_wire_bytes(wire);
   job.status.set_raw_bytes(raw);
   job.status.set_mean_rel_error(err_n ? err / err_n : 0.0);
-  if (Replicas(job.status.spec()) > 1) {
+  if (HasReplicas(job.status.spec())) {
     job.status.set_dp_bytes_per_step(dp);
     job.status.set_dp_raw_bytes_per_step(dp_raw);
     job.status.set_dp_seconds(dp_seconds);

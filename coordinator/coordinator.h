@@ -76,6 +76,7 @@
 #include "coordinator/store.h"
 #include "longhaul/v1/control_plane.grpc.pb.h"
 #include "proto/grpc_status.h"
+#include "proto/replica_layout.h"
 #include "common/clock.h"
 #include "security/pki.h"
 
@@ -250,16 +251,16 @@ class CoordinatorService final : public v1::Coordinator::Service {
   // Replica `replica`'s stage `stage` as a slot, or -1 when either is outside the job (numbers from
   // a worker's report or a damaged state file: no overflow, no index past JobStatus.stages).
   static int Slot(const Job& job, int stage, int replica) {
-    const int stages = job.status.spec().stages();
-    if (stages <= 0 || stage < 0 || stage >= stages || replica < 0) return -1;
-    const int64_t slot = int64_t{replica} * stages + stage;
-    return slot < job.status.stages_size() ? static_cast<int>(slot) : -1;
+    const int slot = SlotOf(job.status.spec(), stage, replica);
+    return slot < job.status.stages_size() ? slot : -1;
   }
   // "stage s", or "stage s replica r" in a job with replicated stages.
   static std::string SlotName(const v1::JobStatus& job, int slot) {
-    const int S = std::max(1, job.spec().stages());
-    return job.spec().replicas() > 1 ? absl::StrCat("stage ", slot % S, " replica ", slot / S)
-                                     : absl::StrCat("stage ", slot);
+    const std::vector<ReplicaSlot> slots = ReplicaSlots(job.spec());
+    if (slot < 0 || slot >= static_cast<int>(slots.size())) return absl::StrCat("slot ", slot);
+    const ReplicaSlot& at = slots[static_cast<size_t>(slot)];
+    return HasReplicas(job.spec()) ? absl::StrCat("stage ", at.stage, " replica ", at.replica)
+                                   : absl::StrCat("stage ", at.stage);
   }
   bool Alive(uint64_t worker_id) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Checkpoints and recovery progress from a step report of the current attempt.

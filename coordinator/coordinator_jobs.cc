@@ -37,7 +37,7 @@ grpc::Status CoordinatorService::SubmitJob(grpc::ServerContext* ctx, const v1::S
     if (stopping_) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator shutting down");
     // A replicated job the cluster cannot host is refused now rather than queued (a one-replica job
     // with more stages than workers still waits for them to register: scheduler.h).
-    if (Replicas(*spec) > 1) {
+    if (HasReplicas(*spec)) {
       int live = 0, idle = 0;
       for (const auto& [wid, w] : workers_) {
         live += w.status.state() != v1::WORKER_STATE_DEAD;
@@ -45,8 +45,8 @@ grpc::Status CoordinatorService::SubmitJob(grpc::ServerContext* ctx, const v1::S
       }
       if (WorkersNeeded(*spec) > live) {
         return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                            absl::StrCat("needs ", WorkersNeeded(*spec), " workers (", spec->stages(), " stages x ",
-                                         Replicas(*spec), " replicas), ", idle, " are idle, ", live, " registered"));
+                            absl::StrCat("needs ", WorkersNeeded(*spec), " workers (", DescribeStages(*spec),
+                                         "), ", idle, " are idle, ", live, " registered"));
       }
     }
     StoreTransaction txn(*store_);
@@ -63,8 +63,7 @@ grpc::Status CoordinatorService::SubmitJob(grpc::ServerContext* ctx, const v1::S
     queue_.insert(id);
     Persist(job);
     Changed();
-    Log(absl::StrCat("job ", id, " (", spec->name(), ") submitted: ", spec->stages(), " stages",
-                     Replicas(*spec) > 1 ? absl::StrCat(" x ", Replicas(*spec), " replicas") : "", ", ", spec->steps(),
+    Log(absl::StrCat("job ", id, " (", spec->name(), ") submitted: ", DescribeStages(*spec), ", ", spec->steps(),
                      " steps"));
     resp->set_job_id(id);
     Schedule(&out);

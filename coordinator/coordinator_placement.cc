@@ -47,10 +47,16 @@ template <typename LinkFn>
 Decision Decide(const v1::JobSpec& spec, const std::vector<Candidate>& cands, LinkFn link, double min_gain,
                 const placement::SolveOptions& solve) {
   Decision d;
-  // Replicated stages: K = stages x replicas positions, replica r's stage s at r * stages + s.
+  // Replicated stages: K positions, the slots of proto/replica_layout.h (replica r's stage s at
+  // r * stages + s with equal counts).
   const int K = WorkersNeeded(spec);
   for (int s = 0; s < K; ++s) d.naive.push_back(s);
   d.chosen = d.naive;
+  if (ReplicaCountsDiffer(spec)) {
+    d.how = absl::StrCat("naive order: the cost model takes one replica count for every stage, not ",
+                         DescribeStages(spec));
+    return d;
+  }
   absl::StatusOr<placement::JobShape> shape = JobShapeOf(spec);
   if (!shape.ok()) {
     d.how = absl::StrCat("naive order: the cost model cannot take this job (", shape.status().message(), ")");
@@ -58,8 +64,8 @@ Decision Decide(const v1::JobSpec& spec, const std::vector<Candidate>& cands, Li
   }
   d.job = *shape;
   // Each of the D pipelines runs its share of the step's micro-batches.
-  d.job.replicas = Replicas(spec);
-  d.job.micro_batches = MicroBatchesPerReplica(spec);
+  d.job.replicas = StageReplicas(spec, 0);
+  d.job.micro_batches = ReplicaMicroBatches(spec, 0);
   const int N = static_cast<int>(cands.size());
   std::vector<double> known;
   for (const Candidate& c : cands) {
@@ -254,33 +260,33 @@ grpc::Status CoordinatorService::PlanJob(grpc::ServerContext* ctx, const v1::Pla
   const Decision d = Decide(*spec, cands, link, opt_.placement.min_gain, opt_.placement.solve);
   auto fill = [&](const placement::Placement& p, google::protobuf::RepeatedPtrField<v1::PlannedStage>* out)
                   ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    // Every replica's pipeline, replica by replica (slot r * stages + s, as JobStatus.stages).
+    // Every slot in order (proto/replica_layout.h, as JobStatus.stages). Modelled placements have
+    // one replica count for every stage: replica r's pipeline is slots r * S .. r * S + S - 1.
     const int S = spec->stages();
-    for (int r = 0; r < K / S; ++r) {
-      std::vector<placement::StageCost> costs;
-      if (d.modelled) costs = placement::StageCosts(d.job, d.cluster, p, r);
-      for (int s = 0; s < S; ++s) {
-        const int i = p[r * S + s];
-        v1::PlannedStage* ps = out->Add();
-        const Candidate& c = cands[i];
-        ps->set_stage(s);
-        ps->set_replica(r);
-        ps->set_worker_id(c.id);
-        ps->set_worker_name(c.name);
-        ps->set_region(c.region);
-        ps->set_layer_begin((*parts)[s].begin);
-        ps->set_layer_end((*parts)[s].end);
-        if (!d.modelled) continue;
-        ps->set_compute_seconds(costs[s].compute_s);
-        if (s + 1 == S) continue;
-        ps->set_forward_seconds(costs[s].forward_s);
-        ps->set_backward_seconds(costs[s].backward_s);
-        const v1::LinkMeasurement* m = link(i, p[r * S + s + 1]);
-        if (m == nullptr) m = link(p[r * S + s + 1], i);
-        if (m != nullptr) {
-          ps->set_mbit_per_s(m->mbit_per_s());
-          ps->set_rtt_ms(m->rtt_ms());
-        }
+    const std::vector<ReplicaSlot> slots = ReplicaSlots(*spec);
+    std::vector<placement::StageCost> costs;
+    for (size_t k = 0; k < slots.size(); ++k) {
+      const int s = slots[k].stage, r = slots[k].replica, i = p[k];
+      v1::PlannedStage* ps = out->Add();
+      const Candidate& c = cands[i];
+      ps->set_stage(s);
+      ps->set_replica(r);
+      ps->set_worker_id(c.id);
+      ps->set_worker_name(c.name);
+      ps->set_region(c.region);
+      ps->set_layer_begin((*parts)[s].begin);
+      ps->set_layer_end((*parts)[s].end);
+      if (!d.modelled) continue;
+      if (s == 0) costs = placement::StageCosts(d.job, d.cluster, p, r);
+      ps->set_compute_seconds(costs[s].compute_s);
+      if (s + 1 == S) continue;
+      ps->set_forward_seconds(costs[s].forward_s);
+      ps->set_backward_seconds(costs[s].backward_s);
+      const v1::LinkMeasurement* m = link(i, p[k + 1]);
+      if (m == nullptr) m = link(p[k + 1], i);
+      if (m != nullptr) {
+        ps->set_mbit_per_s(m->mbit_per_s());
+        ps->set_rtt_ms(m->rtt_ms());
       }
     }
   };

@@ -376,17 +376,19 @@ void CoordinatorService::Reattach(Worker& w, const v1::RunningStage& r) {
 
 absl::Status CoordinatorService::CheckResumable(const v1::JobStatus& job) {
   const int stages = job.spec().stages();
-  const int replicas = std::max(1, job.spec().replicas());
   if (stages < 1) return absl::DataLossError(absl::StrCat("its spec has ", stages, " stages"));
-  if (int64_t{stages} * replicas != job.stages_size()) {
-    return absl::DataLossError(absl::StrCat("its spec asks for ", stages, " stages x ", replicas, " replicas but it has ",
-                                            job.stages_size(), " placements"));
+  const std::vector<ReplicaSlot> slots = ReplicaSlots(job.spec());
+  if (slots.size() != static_cast<size_t>(job.stages_size())) {
+    return absl::DataLossError(absl::StrCat("its spec asks for ", WorkersNeeded(job.spec()), " workers (",
+                                            DescribeStages(job.spec()), ") but it has ", job.stages_size(),
+                                            " placements"));
   }
   for (int i = 0; i < job.stages_size(); ++i) {
     const v1::StagePlacement& p = job.stages(i);
-    if (p.stage() != i % stages || p.replica() != i / stages) {
+    const ReplicaSlot& want = slots[static_cast<size_t>(i)];
+    if (p.stage() != want.stage || p.replica() != want.replica) {
       return absl::DataLossError(absl::StrCat("placement ", i, " names stage ", p.stage(), " replica ", p.replica(),
-                                              " (expected stage ", i % stages, " replica ", i / stages, ")"));
+                                              " (expected stage ", want.stage, " replica ", want.replica, ")"));
     }
   }
   if (job.state() == v1::JOB_STATE_RECOVERING && job.recoveries_size() == 0) {

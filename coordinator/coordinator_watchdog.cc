@@ -118,7 +118,7 @@ void CoordinatorService::TrackActivity(Job& job, int stage, const v1::StageActiv
 }
 
 void CoordinatorService::TrackStep(Job& job, const v1::StepProgress& p) {
-  // Keyed by slot (replica r's stage s at r * S + s, as JobStatus.stages), as the activity is.
+  // Keyed by slot (proto/replica_layout.h, as JobStatus.stages), as the activity is.
   const int slots = job.status.stages_size();
   const int S = std::max(1, job.status.spec().stages());
   const int s = Slot(job, p.stage(), p.replica());
@@ -152,15 +152,18 @@ void CoordinatorService::TrackStep(Job& job, const v1::StepProgress& p) {
     if (d.size() >= kMinComputeSamples) measured[t] = Median(std::vector<double>(d.begin(), d.end()));
   }
   const double factor = spec.recovery().straggler_factor();
-  const int micro_batches = MicroBatchesPerReplica(spec);  // each replica's share of the step
-  auto flops = [&](int t) { return shape->stage_flops[static_cast<size_t>(t % S)]; };
+  // A slot's FLOPs a step: its stage's per micro-batch times its replica's share of the step.
+  auto flops = [&](int t) {
+    const int stage = std::clamp(job.status.stages(t).stage(), 0, S - 1);
+    return ReplicaMicroBatches(spec, stage) * shape->stage_flops[static_cast<size_t>(stage)];
+  };
   for (int t = 0; t < slots; ++t) {
     v1::StagePlacement* sp = job.status.mutable_stages(t);
     auto w = workers_.find(sp->worker_id());
     const double gflops = w == workers_.end() ? 0 : w->second.status.info().compute_gflops();
     double predicted = 0;
     if (gflops > 0) {
-      predicted = micro_batches * flops(t) / (gflops * 1e9 * kComputeEfficiency);
+      predicted = flops(t) / (gflops * 1e9 * kComputeEfficiency);
     } else {
       std::vector<double> rates;
       for (int u = 0; u < slots; ++u) {

@@ -19,6 +19,7 @@
 #include "coordinator/states.h"
 #include "longhaul/v1/control_plane.grpc.pb.h"
 #include "proto/channel_config.h"
+#include "proto/replica_layout.h"
 #include "common/flags.h"
 #include "common/read_file.h"
 
@@ -149,7 +150,12 @@ nlohmann::json Summary(const v1::JobStatus& j) {
                       {"replica", p.replica()}});
   }
   out["stages"] = stages;
-  out["replicas"] = std::max(1, j.spec().replicas());
+  nlohmann::json replicas = nlohmann::json::array();  // per stage
+  for (int s = 0; s < j.spec().stages(); ++s) replicas.push_back(longhaul::StageReplicas(j.spec(), s));
+  // One count when every stage has it (null for a per-stage list), and the count of every stage.
+  out["replicas"] = longhaul::ReplicaCountsDiffer(j.spec()) ? nlohmann::json()
+                                                            : nlohmann::json(longhaul::StageReplicas(j.spec(), 0));
+  out["stage_replicas"] = replicas;
   out["dp_bytes_per_step"] = j.dp_bytes_per_step();
   out["dp_raw_bytes_per_step"] = j.dp_raw_bytes_per_step();
   out["dp_seconds"] = j.dp_seconds();
@@ -172,10 +178,10 @@ void PrintDetail(const v1::JobStatus& j) {
               j.spec().links().rate_mbit() > 0 ? absl::StrCat(j.spec().links().rate_mbit(), " Mbit/s").c_str()
                                                : "unshaped",
               HumanBytes(j.wire_bytes()).c_str(), HumanBytes(j.raw_bytes()).c_str(), Ratio(j), j.mean_rel_error());
-  if (j.spec().replicas() > 1) {  // docs/replicated-stages.md
-    std::printf("  data parallel: %d replicas per stage, %s; %s per step vs %s as fp32, sync %.3f s\n",
-                j.spec().replicas(), j.spec().data_parallel().codec().c_str(), HumanBytes(j.dp_bytes_per_step()).c_str(),
-                HumanBytes(j.dp_raw_bytes_per_step()).c_str(), j.dp_seconds());
+  if (longhaul::HasReplicas(j.spec())) {  // docs/replicated-stages.md
+    std::printf("  data parallel: %s, %s; %s per step vs %s as fp32, sync %.3f s\n",
+                longhaul::DescribeStages(j.spec()).c_str(), j.spec().data_parallel().codec().c_str(),
+                HumanBytes(j.dp_bytes_per_step()).c_str(), HumanBytes(j.dp_raw_bytes_per_step()).c_str(), j.dp_seconds());
   }
   if (!j.placement().empty()) {
     std::printf("  placement: %s", j.placement().c_str());
@@ -202,7 +208,8 @@ void PrintDetail(const v1::JobStatus& j) {
       }
     }
     std::printf("  stage %d%s: worker %s, layers %d..%d, step %lld%s%s%s\n", p.stage(),
-                j.spec().replicas() > 1 ? absl::StrCat(" replica ", p.replica()).c_str() : "", p.worker_name().c_str(),
+                longhaul::HasReplicas(j.spec()) ? absl::StrCat(" replica ", p.replica()).c_str() : "",
+                p.worker_name().c_str(),
                 p.layer_begin(), p.layer_end() - 1, static_cast<long long>(p.step()), compute.c_str(),
                 p.checkpoint_path().empty() ? "" : ", checkpoint ", p.checkpoint_path().c_str());
     if (!p.straggler().empty()) std::printf("    STRAGGLER: %s\n", p.straggler().c_str());

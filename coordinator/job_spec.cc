@@ -100,6 +100,34 @@ class MapReader {
     return *this;
   }
 
+  // A single value, or a list of them (`replicas: 2` or `replicas: [2, 1]`).
+  template <typename T, typename SetOne, typename SetList>
+  MapReader& ScalarOrList(const std::string& key, SetOne one, SetList list) {
+    const YAML::Node v = node_[key];
+    if (!v || !v.IsSequence()) return Field<T>(key, one);
+    known_.push_back(key);
+    std::vector<T> values;
+    for (const YAML::Node& e : v) {
+      bool ok = e.IsScalar();
+      T x{};
+      if (ok) {
+        try {
+          x = e.as<T>();
+        } catch (const YAML::Exception&) {
+          ok = false;
+        }
+      }
+      if (!ok) {
+        Problem(key, e, absl::StrCat("every entry must be ", TypeName<T>(), " (",
+                                     e.IsScalar() ? absl::StrCat("\"", e.Scalar(), "\"") : "a nested value", " is not)"));
+        return *this;
+      }
+      values.push_back(x);
+    }
+    list(std::move(values));
+    return *this;
+  }
+
   MapReader& Map(const std::string& key, const std::function<void(MapReader&)>& fn) {
     known_.push_back(key);
     const YAML::Node v = node_[key];
@@ -286,7 +314,11 @@ absl::StatusOr<v1::JobSpec> ParseJobSpec(const std::string& yaml, int64_t steps_
             .Field<std::string>("codec_device", [&](std::string v) { l->set_codec_device(v); });
       })
       .Field<int>("codec_threads", [&](int v) { s.set_codec_threads(v); })
-      .Field<int>("replicas", [&](int v) { s.set_replicas(v); })
+      .ScalarOrList<int>("replicas", [&](int v) { s.set_replicas(v); },
+                         [&](std::vector<int> v) {
+                           s.set_replicas(0);
+                           for (int n : v) s.add_stage_replicas(n);
+                         })
       .Map("data_parallel", [&](MapReader& m) {
         v1::DataParallelSpec* d = s.mutable_data_parallel();
         m.Field<std::string>("codec", [&](std::string v) { d->set_codec(v); })
@@ -414,10 +446,27 @@ absl::Status ValidateJobSpec(const v1::JobSpec& s) {
   }
   range("codec_threads", s.codec_threads(), 1, 64);
   // Replicated stages: 0 is the default of specs built in code (one replica).
-  if (s.replicas() != 0) range("replicas", s.replicas(), 1, 64);
-  if (s.replicas() > 1 && s.micro_batches() >= 1 && s.micro_batches() % s.replicas() != 0) {
-    p.push_back(absl::StrCat("micro_batches: ", s.micro_batches(), " is not a multiple of replicas (", s.replicas(),
-                             "): each replica takes micro_batches / replicas of every step"));
+  if (s.stage_replicas_size() > 0) {
+    if (s.replicas() > 1) p.push_back("replicas: both a count and a per-stage list");
+    if (s.stages() >= 1 && s.stage_replicas_size() != s.stages()) {
+      p.push_back(absl::StrCat("replicas: a list of ", s.stage_replicas_size(), " counts for ", s.stages(),
+                               " stages (one per stage)"));
+    }
+    for (int i = 0; i < s.stage_replicas_size(); ++i) {
+      const int n = s.stage_replicas(i);
+      if (n < 1 || n > 64) {
+        p.push_back(absl::StrCat("replicas[", i, "]: ", n, " is out of range [1, 64]"));
+      } else if (s.micro_batches() >= 1 && s.micro_batches() % n != 0) {
+        p.push_back(absl::StrCat("micro_batches: ", s.micro_batches(), " is not a multiple of replicas[", i, "] (", n,
+                                 "): each replica of stage ", i, " takes micro_batches / ", n, " of every step"));
+      }
+    }
+  } else {
+    if (s.replicas() != 0) range("replicas", s.replicas(), 1, 64);
+    if (s.replicas() > 1 && s.micro_batches() >= 1 && s.micro_batches() % s.replicas() != 0) {
+      p.push_back(absl::StrCat("micro_batches: ", s.micro_batches(), " is not a multiple of replicas (", s.replicas(),
+                               "): each replica takes micro_batches / replicas of every step"));
+    }
   }
   const v1::DataParallelSpec& dp = s.data_parallel();
   if (const std::string& c = dp.codec();
@@ -458,18 +507,19 @@ MemoryEstimate EstimateStageMemory(const v1::JobSpec& spec) {
   const double h = m.hidden(), s = m.context(), v = m.vocab();
   const int S = std::max(1, spec.stages());
   const double b = std::max(1, spec.micro_batch_size());
-  const int M = MicroBatchesPerReplica(spec);
+
   const double per_layer = 12 * h * h + 13 * h;  // attention 4h^2+4h, MLP 8h^2+5h, two LayerNorms 4h
   // A lower bound of what a layer keeps for its backward pass: 16 values of s x b x h (Korthikanti's
   // 34 s·b·h bytes at 16 bits, less the two 1-byte dropout masks this model does not have); no
   // s^2 attention scores (fused attention does not keep them).
   const double element = spec.precision() == "bf16" ? 2 : 4;
   const double act_per_layer = 16 * s * b * h * element;
-  const double optimizer_share = ShardsOptimizerState(spec) ? 1.0 / Replicas(spec) : 1.0;
   absl::StatusOr<std::vector<stage_runtime::LayerRange>> parts = stage_runtime::PartitionLayers(m.layers(), S);
   MemoryEstimate worst;
   for (int i = 0; i < S; ++i) {
     const double layers = parts.ok() ? (*parts)[i].end - (*parts)[i].begin : double(m.layers()) / S;
+    const int M = ReplicaMicroBatches(spec, i);  // this stage's replicas' share of the step
+    const double optimizer_share = ShardsOptimizerState(spec, i) ? 1.0 / StageReplicas(spec, i) : 1.0;
     MemoryEstimate e;
     e.stage = i;
     e.parameters = layers * per_layer;

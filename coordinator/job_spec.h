@@ -54,7 +54,9 @@
 //   codec_threads [1]
 //   replicas [1]          every stage runs on this many workers (1..64; micro_batches must be a
 //                         multiple): replica r takes the step's micro-batches r*M/N .. (r+1)*M/N-1,
-//                         so the global batch does not change (docs/replicated-stages.md)
+//                         so the global batch does not change (docs/replicated-stages.md); or a
+//                         list, one count per stage ([2, 1]: stage 0 on 2 workers, stage 1 on one
+//                         that takes both's micro-batches; proto/replica_layout.h)
 //   data_parallel: {codec [fp32], timeout [120s], weight_bits [4]}
 //                         how a stage's replicas synchronise after the backward pass: fp32 |
 //                         sdp4bit | bitdp1 | bitdp2 | zeropp (collective/data_parallel.h); timeout:
@@ -69,6 +71,7 @@
 #include "absl/status/statusor.h"
 #include "longhaul/v1/control_plane.pb.h"
 #include "proto/data_parallel_spec.h"
+#include "proto/replica_layout.h"
 
 namespace longhaul::coordinator {
 
@@ -79,17 +82,12 @@ v1::JobSpec DefaultJobSpec();
 // Parses and validates. steps_override > 0 replaces `steps` before validation.
 absl::StatusOr<v1::JobSpec> ParseJobSpec(const std::string& yaml, int64_t steps_override = 0);
 
-// Replicas per stage (the spec's 0 means 1) and the workers a job needs (stages x replicas).
-inline int Replicas(const v1::JobSpec& spec) { return spec.replicas() > 1 ? spec.replicas() : 1; }
-inline int WorkersNeeded(const v1::JobSpec& spec) { return spec.stages() * Replicas(spec); }
-// The micro-batches of a step each replica of a stage runs: its share of the step's (validation
-// makes micro_batches a multiple of replicas; at least 1).
-inline int MicroBatchesPerReplica(const v1::JobSpec& spec) {
-  return std::max(1, spec.micro_batches() / Replicas(spec));
-}
-// Whether the replicas shard the optimizer state among themselves (DpCodecShardsOptimizerState).
-inline bool ShardsOptimizerState(const v1::JobSpec& spec) {
-  return Replicas(spec) > 1 && DpCodecShardsOptimizerState(spec.data_parallel().codec());
+// Replica counts, slots and shares of the step: proto/replica_layout.h (StageReplicas,
+// WorkersNeeded, ReplicaMicroBatches, ...), shared with the workers.
+
+// Whether `stage`'s replicas shard the optimizer state among themselves (DpCodecShardsOptimizerState).
+inline bool ShardsOptimizerState(const v1::JobSpec& spec, int stage) {
+  return StageReplicas(spec, stage) > 1 && DpCodecShardsOptimizerState(spec.data_parallel().codec());
 }
 
 // Checks a spec's values (used by ParseJobSpec; exposed for specs built in code). Returns every

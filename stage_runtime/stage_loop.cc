@@ -11,15 +11,15 @@ std::string StageCheckpointPath(const std::string& dir, int stage) {
   return absl::StrCat(dir, "/stage-", stage, ".safetensors");
 }
 
-StageLoop::StageLoop(const PipelineOptions& options, int stage, StageExecutor* executor, Link* prev, Link* next,
+StageLoop::StageLoop(const PipelineOptions& options, int stage, StageExecutor* executor, LinkFan prev, LinkFan next,
                      CheckpointPolicy checkpoint)
     : opt_(options),
       stage_(stage),
       first_(stage == 0),
       last_(stage == options.stages - 1),
       exec_(executor),
-      prev_(prev),
-      next_(next),
+      prev_(std::move(prev)),
+      next_(std::move(next)),
       checkpoint_(std::move(checkpoint)),
       ops_(StageSchedule(options.schedule, stage, options.stages, options.micro_batches)) {}
 
@@ -29,15 +29,31 @@ void StageLoop::Cancel(absl::Status why) {
     if (!cancelled_.ok()) return;
     cancelled_ = why.ok() ? absl::CancelledError("cancelled") : why;
   }
-  for (Link* l : {prev_, next_}) {
-    if (l != nullptr) l->Abort(why.ok() ? absl::CancelledError("cancelled") : why);
-  }
+  for (const LinkFan* f : {&prev_, &next_}) f->Abort(why.ok() ? absl::CancelledError("cancelled") : why);
   if (sync_ != nullptr) sync_->Abort(why.ok() ? absl::CancelledError("cancelled") : why);
 }
 
 absl::Status StageLoop::Cancelled() {
   absl::MutexLock l(&mu_);
   return cancelled_;
+}
+
+absl::StatusOr<LinkMessage> StageLoop::Receive(const LinkFan& from, uint64_t step, int micro_batch, MessageKind kind) {
+  const LinkFan::Route r = from.For(micro_batch);
+  if (r.link == nullptr) {
+    return absl::InternalError(absl::StrCat("stage ", stage_, ": no neighbour takes micro-batch ", micro_batch));
+  }
+  // The sender numbered it as this replica does (its own fan's Route).
+  return Expect(*r.link, step, micro_batch, kind);
+}
+
+absl::Status StageLoop::Send(const LinkFan& to, uint64_t step, int micro_batch, MessageKind kind, torch::Tensor t,
+                             bool measure) {
+  const LinkFan::Route r = to.For(micro_batch);
+  if (r.link == nullptr) {
+    return absl::InternalError(absl::StrCat("stage ", stage_, ": no neighbour takes micro-batch ", micro_batch));
+  }
+  return r.link->Send(TensorMessage(step, r.micro_batch, kind, std::move(t)), measure);
 }
 
 absl::StatusOr<LinkMessage> StageLoop::Expect(Link& from, uint64_t step, int micro_batch, MessageKind kind) {
@@ -55,23 +71,40 @@ absl::StatusOr<LinkMessage> StageLoop::Expect(Link& from, uint64_t step, int mic
   return m;
 }
 
+absl::StatusOr<double> StageLoop::ExpectNorm(const LinkFan& from, uint64_t step, MessageKind kind) {
+  double value = 0;
+  for (size_t i = 0; i < from.members().size(); ++i) {
+    absl::StatusOr<LinkMessage> m = Expect(*from.members()[i].link, step, 0, kind);
+    if (!m.ok()) return m.status();
+    if (i == 0) value = m->value;
+  }
+  return value;
+}
+
+absl::Status StageLoop::SendNorm(const LinkFan& to, uint64_t step, MessageKind kind, double value) {
+  for (const LinkFan::Member& m : to.members()) {
+    if (absl::Status s = m.link->Send(ValueMessage(step, kind, value), false); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 // Partial sums of squared norms travel down the backward chain, the total back up; every stage
 // ends with the same total.
 absl::StatusOr<double> StageLoop::ExchangeNorms(uint64_t step, double sq) {
   if (!last_) {
-    absl::StatusOr<LinkMessage> m = Expect(*next_, step, 0, MessageKind::kNormPartial);
-    if (!m.ok()) return m.status();
-    sq += m->value;
+    absl::StatusOr<double> partial = ExpectNorm(next_, step, MessageKind::kNormPartial);
+    if (!partial.ok()) return partial.status();
+    sq += *partial;
   }
   double total = sq;
   if (!first_) {
-    if (absl::Status s = prev_->Send(ValueMessage(step, MessageKind::kNormPartial, sq), false); !s.ok()) return s;
-    absl::StatusOr<LinkMessage> m = Expect(*prev_, step, 0, MessageKind::kNormTotal);
-    if (!m.ok()) return m.status();
-    total = m->value;
+    if (absl::Status s = SendNorm(prev_, step, MessageKind::kNormPartial, sq); !s.ok()) return s;
+    absl::StatusOr<double> t = ExpectNorm(prev_, step, MessageKind::kNormTotal);
+    if (!t.ok()) return t.status();
+    total = *t;
   }
   if (!last_) {
-    if (absl::Status s = next_->Send(ValueMessage(step, MessageKind::kNormTotal, total), false); !s.ok()) return s;
+    if (absl::Status s = SendNorm(next_, step, MessageKind::kNormTotal, total); !s.ok()) return s;
   }
   return total;
 }
@@ -82,7 +115,7 @@ absl::StatusOr<StepResult> StageLoop::Step(const std::vector<Batch>& batches) {
     return absl::InvalidArgumentError(absl::StrCat("stage ", stage_, " needs ", M, " micro-batches, got ",
                                                    batches.size()));
   }
-  if ((!first_ && prev_ == nullptr) || (!last_ && next_ == nullptr)) {
+  if ((!first_ && prev_.empty()) || (!last_ && next_.empty())) {
     return absl::FailedPreconditionError(absl::StrCat("stage ", stage_, " is missing a link to a neighbour"));
   }
   const uint64_t step = static_cast<uint64_t>(exec_->step());
@@ -95,7 +128,7 @@ absl::StatusOr<StepResult> StageLoop::Step(const std::vector<Batch>& batches) {
     if (op.forward) {
       torch::Tensor in = first_ ? batches[op.micro_batch].tokens : torch::Tensor();
       if (!first_) {
-        absl::StatusOr<LinkMessage> m = Expect(*prev_, step, op.micro_batch, MessageKind::kActivation);
+        absl::StatusOr<LinkMessage> m = Receive(prev_, step, op.micro_batch, MessageKind::kActivation);
         if (!m.ok()) return m.status();
         in = std::move(m->tensor);
       }
@@ -106,20 +139,28 @@ absl::StatusOr<StepResult> StageLoop::Step(const std::vector<Batch>& batches) {
         loss_sum += out->item<double>();
         continue;
       }
-      const LinkMessage m = TensorMessage(step, op.micro_batch, MessageKind::kActivation, out->detach());
-      if (absl::Status s = next_->Send(m, measure); !s.ok()) return s;
+      if (absl::Status s = Send(next_, step, op.micro_batch, MessageKind::kActivation, out->detach(), measure);
+          !s.ok()) {
+        return s;
+      }
     } else {
       torch::Tensor g;
       if (!last_) {
-        absl::StatusOr<LinkMessage> m = Expect(*next_, step, op.micro_batch, MessageKind::kGradient);
+        absl::StatusOr<LinkMessage> m = Receive(next_, step, op.micro_batch, MessageKind::kGradient);
         if (!m.ok()) return m.status();
         g = std::move(m->tensor);
+        // Replica counts that differ between stages: the loss was averaged over the last stage's
+        // replica's share of the step and the replicas' gradients are averaged over this stage's,
+        // so N_this / N_next per boundary makes the gradient the mean over the whole step (1 with
+        // equal counts: nothing is done).
+        if (next_.gradient_scale() != 1) g.mul_(next_.gradient_scale());
       }
       absl::StatusOr<torch::Tensor> gin = exec_->Backward(op.micro_batch, g);
       if (!gin.ok()) return gin.status();
       if (first_) continue;
-      const LinkMessage m = TensorMessage(step, op.micro_batch, MessageKind::kGradient, gin->detach());
-      if (absl::Status s = prev_->Send(m, measure); !s.ok()) return s;
+      if (absl::Status s = Send(prev_, step, op.micro_batch, MessageKind::kGradient, gin->detach(), measure); !s.ok()) {
+        return s;
+      }
     }
   }
   double norm = 0, loss = last_ ? loss_sum / M : 0.0;
@@ -157,9 +198,10 @@ absl::StatusOr<StepResult> StageLoop::Step(const std::vector<Batch>& batches) {
 absl::Status StageLoop::Finish() {
   // Both, whatever the first says: the other neighbour still needs everything queued for it.
   absl::Status first;
-  for (Link* l : {next_, prev_}) {
-    if (l == nullptr) continue;
-    if (absl::Status s = l->Finish(); !s.ok() && first.ok()) first = s;
+  for (const LinkFan* f : {&next_, &prev_}) {
+    for (const LinkFan::Member& m : f->members()) {
+      if (absl::Status s = m.link->Finish(); !s.ok() && first.ok()) first = s;
+    }
   }
   return first;
 }

@@ -27,6 +27,7 @@
 #include "stage_runtime/data.h"
 #include "stage_runtime/executor.h"
 #include "stage_runtime/link.h"
+#include "stage_runtime/link_fan.h"
 #include "stage_runtime/schedule.h"
 
 namespace longhaul::stage_runtime {
@@ -102,6 +103,11 @@ class StageLoop {
   // `prev` / `next` are null on the first / last stage; the executor and links must outlive the
   // loop.
   StageLoop(const PipelineOptions& options, int stage, StageExecutor* executor, Link* prev, Link* next,
+            CheckpointPolicy checkpoint = {})
+      : StageLoop(options, stage, executor, LinkFan(prev), LinkFan(next), std::move(checkpoint)) {}
+  // A replica whose neighbouring stages have other replica counts (link_fan.h): empty fans on the
+  // first / last stage.
+  StageLoop(const PipelineOptions& options, int stage, StageExecutor* executor, LinkFan prev, LinkFan next,
             CheckpointPolicy checkpoint = {});
 
   // One training step. `batches` holds the step's micro-batches on the first stage (tokens) and
@@ -118,15 +124,21 @@ class StageLoop {
   void SetGradientSync(GradientSync* sync) { sync_ = sync; }
 
   int stage() const { return stage_; }
-  Link* prev() const { return prev_; }
-  Link* next() const { return next_; }
 
   // How long Receive waits: a slow link or neighbour is not an error; a dead one closes the link,
   // and a hung one is caught by the coordinator's heartbeat timeout, which cancels the job.
   static constexpr absl::Duration kReceiveTimeout = absl::Minutes(10);
 
  private:
+  // A tensor of this replica's micro-batch `micro_batch` from / to the fan's member that takes it
+  // (sent under the member's number for it; received under this replica's).
+  absl::StatusOr<LinkMessage> Receive(const LinkFan& from, uint64_t step, int micro_batch, MessageKind kind);
+  absl::Status Send(const LinkFan& to, uint64_t step, int micro_batch, MessageKind kind, torch::Tensor t, bool measure);
   absl::StatusOr<LinkMessage> Expect(Link& from, uint64_t step, int micro_batch, MessageKind kind);
+  // The norm every member of `from` sends (they agree: the replicas of a stage hold the same
+  // gradients after their synchronisation); member 0's.
+  absl::StatusOr<double> ExpectNorm(const LinkFan& from, uint64_t step, MessageKind kind);
+  absl::Status SendNorm(const LinkFan& to, uint64_t step, MessageKind kind, double value);
   absl::Status Cancelled();
   absl::StatusOr<double> ExchangeNorms(uint64_t step, double sq);
 
@@ -134,8 +146,8 @@ class StageLoop {
   const int stage_;
   const bool first_, last_;
   StageExecutor* const exec_;
-  Link* const prev_;
-  Link* const next_;
+  const LinkFan prev_;
+  const LinkFan next_;
   const CheckpointPolicy checkpoint_;
   const std::vector<PipelineOp> ops_;
   absl::Duration receive_wait_ = absl::ZeroDuration();

@@ -44,7 +44,9 @@ usage: ./longhaul.sh demo [options]
                        says otherwise, so --replicas 2 starts 2 stages x 2 replicas = 4 workers;
                        the step's micro-batches (the spec's micro_batches, a multiple of N) are
                        divided among the replicas. The summary adds the data-parallel bytes per
-                       step on the wire against fp32 and the time spent synchronising
+                       step on the wire against fp32 and the time spent synchronising.
+                       A count per stage, e.g. --replicas 2,1: stage 0 on 2 workers streaming to
+                       stage 1's one (3 workers; the list sets the number of stages)
   --dp-codec C         how the replicas synchronise: sdp4bit (default), fp32, bitdp1, bitdp2,
                        zeropp
   --stages N           pipeline stages (default: the spec's; 2 with --replicas)
@@ -106,8 +108,24 @@ done
 [[ "$kill_at" =~ ^[0-9]+$ ]] || { echo "demo: --kill-worker-at needs a step number, got '$kill_at'" >&2; exit 2; }
 [[ -z "$ckpt_interval" || "$ckpt_interval" =~ ^[0-9]+$ ]] ||
   { echo "demo: --checkpoint-interval needs a number, got '$ckpt_interval'" >&2; exit 2; }
+# --replicas A,B,...: a count per stage (replicas: [A, B, ...] in the spec); $replicas is then the
+# largest, for the checks below.
+replica_list=""; replica_sum=0
+if [[ "$replicas" =~ ^[0-9]+(,[0-9]+)+$ ]]; then
+  IFS=, read -r -a replica_counts <<<"$replicas"
+  [[ -z "$stages_flag" || "$stages_flag" == "${#replica_counts[@]}" ]] ||
+    { echo "demo: --replicas $replicas has ${#replica_counts[@]} counts, one per stage, but --stages is $stages_flag" >&2; exit 2; }
+  stages_flag=${#replica_counts[@]}
+  replica_list="[${replicas//,/, }]"
+  replicas=1
+  for n in "${replica_counts[@]}"; do
+    ((n >= 1 && n <= 64)) || { echo "demo: every count of --replicas must be in 1..64, got '$n'" >&2; exit 2; }
+    ((n > replicas)) && replicas=$n
+    replica_sum=$((replica_sum + n))
+  done
+fi
 [[ "$replicas" =~ ^[0-9]+$ ]] && ((replicas >= 1 && replicas <= 64)) ||
-  { echo "demo: --replicas needs a number in 1..64, got '$replicas'" >&2; exit 2; }
+  { echo "demo: --replicas needs a number in 1..64 or a count per stage (2,1), got '$replicas'" >&2; exit 2; }
 [[ -z "$stages_flag" || "$stages_flag" =~ ^[1-9][0-9]*$ ]] ||
   { echo "demo: --stages needs a number >= 1, got '$stages_flag'" >&2; exit 2; }
 case "${dp_codec:-sdp4bit}" in
@@ -182,12 +200,14 @@ if [[ -n "$stages_flag" ]]; then
 fi
 if ((replicas > 1)); then
   mb=$(sed -n 's/^micro_batches: *\([0-9]*\).*/\1/p' "$job_spec" | head -1); mb=${mb:-4}
-  ((mb % replicas == 0)) ||
-    { echo "demo: the spec's micro_batches ($mb) is not a multiple of --replicas $replicas; the replicas divide them" >&2; exit 2; }
+  for n in ${replica_counts[@]+"${replica_counts[@]}"} $replicas; do
+    ((mb % n == 0)) ||
+      { echo "demo: the spec's micro_batches ($mb) is not a multiple of $n replicas; the replicas divide them" >&2; exit 2; }
+  done
   # Drop the spec's own replicas and data_parallel (block style too: its indented lines).
   awk '/^replicas:/ { next } /^data_parallel:/ { skip = 1; next } skip && /^[ \t]/ { next } { skip = 0; print }' \
     "$job_spec" >"$job_spec.tmp" && mv "$job_spec.tmp" "$job_spec"
-  printf 'replicas: %s\ndata_parallel: {codec: %s}\n' "$replicas" "$dp_codec" >> "$job_spec"
+  printf 'replicas: %s\ndata_parallel: {codec: %s}\n' "${replica_list:-$replicas}" "$dp_codec" >> "$job_spec"
 fi
 if [[ -z "$summary" ]]; then summary="$run_dir/summary.json"; fi
 
@@ -247,6 +267,7 @@ fi
 
 stages=$(sed -n 's/^stages: *\([0-9]*\).*/\1/p' "$job_spec"); stages=${stages:-4}
 workers=$((stages * replicas))
+[[ -n "$replica_list" ]] && workers=$replica_sum
 ((kill_at > 0)) && workers=$((workers + 1))  # a spare, to take over the killed worker's stage
 # The coordinator serves TLS with the cluster CA it created in its PKI directory
 # (docs/security.md): longhaulctl uses the admin identity there, and the workers join with a
@@ -276,7 +297,9 @@ done
 [[ "${n:-0}" -ge "$workers" ]] || { echo "demo: only ${n:-0} of $workers workers registered; see $run_dir/worker-*.log" >&2; exit 1; }
 stage_word=stages; ((stages == 1)) && stage_word=stage
 layout="$stages $stage_word"
-((replicas > 1)) && layout="$stages $stage_word x $replicas replicas, data-parallel $dp_codec"
+replica_desc="$stage_word x $replicas replicas"
+[[ -n "$replica_list" ]] && replica_desc="$stage_word with replicas $replica_list"
+((replicas > 1)) && layout="$stages $replica_desc, data-parallel $dp_codec"
 ((regions > 1)) && layout+=", $regions regions${between:+ (${between} Mbit/s between them)}"
 echo "demo: $workers workers registered ($layout$( ((kill_at > 0)) && echo ", 1 spare"))"
 
@@ -345,8 +368,8 @@ dp_summary() {
   st=$("$BIN/longhaulctl" status "$1" --json 2>/dev/null) || return 0
   dp=$(json_top dp_bytes_per_step <<<"$st"); raw=$(json_top dp_raw_bytes_per_step <<<"$st")
   secs=$(json_top dp_seconds <<<"$st")
-  awk -v d="${dp:-0}" -v r="${raw:-0}" -v t="${secs:-0}" -v n="$replicas" -v s="$stages" -v c="$dp_codec" 'BEGIN {
-    printf "data-parallel: %d %s x %d replicas, %s: %.1f KB per step on the wire (all replicas) vs %.1f KB as fp32", s, s == 1 ? "stage" : "stages", n, c, d / 1e3, r / 1e3
+  awk -v d="${dp:-0}" -v r="${raw:-0}" -v t="${secs:-0}" -v l="$replica_desc" -v s="$stages" -v c="$dp_codec" 'BEGIN {
+    printf "data-parallel: %d %s, %s: %.1f KB per step on the wire (all replicas) vs %.1f KB as fp32", s, l, c, d / 1e3, r / 1e3
     if (d > 0) printf " (%.2fx)", r / d
     printf "; %.3f s per step synchronising (the slowest replica, last step)\n", t }'
 }

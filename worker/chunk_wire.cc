@@ -149,6 +149,7 @@ absl::StatusOr<ParsedChunk> ParseChunk(const grpc::ByteBuffer& message) {
         case 6: h.set_chunk_count(static_cast<uint32_t>(*v)); break;
         case 7: h.set_frame_bytes(*v); break;
         case 9: h.set_from_stage(static_cast<int32_t>(*v)); break;
+        case 10: h.set_from_replica(static_cast<int32_t>(*v)); break;
         default: break;  // unknown field
       }
     } else if (wire == kWireLengthDelimited) {

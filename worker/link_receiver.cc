@@ -54,7 +54,8 @@ absl::StatusOr<bool> Reassembler::Add(const ParsedChunk& pc) {
   } else if (c.chunk_index() != next_ || c.chunk_count() != first_.chunk_count() ||
              c.frame_bytes() != first_.frame_bytes() || c.step() != first_.step() ||
              c.micro_batch() != first_.micro_batch() || c.direction() != first_.direction() ||
-             c.job_id() != first_.job_id() || c.from_stage() != first_.from_stage()) {
+             c.job_id() != first_.job_id() || c.from_stage() != first_.from_stage() ||
+             c.from_replica() != first_.from_replica()) {
     return absl::InvalidArgumentError(absl::StrCat("chunk ", c.chunk_index(), " does not continue frame (step ",
                                                    first_.step(), ", micro-batch ", first_.micro_batch(),
                                                    ", expected chunk ", next_, ")"));

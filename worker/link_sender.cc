@@ -270,6 +270,7 @@ absl::Status LinkSender::WriteFrame(const Encoded& e, size_t stripe) {
   header.set_chunk_count(static_cast<uint32_t>(count));
   header.set_frame_bytes(static_cast<uint64_t>(n));
   header.set_from_stage(opt_.from_stage);
+  header.set_from_replica(opt_.from_replica);
   absl::Duration shaped = absl::ZeroDuration();
   for (int64_t i = 0; i < count; ++i) {
     const int64_t off = i * kChunkBytes;

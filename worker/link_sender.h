@@ -80,6 +80,7 @@ struct SenderOptions {
   uint64_t job_id = 0;
   int attempt = 0;  // the job's attempt, sent as kAttemptMetadata
   int from_stage = 0;
+  int from_replica = 0;  // the sending stage's replica (replicated stages)
   // In-process link emulation (rate, delay, jitter, loss); unshaped by default. Its zero fields
   // mean what netem::LinkProfile says (a burst of about 1 ms of traffic, as tc tbf gets).
   netem::LinkProfile profile;

@@ -139,11 +139,11 @@ class StageLinkService::Stream final : public grpc::ServerGenericBidiReactor {
   // and only while few others wait (StreamAdmission, docs/security.md), else it is refused at once.
   absl::StatusOr<std::shared_ptr<Inbox>> FindInbox(const v1::TensorFrameChunk& h) {
     absl::StatusOr<std::shared_ptr<Inbox>> found =
-        svc_->router_->Find(h.job_id(), attempt_, h.from_stage(), absl::ZeroDuration());
+        svc_->router_->Find(h.job_id(), attempt_, h.from_stage(), h.from_replica(), absl::ZeroDuration());
     if (found.ok() || !absl::IsFailedPrecondition(found.status())) return found;
     const absl::Duration wait = LinkAdmission().BeginWait(ctx_->peer());
     if (wait == absl::ZeroDuration()) return found;
-    found = svc_->router_->Find(h.job_id(), attempt_, h.from_stage(), wait);
+    found = svc_->router_->Find(h.job_id(), attempt_, h.from_stage(), h.from_replica(), wait);
     LinkAdmission().EndWait();
     return found;
   }
@@ -171,7 +171,8 @@ class StageLinkService::Stream final : public grpc::ServerGenericBidiReactor {
     // mTLS: only the neighbour the coordinator assigned may feed this stage (any other certificate
     // of the cluster is refused before its frames touch the inbox).
     if (std::optional<security::Identity> who = security::PeerIdentity(*ctx_->auth_context())) {
-      if (absl::Status s = svc_->router_->CheckSender(h.job_id(), h.from_stage(), who->name); !s.ok()) {
+      if (absl::Status s = svc_->router_->CheckSender(h.job_id(), h.from_stage(), h.from_replica(), who->name);
+          !s.ok()) {
         return grpc::Status(grpc::StatusCode::PERMISSION_DENIED, std::string(s.message()));
       }
     }

@@ -40,19 +40,20 @@
 namespace longhaul::worker {
 
 // Where the StageLink service delivers a link's frames: the worker maps (job, attempt, sending
-// stage) to the inbox of the stage it hosts. Find may wait up to `wait` for that attempt of the job
+// stage and replica) to the inbox of the stage it hosts. Find may wait up to `wait` for that attempt of the job
 // to be set up (a neighbour can start sending before this worker has processed its own assignment)
 // and fails at once for an attempt older than the one it runs. Called from the streams' assembler
 // threads.
 class InboxRouter {
  public:
   virtual ~InboxRouter() = default;
-  virtual absl::StatusOr<std::shared_ptr<Inbox>> Find(uint64_t job_id, int attempt, int from_stage,
+  virtual absl::StatusOr<std::shared_ptr<Inbox>> Find(uint64_t job_id, int attempt, int from_stage, int from_replica,
                                                       absl::Duration wait) = 0;
   // On a mutual-TLS server, after Find: whether the worker whose certificate names `sender` is the
-  // one the coordinator assigned to send this job's frames from `from_stage` (docs/security.md). A
-  // refused stream is ended before any of its frames reach the inbox, so the job is unaffected.
-  virtual absl::Status CheckSender(uint64_t job_id, int from_stage, const std::string& sender) {
+  // one the coordinator assigned to send this job's frames from replica `from_replica` of
+  // `from_stage` (docs/security.md). A refused stream is ended before any of its frames reach the
+  // inbox, so the job is unaffected.
+  virtual absl::Status CheckSender(uint64_t job_id, int from_stage, int from_replica, const std::string& sender) {
     return absl::OkStatus();
   }
 };

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
@@ -14,6 +15,7 @@
 #include "common/list_dir.h"
 #include "common/log.h"
 #include "proto/link_spec.h"
+#include "proto/replica_layout.h"
 #include "proto/stage_activity.h"
 #include "stage_runtime/data.h"
 #include "worker/link_settings.h"
@@ -183,17 +185,42 @@ StageRunner::StageRunner(v1::StageAssignment assignment, std::string data_dir, t
   // A peer may not announce a frame larger than this job's largest tensor can need (link_receiver.h).
   const v1::JobSpec& js = a_.spec();
   const int64_t max_frame = FrameLimitFor(js.micro_batch_size(), js.model().context(), js.model().hidden());
-  if (!first_) from_prev_ = std::make_shared<Inbox>(cap, PeerName(a_.prev(), a_.stage() - 1), decode, max_frame);
-  if (!last_) from_next_ = std::make_shared<Inbox>(cap, PeerName(a_.next(), a_.stage() + 1), decode, max_frame);
+  for (const int n : {a_.stage() - 1, a_.stage() + 1}) {
+    if (n < 0 || n >= js.stages()) continue;
+    for (const int q : ExchangingReplicas(js, a_.stage(), a_.replica_index(), n)) {
+      const v1::StagePeer* p = AssignedNeighbour(a_, n, q);
+      if (p == nullptr) continue;  // Setup says what the assignment lacks
+      Neighbour nb;
+      nb.stage = n;
+      nb.replica = q;
+      nb.peer = *p;
+      nb.inbox = std::make_shared<Inbox>(cap, PeerName(*p, n), decode, max_frame);
+      (n < a_.stage() ? prev_ : next_).push_back(std::move(nb));
+    }
+  }
 }
 
 StageRunner::~StageRunner() = default;
 
-absl::StatusOr<std::shared_ptr<Inbox>> StageRunner::InboxFrom(int from_stage) {
-  if (from_stage == a_.stage() - 1 && from_prev_) return from_prev_;
-  if (from_stage == a_.stage() + 1 && from_next_) return from_next_;
+const v1::StagePeer* AssignedNeighbour(const v1::StageAssignment& a, int stage, int replica) {
+  const int s = a.stage();
+  if ((stage != s - 1 && stage != s + 1) || stage < 0 || stage >= a.spec().stages()) return nullptr;
+  const std::vector<int> exchanging = ExchangingReplicas(a.spec(), s, a.replica_index(), stage);
+  if (std::find(exchanging.begin(), exchanging.end(), replica) == exchanging.end()) return nullptr;
+  const auto& all = stage < s ? a.prev_replicas() : a.next_replicas();
+  // An assignment without the lists (an older coordinator) names the one neighbour of equal counts.
+  if (all.empty()) return stage < s ? &a.prev() : &a.next();
+  return replica < all.size() ? &all[replica] : nullptr;
+}
+
+absl::StatusOr<std::shared_ptr<Inbox>> StageRunner::InboxFrom(int from_stage, int from_replica) {
+  for (const std::vector<Neighbour>* side : {&prev_, &next_}) {
+    for (const Neighbour& n : *side) {
+      if (n.stage == from_stage && n.replica == from_replica) return n.inbox;
+    }
+  }
   return absl::InvalidArgumentError(absl::StrCat("job ", a_.job_id(), ": stage ", a_.stage(),
-                                                 " has no link from stage ", from_stage));
+                                                 " has no link from stage ", from_stage, " replica ", from_replica));
 }
 
 absl::Status StageRunner::Cancelled() {
@@ -207,8 +234,9 @@ bool StageRunner::Cancel(absl::Status why) {
   cancelled_ = why.ok() ? absl::CancelledError("cancelled") : why;
   cancelled_at_ = absl::Now();
   activity_at_cancel_ = Activity();
-  if (from_prev_) from_prev_->Cancel(cancelled_);
-  if (from_next_) from_next_->Cancel(cancelled_);
+  for (const std::vector<Neighbour>* side : {&prev_, &next_}) {
+    for (const Neighbour& n : *side) n.inbox->Cancel(cancelled_);
+  }
   if (live_loop_ != nullptr) live_loop_->Cancel(cancelled_);
   return true;
 }
@@ -222,9 +250,10 @@ std::string StageRunner::SlowStopNote() {
                       " after its cancel; it was ", DescribeActivity(activity_at_cancel_), " when cancelled)");
 }
 
-absl::StatusOr<std::unique_ptr<GrpcLink>> StageRunner::Connect(bool forward, const codec::Codec* codec) {
+absl::StatusOr<std::unique_ptr<GrpcLink>> StageRunner::Connect(const Neighbour& n, bool forward,
+                                                              const codec::Codec* codec) {
   const v1::JobSpec& spec = a_.spec();
-  const v1::StagePeer& peer = forward ? a_.next() : a_.prev();
+  const v1::StagePeer& peer = n.peer;
   // Different jitter/loss draws per stage and direction, reproducible per job.
   absl::StatusOr<LinkSettings> ls = ResolveLinkSpec(LinkSpecBetween(spec.links(), region_, peer.region()),
                                                     spec.seed() * 1000 + a_.stage() * 2 + (forward ? 1 : 2));
@@ -236,6 +265,7 @@ absl::StatusOr<std::unique_ptr<GrpcLink>> StageRunner::Connect(bool forward, con
   so.job_id = a_.job_id();
   so.attempt = a_.attempt();
   so.from_stage = a_.stage();
+  so.from_replica = a_.replica_index();
   so.profile = ls->profile;
   (forward ? fwd_rate_ : bwd_rate_) = ls->profile.rate_bytes_per_s;
   so.streams = ls->streams;
@@ -244,7 +274,17 @@ absl::StatusOr<std::unique_ptr<GrpcLink>> StageRunner::Connect(bool forward, con
   so.codec_threads = opt_.codec_threads;
   absl::StatusOr<std::unique_ptr<LinkSender>> s = LinkSender::Start(so, codec);
   if (!s.ok()) return s.status();
-  return std::make_unique<GrpcLink>(forward ? from_next_ : from_prev_, std::move(*s));
+  return std::make_unique<GrpcLink>(n.inbox, std::move(*s));
+}
+
+stage_runtime::LinkFan StageRunner::Fan(const std::vector<Neighbour>& ns) const {
+  if (ns.empty()) return {};
+  const v1::JobSpec& spec = a_.spec();
+  const int other = ns.front().stage, m = ReplicaMicroBatches(spec, other);
+  std::vector<stage_runtime::LinkFan::Member> members;
+  for (const Neighbour& n : ns) members.push_back({n.watched.get(), n.replica * m, m});
+  return stage_runtime::LinkFan(std::move(members), a_.replica_index() * opt_.micro_batches,
+                                static_cast<double>(replicas_) / StageReplicas(spec, other));
 }
 
 absl::Status StageRunner::Setup() {
@@ -252,13 +292,22 @@ absl::Status StageRunner::Setup() {
   if (!o.ok()) return o.status();
   opt_ = *o;
   const v1::JobSpec& spec = a_.spec();
-  replicas_ = spec.replicas() > 1 ? spec.replicas() : 1;
+  replicas_ = StageReplicas(spec, a_.stage());
   if (replicas_ > 1) {
     if (spec.micro_batches() % replicas_ != 0 || a_.replica_group_size() != replicas_) {
       return absl::InvalidArgumentError(absl::StrCat("replicated stage: ", spec.micro_batches(), " micro-batches, ",
                                                      replicas_, " replicas, a group of ", a_.replica_group_size()));
     }
-    opt_.micro_batches /= replicas_;  // this replica's share of the step (job_spec.h)
+    opt_.micro_batches /= replicas_;  // this replica's share of the step (proto/replica_layout.h)
+  }
+  for (const int n : {a_.stage() - 1, a_.stage() + 1}) {
+    if (n < 0 || n >= spec.stages()) continue;
+    const size_t want = ExchangingReplicas(spec, a_.stage(), a_.replica_index(), n).size();
+    const size_t have = (n < a_.stage() ? prev_ : next_).size();
+    if (have != want) {
+      return absl::InvalidArgumentError(absl::StrCat("the assignment names ", have, " of the ", want,
+                                                     " replica(s) of stage ", n, " this replica exchanges with"));
+    }
   }
   if (first_ || last_) {
     absl::StatusOr<std::string> corpus =
@@ -313,21 +362,18 @@ absl::Status StageRunner::Setup() {
   // A cancellation that came while the stage was being built stops it before the connects (which
   // may wait for a peer); one that comes later reaches the loop below.
   if (absl::Status c = Cancelled(); !c.ok()) return c;
-  if (!last_) {
-    absl::StatusOr<std::unique_ptr<GrpcLink>> l = Connect(/*forward=*/true, fwd_codec_.get());
-    if (!l.ok()) return l.status();
-    next_ = std::move(*l);
+  for (std::vector<Neighbour>* side : {&next_, &prev_}) {
+    const bool forward = side == &next_;
+    for (Neighbour& n : *side) {
+      if (absl::Status c = Cancelled(); !c.ok()) return c;
+      absl::StatusOr<std::unique_ptr<GrpcLink>> l = Connect(n, forward, (forward ? fwd_codec_ : bwd_codec_).get());
+      if (!l.ok()) return l.status();
+      n.link = std::move(*l);
+      n.watched = std::make_unique<ActivityLink>(this, n.link.get(), n.stage);
+    }
   }
-  if (absl::Status c = Cancelled(); !c.ok()) return c;
-  if (!first_) {
-    absl::StatusOr<std::unique_ptr<GrpcLink>> l = Connect(/*forward=*/false, bwd_codec_.get());
-    if (!l.ok()) return l.status();
-    prev_ = std::move(*l);
-  }
-  if (prev_) watched_prev_ = std::make_unique<ActivityLink>(this, prev_.get(), a_.stage() - 1);
-  if (next_) watched_next_ = std::make_unique<ActivityLink>(this, next_.get(), a_.stage() + 1);
   loop_ = std::make_unique<stage_runtime::StageLoop>(
-      opt_, a_.stage(), exec_.get(), watched_prev_.get(), watched_next_.get(),
+      opt_, a_.stage(), exec_.get(), Fan(prev_), Fan(next_),
       stage_runtime::CheckpointPolicy{checkpoint_path_, spec.checkpoint_interval(), spec.steps()});
   if (replicas_ > 1) {
     if (absl::Status s = SetupReplicaSync(); !s.ok()) return s;
@@ -345,7 +391,7 @@ absl::StatusOr<std::string> StageRunner::CheckedCheckpointDir() const {
       CheckSpecPath("checkpoint.dir", CheckpointDir(a_.spec(), data_dir_, a_.job_id()), AllowedRoots({data_dir_}));
   if (!dir.ok()) return dir.status();
   // Replicas may share a checkpoint directory (a spec's dir on one machine).
-  if (a_.spec().replicas() > 1) return absl::StrCat(*dir, "/replica-", a_.replica_index());
+  if (HasReplicas(a_.spec())) return absl::StrCat(*dir, "/replica-", a_.replica_index());
   return dir;
 }
 
@@ -403,7 +449,7 @@ absl::Status StageRunner::SetupReplicaSync() {
 absl::Status StageRunner::Restore(const std::string& dir) {
   const int64_t step = a_.restore_step();
   const int stage = a_.stage();
-  const std::string slot = a_.spec().replicas() > 1
+  const std::string slot = HasReplicas(a_.spec())
                                ? absl::StrCat("stage ", stage, " replica ", a_.replica_index())
                                : absl::StrCat("stage ", stage);
   const std::string who = absl::StrCat("job ", a_.job_id(), " ", slot);
@@ -471,29 +517,34 @@ v1::StepProgress StageRunner::Progress(const stage_runtime::StepResult& r, absl:
   p.set_tokens(int64_t{opt_.micro_batches} * opt_.micro_batch_size * opt_.model.context);
   int64_t wire = 0, raw = 0;
   double send_wait = 0;
-  for (GrpcLink* l : {next_.get(), prev_.get()}) {
-    if (l == nullptr) continue;
-    const stage_runtime::LinkStats st = l->stats();
-    const double blocked = absl::ToDoubleSeconds(l->TakeSendWait());
-    wire += st.wire_bytes;
-    raw += st.raw_bytes;
-    send_wait += blocked;
-    const bool fwd = l == next_.get();
-    LinkStepSample ls;
-    ls.direction = fwd ? "forward" : "backward";
-    ls.peer = fwd ? a_.next().name() : a_.prev().name();
-    ls.codec = fwd ? opt_.forward_codec : opt_.backward_codec;
-    ls.stats = st;
-    ls.send_blocked_seconds = blocked;
-    ls.queue_depth = static_cast<int64_t>(l->queue_depth());
-    ls.rate_limit_bytes_per_second = fwd ? fwd_rate_ : bwd_rate_;
-    SetReceived(ls, (fwd ? from_next_ : from_prev_)->decode_target(), fwd ? opt_.backward_codec : opt_.forward_codec);
-    sample->links.push_back(std::move(ls));
-    if (l == next_.get()) {  // quantisation error is reported for the forward (activation) link
-      const int64_t n = st.error_samples - reported_error_samples_;
-      p.set_mean_rel_error(n > 0 ? (st.sum_rel_error - reported_error_sum_) / n : 0.0);
-      reported_error_samples_ = st.error_samples;
-      reported_error_sum_ = st.sum_rel_error;
+  for (const std::vector<Neighbour>* side : {&next_, &prev_}) {
+    const bool fwd = side == &next_;
+    for (const Neighbour& n : *side) {
+      GrpcLink* l = n.link.get();
+      if (l == nullptr) continue;
+      const stage_runtime::LinkStats st = l->stats();
+      const double blocked = absl::ToDoubleSeconds(l->TakeSendWait());
+      wire += st.wire_bytes;
+      raw += st.raw_bytes;
+      send_wait += blocked;
+      LinkStepSample ls;
+      ls.direction = fwd ? "forward" : "backward";
+      ls.peer = n.peer.name();
+      ls.codec = fwd ? opt_.forward_codec : opt_.backward_codec;
+      ls.stats = st;
+      ls.send_blocked_seconds = blocked;
+      ls.queue_depth = static_cast<int64_t>(l->queue_depth());
+      ls.rate_limit_bytes_per_second = fwd ? fwd_rate_ : bwd_rate_;
+      SetReceived(ls, n.inbox->decode_target(), fwd ? opt_.backward_codec : opt_.forward_codec);
+      sample->links.push_back(std::move(ls));
+      // Quantisation error is reported for the forward (activation) link; the loop measures it on
+      // its first micro-batch, which goes to the first neighbour.
+      if (fwd && &n == &next_.front()) {
+        const int64_t k = st.error_samples - reported_error_samples_;
+        p.set_mean_rel_error(k > 0 ? (st.sum_rel_error - reported_error_sum_) / k : 0.0);
+        reported_error_samples_ = st.error_samples;
+        reported_error_sum_ = st.sum_rel_error;
+      }
     }
   }
   p.set_wire_bytes(wire);
@@ -576,12 +627,13 @@ v1::JobFinished StageRunner::Run() {
   loop_.reset();
   sync_.reset();
   replicator_.reset();  // a copy in flight is moot once the stage stopped
-  watched_prev_.reset();
-  watched_next_.reset();
-  prev_.reset();  // joins the senders' threads
-  next_.reset();
-  if (from_prev_) from_prev_->Cancel(absl::CancelledError("job over"));
-  if (from_next_) from_next_->Cancel(absl::CancelledError("job over"));
+  for (std::vector<Neighbour>* side : {&prev_, &next_}) {
+    for (Neighbour& n : *side) {
+      n.watched.reset();
+      n.link.reset();  // joins the sender's threads
+      n.inbox->Cancel(absl::CancelledError("job over"));
+    }
+  }
   r.set_ok(st.ok());
   r.set_retryable(!st.ok() && Retryable(st));
   if (!st.ok()) r.set_error(absl::StrCat("stage ", a_.stage(), ": ", st.message()));

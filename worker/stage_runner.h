@@ -56,6 +56,11 @@ struct TestHang {
   int stage = -1;
 };
 
+// The worker an assignment names for replica `replica` of the neighbouring stage `stage`, when this
+// stage's replica exchanges micro-batches with it (proto/replica_layout.h); else null. For the
+// data plane's sender check (worker.h).
+const v1::StagePeer* AssignedNeighbour(const v1::StageAssignment& a, int stage, int replica);
+
 class StageRunner {
  public:
   using ProgressFn = std::function<void(const v1::StepProgress&)>;
@@ -98,8 +103,10 @@ class StageRunner {
   // What the compute thread is doing now (for the heartbeats). Any thread.
   v1::StageActivity Activity();
 
-  // The inbox for frames sent by `from_stage`, or an error if that stage is not a neighbour.
-  absl::StatusOr<std::shared_ptr<Inbox>> InboxFrom(int from_stage);
+  // The inbox for frames sent by replica `from_replica` of `from_stage`, or an error if that is not
+  // a neighbour of this replica.
+  absl::StatusOr<std::shared_ptr<Inbox>> InboxFrom(int from_stage, int from_replica);
+  const v1::StageAssignment& assignment() const { return a_; }
 
   // Runs the whole job on the calling thread; the result says how it ended.
   v1::JobFinished Run();
@@ -118,7 +125,16 @@ class StageRunner {
   int replica() const { return a_.replica_index(); }
 
  private:
+  struct Neighbour {
+    int stage = 0, replica = 0;
+    v1::StagePeer peer;
+    std::shared_ptr<Inbox> inbox;
+    std::unique_ptr<GrpcLink> link;
+    std::unique_ptr<ActivityLink> watched;  // the loop's view of link
+  };
   absl::Status Setup();
+  // The loop's view of prev_ or next_ (stage_runtime/link_fan.h).
+  stage_runtime::LinkFan Fan(const std::vector<Neighbour>& ns) const;
   // `own` and the operator's allowed directories.
   std::vector<std::string> AllowedRoots(std::vector<std::string> own) const;
   // Replicated stages: the synchronisation among the stage's replicas (replica_sync.h).
@@ -128,8 +144,8 @@ class StageRunner {
   // After a step that wrote a checkpoint: keep it under its step's name, prune, copy it.
   void KeepCheckpoint(int64_t step);
   absl::Status RunSteps();
-  // The link to the next (forward) or previous stage: a sender to it and the inbox from it.
-  absl::StatusOr<std::unique_ptr<GrpcLink>> Connect(bool forward, const codec::Codec* codec);
+  // The link to a replica of the next (forward) or previous stage: a sender to it and the inbox from it.
+  absl::StatusOr<std::unique_ptr<GrpcLink>> Connect(const Neighbour& n, bool forward, const codec::Codec* codec);
   // The step's progress message; fills `sample` (the metrics' view of the same step) on the way.
   v1::StepProgress Progress(const stage_runtime::StepResult& r, absl::Duration took, StageStepSample* sample);
   absl::Status Cancelled();
@@ -148,15 +164,16 @@ class StageRunner {
   double fwd_rate_ = 0, bwd_rate_ = 0;
   const bool first_, last_;
   absl::StatusOr<codec::CodecDevice> codec_device_;  // links.codec_device, parsed once
-  std::shared_ptr<Inbox> from_prev_, from_next_;  // null at the ends
   stage_runtime::PipelineOptions opt_;
   std::unique_ptr<codec::Codec> fwd_codec_, bwd_codec_;
   std::unique_ptr<stage_runtime::StageExecutor> exec_;
   std::unique_ptr<stage_runtime::Dataset> data_;
-  std::unique_ptr<GrpcLink> prev_, next_;  // null at the ends
-  std::unique_ptr<ActivityLink> watched_prev_, watched_next_;  // the loop's view of them
+  // The replicas of the previous and next stage this replica exchanges micro-batches with (one each
+  // unless the stages' replica counts differ: proto/replica_layout.h); none at the ends. The
+  // inboxes exist from construction, the links from Setup.
+  std::vector<Neighbour> prev_, next_;
   std::unique_ptr<stage_runtime::StageLoop> loop_;
-  // Replicated stages (spec.replicas > 1): the stage's replicas each run micro_batches / replicas
+  // Replicated stages (StageReplicas > 1): the stage's replicas each run micro_batches / replicas
   // of every step (opt_.micro_batches is this replica's share) and synchronise through sync_.
   int replicas_ = 1;
   std::vector<std::string> allowed_paths_;

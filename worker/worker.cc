@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/log.h"
+#include "proto/replica_layout.h"
 #include "security/tls.h"
 #include "worker/compute_bench.h"
 
@@ -334,9 +335,6 @@ void Worker::StartJob(const v1::StageAssignment& a) {
                                     a.attempt() > 0 ? absl::StrCat(", attempt ", a.attempt()) : "",
                                     a.restore_step() > 0 ? absl::StrCat(", restoring step ", a.restore_step()) : ""));
       const uint64_t id = worker_id_;
-      job_prev_ = a.prev();
-      job_next_ = a.next();
-      job_stage_ = a.stage();
       job_ = std::make_shared<StageRunner>(a, opt_.data_dir, device_, [this, id](const v1::StepProgress& p) {
         v1::WorkerMessage m;
         m.set_worker_id(id);
@@ -443,7 +441,7 @@ std::string Worker::LocateOwnCheckpoint(uint64_t job_id, int stage, int replica,
   return ::access(path.c_str(), R_OK) == 0 ? path : "";
 }
 
-absl::StatusOr<std::shared_ptr<Inbox>> Worker::Find(uint64_t job_id, int attempt, int from_stage,
+absl::StatusOr<std::shared_ptr<Inbox>> Worker::Find(uint64_t job_id, int attempt, int from_stage, int from_replica,
                                                     absl::Duration wait) {
   absl::MutexLock l(&mu_);
   // A newer attempt than the one running is waited for (its assignment may not have been
@@ -458,22 +456,25 @@ absl::StatusOr<std::shared_ptr<Inbox>> Worker::Find(uint64_t job_id, int attempt
     return absl::FailedPreconditionError(absl::StrCat("worker ", opt_.name, " runs attempt ", job_->attempt(),
                                                       " of job ", job_id, ", not attempt ", attempt));
   }
-  return job_->InboxFrom(from_stage);
+  return job_->InboxFrom(from_stage, from_replica);
 }
 
-absl::Status Worker::CheckSender(uint64_t job_id, int from_stage, const std::string& sender) {
+absl::Status Worker::CheckSender(uint64_t job_id, int from_stage, int from_replica, const std::string& sender) {
   absl::MutexLock l(&mu_);
   if (!job_ || job_->job_id() != job_id) {
     return absl::FailedPreconditionError(absl::StrCat("worker ", opt_.name, " is not running job ", job_id));
   }
-  const v1::StagePeer* p = from_stage == job_stage_ - 1 ? &job_prev_ : from_stage == job_stage_ + 1 ? &job_next_ : nullptr;
+  const v1::StagePeer* p = AssignedNeighbour(job_->assignment(), from_stage, from_replica);
   if (p != nullptr && !p->name().empty() && p->name() == sender) return absl::OkStatus();
-  refusals_.Warn(sender, absl::StrCat(opt_.name, " refused a stream of job ", job_id, " from stage ", from_stage, " sent by ",
-                                     sender,
-                                     p != nullptr ? absl::StrCat(" (its sender is ", p->name(), ")") : " (not a neighbour)"));
-  return absl::PermissionDeniedError(absl::StrCat(
-      "worker ", opt_.name, " takes job ", job_id, "'s frames from stage ", from_stage, " only from ",
-      p != nullptr ? p->name() : "its assigned neighbours", ", not from ", sender));
+  const std::string from = absl::StrCat("stage ", from_stage, HasReplicas(job_->assignment().spec())
+                                                                  ? absl::StrCat(" replica ", from_replica)
+                                                                  : "");
+  refusals_.Warn(sender, absl::StrCat(opt_.name, " refused a stream of job ", job_id, " from ", from, " sent by ", sender,
+                                      p != nullptr ? absl::StrCat(" (its sender is ", p->name(), ")")
+                                                   : " (not a neighbour)"));
+  return absl::PermissionDeniedError(absl::StrCat("worker ", opt_.name, " takes job ", job_id, "'s frames from ", from,
+                                                  " only from ", p != nullptr ? p->name() : "its assigned neighbours",
+                                                  ", not from ", sender));
 }
 
 void Worker::Shutdown() {

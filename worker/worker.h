@@ -106,9 +106,9 @@ class Worker : public InboxRouter {
   // host:port of the link probe sink, "" when probing is off.
   const std::string& probe_address() const { return probe_address_; }
 
-  absl::StatusOr<std::shared_ptr<Inbox>> Find(uint64_t job_id, int attempt, int from_stage,
+  absl::StatusOr<std::shared_ptr<Inbox>> Find(uint64_t job_id, int attempt, int from_stage, int from_replica,
                                               absl::Duration wait) override;
-  absl::Status CheckSender(uint64_t job_id, int from_stage, const std::string& sender) override;
+  absl::Status CheckSender(uint64_t job_id, int from_stage, int from_replica, const std::string& sender) override;
 
  private:
   Worker(const WorkerOptions& o, torch::Device device) : opt_(o), device_(device) {}
@@ -152,9 +152,6 @@ class Worker : public InboxRouter {
   uint64_t worker_id_ ABSL_GUARDED_BY(mu_) = 0;
   grpc::ClientContext* session_ctx_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::shared_ptr<StageRunner> job_ ABSL_GUARDED_BY(mu_);
-  // The running stage's neighbours (its assignment's prev and next), for CheckSender.
-  v1::StagePeer job_prev_ ABSL_GUARDED_BY(mu_), job_next_ ABSL_GUARDED_BY(mu_);
-  int job_stage_ ABSL_GUARDED_BY(mu_) = -1;
   std::thread job_thread_ ABSL_GUARDED_BY(mu_);
   bool job_done_ ABSL_GUARDED_BY(mu_) = false;
   // Where this worker's stage of each job keeps its checkpoints, and which replica it ran (for

@@ -223,7 +223,8 @@ TEST(JobSpecTest, ReplicasAndDataParallel) {
   EXPECT_EQ(s->data_parallel().weight_bits(), 8);
 
   v1::JobSpec in_code;  // specs built in code leave replicas at 0: one replica
-  EXPECT_EQ(Replicas(in_code), 1);
+  EXPECT_EQ(StageReplicas(in_code, 0), 1);
+  EXPECT_FALSE(HasReplicas(in_code));
 
   absl::StatusOr<v1::JobSpec> bad = ParseJobSpec(
       "micro_batches: 4\nreplicas: 3\ndata_parallel: {codec: int3, timeout: soon, weight_bits: 2, extra: 1}\n");
@@ -239,6 +240,58 @@ TEST(JobSpecTest, ReplicasAndDataParallel) {
   ASSERT_FALSE(many.ok());
   EXPECT_NE(std::string(many.status().message()).find("replicas: 65 is out of range [1, 64]"), std::string::npos)
       << many.status();
+}
+
+// A per-stage list of replica counts (proto/replica_layout.h): its slots, shares and neighbours.
+TEST(JobSpecTest, PerStageReplicaList) {
+  absl::StatusOr<v1::JobSpec> s = ParseJobSpec("stages: 3\nmicro_batches: 4\nreplicas: [2, 1, 4]\n");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->replicas(), 0);
+  ASSERT_EQ(s->stage_replicas_size(), 3);
+  EXPECT_TRUE(HasReplicas(*s));
+  EXPECT_TRUE(ReplicaCountsDiffer(*s));
+  EXPECT_EQ(WorkersNeeded(*s), 7);
+  EXPECT_EQ(MaxReplicas(*s), 4);
+  EXPECT_EQ(DescribeStages(*s), "3 stages with replicas [2, 1, 4]");
+  EXPECT_EQ(ReplicaMicroBatches(*s, 0), 2);
+  EXPECT_EQ(ReplicaMicroBatches(*s, 1), 4);
+  EXPECT_EQ(ReplicaMicroBatches(*s, 2), 1);
+  // Replica-major: every stage's replica 0, then replica 1 of stages 0 and 2, then 2 and 3 of stage 2.
+  const std::vector<ReplicaSlot> slots = ReplicaSlots(*s);
+  std::vector<std::pair<int, int>> got;
+  for (const ReplicaSlot& r : slots) got.emplace_back(r.stage, r.replica);
+  EXPECT_EQ(got, (std::vector<std::pair<int, int>>{{0, 0}, {1, 0}, {2, 0}, {0, 1}, {2, 1}, {2, 2}, {2, 3}}));
+  for (size_t i = 0; i < slots.size(); ++i) {
+    EXPECT_EQ(SlotOf(*s, slots[i].stage, slots[i].replica), static_cast<int>(i));
+  }
+  EXPECT_EQ(SlotOf(*s, 1, 1), -1);
+  EXPECT_EQ(SlotOf(*s, 3, 0), -1);
+  // Stage 1's one replica takes micro-batches 0..3: both of stage 0's replicas and all four of stage 2's.
+  EXPECT_EQ(ExchangingReplicas(*s, 1, 0, 0), (std::vector<int>{0, 1}));
+  EXPECT_EQ(ExchangingReplicas(*s, 1, 0, 2), (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(ExchangingReplicas(*s, 0, 1, 1), (std::vector<int>{0}));
+  EXPECT_EQ(ExchangingReplicas(*s, 2, 3, 1), (std::vector<int>{0}));
+
+  absl::StatusOr<v1::JobSpec> equal = ParseJobSpec("stages: 2\nmicro_batches: 4\nreplicas: 2\n");
+  ASSERT_TRUE(equal.ok()) << equal.status();
+  EXPECT_EQ(DescribeStages(*equal), "2 stages x 2 replicas");
+  for (int r = 0; r < 2; ++r) {
+    for (int st = 0; st < 2; ++st) EXPECT_EQ(SlotOf(*equal, st, r), r * 2 + st);
+    EXPECT_EQ(ExchangingReplicas(*equal, 0, r, 1), (std::vector<int>{r}));
+  }
+
+  absl::StatusOr<v1::JobSpec> bad = ParseJobSpec("stages: 3\nmicro_batches: 4\nreplicas: [3, 0, x]\n");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(std::string(bad.status().message()).find("replicas (line 3): every entry must be an integer (\"x\" is not)"),
+            std::string::npos)
+      << bad.status();
+  bad = ParseJobSpec("stages: 3\nmicro_batches: 4\nreplicas: [3, 0]\n");
+  ASSERT_FALSE(bad.ok());
+  const std::string msg(bad.status().message());
+  for (const char* want : {"replicas: a list of 2 counts for 3 stages (one per stage)",
+                           "micro_batches: 4 is not a multiple of replicas[0] (3)", "replicas[1]: 0 is out of range [1, 64]"}) {
+    EXPECT_NE(msg.find(want), std::string::npos) << "missing \"" << want << "\" in:\n" << msg;
+  }
 }
 
 }  // namespace

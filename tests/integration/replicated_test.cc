@@ -15,7 +15,8 @@ namespace longhaul::cluster {
 namespace {
 
 // A small model, 2 stages; pipeline links in fp32 so that only the data-parallel codec differs.
-std::string Spec(int replicas, const std::string& dp_codec, int steps) {
+// `replicas`: a count, or a per-stage list ("[2, 1]").
+std::string Spec(const std::string& replicas, const std::string& dp_codec, int steps) {
   return absl::StrCat(R"(name: rep
 model: {layers: 4, hidden: 64, heads: 4, context: 32}
 stages: 2
@@ -74,11 +75,11 @@ TEST_F(ReplicatedTest, Fp32TwoReplicasMatchOneReplica) {
   ASSERT_TRUE(c_.StartCoordinator().ok());
   ASSERT_TRUE(c_.StartWorkers(4).ok());
   constexpr int kSteps = 8;
-  absl::StatusOr<v1::JobStatus> one = Run(Spec(1, "fp32", kSteps));
+  absl::StatusOr<v1::JobStatus> one = Run(Spec("1", "fp32", kSteps));
   ASSERT_TRUE(one.ok()) << one.status();
   ASSERT_EQ(one->state(), v1::JOB_STATE_SUCCEEDED) << one->error();
   ASSERT_TRUE(c_.WaitForIdleWorkers(4, absl::Seconds(30)).ok());
-  absl::StatusOr<v1::JobStatus> two = Run(Spec(2, "fp32", kSteps));
+  absl::StatusOr<v1::JobStatus> two = Run(Spec("2", "fp32", kSteps));
   ASSERT_TRUE(two.ok()) << two.status();
   ASSERT_EQ(two->state(), v1::JOB_STATE_SUCCEEDED) << two->error();
   ASSERT_EQ(one->losses_size(), kSteps);
@@ -94,6 +95,28 @@ TEST_F(ReplicatedTest, Fp32TwoReplicasMatchOneReplica) {
   std::printf("fp32: largest relative difference %.2e; dp bytes per step %lld (fp32 contents %lld)\n", worst,
               static_cast<long long>(two->dp_bytes_per_step()), static_cast<long long>(two->dp_raw_bytes_per_step()));
   EXPECT_GT(two->dp_bytes_per_step(), 0);
+
+  // Replica counts per stage (proto/replica_layout.h): 2 replicas of stage 0 both streaming to the
+  // one of stage 1, and the reverse. Same global batch, so the same losses.
+  for (const char* counts : {"[2, 1]", "[1, 2]"}) {
+    SCOPED_TRACE(counts);
+    ASSERT_TRUE(c_.WaitForIdleWorkers(4, absl::Seconds(30)).ok());
+    absl::StatusOr<v1::JobStatus> mixed = Run(Spec(counts, "fp32", kSteps));
+    ASSERT_TRUE(mixed.ok()) << mixed.status();
+    ASSERT_EQ(mixed->state(), v1::JOB_STATE_SUCCEEDED) << mixed->error();
+    ASSERT_EQ(mixed->losses_size(), kSteps);
+    ASSERT_EQ(mixed->stages_size(), 3);
+    worst = 0;
+    for (int i = 0; i < kSteps; ++i) {
+      const double rel = std::abs(mixed->losses(i) - one->losses(i)) / std::abs(one->losses(i));
+      worst = std::max(worst, rel);
+      EXPECT_LT(rel, 1e-5) << "step " << i << ": replicas " << counts << " " << mixed->losses(i) << " vs 1 replica "
+                           << one->losses(i);
+    }
+    std::printf("fp32, replicas %s: largest relative difference %.2e; dp bytes per step %lld\n", counts, worst,
+                static_cast<long long>(mixed->dp_bytes_per_step()));
+    EXPECT_GT(mixed->dp_bytes_per_step(), 0);
+  }
 }
 
 // sdp4bit and bitdp2: the replicas of each stage end with bit-identical parameters (checksums of
@@ -105,7 +128,7 @@ TEST_F(ReplicatedTest, CompressedSyncKeepsReplicasIdenticalAndTrains) {
   for (const char* codec : {"sdp4bit", "bitdp2"}) {
     SCOPED_TRACE(codec);
     ASSERT_TRUE(c_.WaitForIdleWorkers(4, absl::Seconds(30)).ok());
-    absl::StatusOr<v1::JobStatus> st = Run(Spec(2, codec, kSteps));
+    absl::StatusOr<v1::JobStatus> st = Run(Spec("2", codec, kSteps));
     ASSERT_TRUE(st.ok()) << st.status();
     ASSERT_EQ(st->state(), v1::JOB_STATE_SUCCEEDED) << st->error();
     ASSERT_EQ(st->losses_size(), kSteps);
@@ -174,10 +197,13 @@ TEST_F(ReplicatedTest, MoreReplicasThanWorkersIsRejectedWithTheNumbers) {
   ASSERT_TRUE(c_.StartCoordinator().ok());
   ASSERT_TRUE(c_.StartWorkers(3).ok());
   ASSERT_TRUE(c_.WaitForIdleWorkers(3, absl::Seconds(30)).ok());
-  absl::StatusOr<uint64_t> job = c_.Submit(Spec(2, "fp32", 3));
+  absl::StatusOr<uint64_t> job = c_.Submit(Spec("2", "fp32", 3));
   ASSERT_FALSE(job.ok());
   EXPECT_EQ(job.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(job.status().message(), "needs 4 workers (2 stages x 2 replicas), 3 are idle, 3 registered");
+  job = c_.Submit(Spec("[1, 4]", "fp32", 3));
+  ASSERT_FALSE(job.ok());
+  EXPECT_EQ(job.status().message(), "needs 5 workers (2 stages with replicas [1, 4]), 3 are idle, 3 registered");
 }
 
 }  // namespace

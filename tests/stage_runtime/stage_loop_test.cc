@@ -1,7 +1,8 @@
 // The step loop's links and failure handling: InProcessLink (codec round trip, stats, close,
-// abort) and StageLoop (out-of-order messages named, cancellation wakes a stage blocked on a
-// neighbour). The loop's numerics are covered by pipeline_test (in-process == unpartitioned) and
-// tests/integration (multi-process == in-process), which both run through StageLoop.
+// abort), LinkFan (routing by micro-batch) and StageLoop (out-of-order messages named,
+// cancellation wakes a stage blocked on a neighbour). The loop's numerics are covered by
+// pipeline_test (in-process == unpartitioned) and tests/integration (multi-process == in-process,
+// replica counts per stage == one replica), which both run through StageLoop.
 #include "stage_runtime/stage_loop.h"
 
 #include <gtest/gtest.h>
@@ -73,6 +74,33 @@ TEST(InProcessLink, ReceiveTimesOutNamingThePeer) {
   absl::StatusOr<LinkMessage> m = up->Receive(absl::Milliseconds(20));
   ASSERT_TRUE(absl::IsDeadlineExceeded(m.status())) << m.status();
   EXPECT_NE(m.status().message().find("stage 1"), std::string::npos) << m.status();
+}
+
+// A replica's micro-batches go to the neighbour replica that takes them, numbered as it numbers them
+// (replica counts that differ between stages, link_fan.h).
+TEST(LinkFan, RoutesEachMicroBatchToTheReplicaThatTakesIt) {
+  auto c = Codec("fp32");
+  auto [a, a_far] = InProcessLink::Pair(0, c.get(), c.get(), 4, 1);
+  auto [b, b_far] = InProcessLink::Pair(0, c.get(), c.get(), 4, 1);
+  // The one replica of a stage taking micro-batches 0..3 from two replicas taking 2 each.
+  const LinkFan in({{a.get(), 0, 2}, {b.get(), 2, 2}}, /*first=*/0, /*gradient_scale=*/0.5);
+  const std::vector<std::pair<Link*, int>> want = {{a.get(), 0}, {a.get(), 1}, {b.get(), 0}, {b.get(), 1}};
+  for (int mb = 0; mb < 4; ++mb) {
+    EXPECT_EQ(in.For(mb).link, want[mb].first) << mb;
+    EXPECT_EQ(in.For(mb).micro_batch, want[mb].second) << mb;
+  }
+  EXPECT_EQ(in.For(4).link, nullptr);
+  EXPECT_EQ(in.gradient_scale(), 0.5);
+  // Replica 1 of the two (its micro-batches 2 and 3) towards the one that takes all four.
+  const LinkFan out({{a.get(), 0, 4}}, /*first=*/2, /*gradient_scale=*/2);
+  EXPECT_EQ(out.For(0).link, a.get());
+  EXPECT_EQ(out.For(0).micro_batch, 2);
+  EXPECT_EQ(out.For(1).micro_batch, 3);
+  // One link: the same numbering on both ends.
+  const LinkFan one(b.get());
+  EXPECT_EQ(one.For(3).link, b.get());
+  EXPECT_EQ(one.For(3).micro_batch, 3);
+  EXPECT_TRUE(LinkFan(nullptr).empty());
 }
 
 PipelineOptions TwoStages() {

@@ -44,7 +44,7 @@ TEST(StreamAdmission, PerPeerAndWaitingLimits) {
 class LimitedRouter : public InboxRouter {
  public:
   explicit LimitedRouter(int64_t limit) : inbox(std::make_shared<Inbox>(16, "stage 0 (test)", DecodeTarget{}, limit)) {}
-  absl::StatusOr<std::shared_ptr<Inbox>> Find(uint64_t job_id, int, int, absl::Duration wait) override {
+  absl::StatusOr<std::shared_ptr<Inbox>> Find(uint64_t job_id, int, int, int, absl::Duration wait) override {
     if (job_id == 1) return inbox;
     absl::SleepFor(wait);  // as a worker waiting for an assignment that never comes
     return absl::FailedPreconditionError(absl::StrCat("not running job ", job_id));

@@ -23,7 +23,7 @@ namespace longhaul::worker {
 class OneInboxRouter : public InboxRouter {
  public:
   explicit OneInboxRouter(size_t capacity = 16) : inbox(std::make_shared<Inbox>(capacity, "stage 0 (test)")) {}
-  absl::StatusOr<std::shared_ptr<Inbox>> Find(uint64_t job_id, int, int from_stage, absl::Duration) override {
+  absl::StatusOr<std::shared_ptr<Inbox>> Find(uint64_t job_id, int, int from_stage, int, absl::Duration) override {
     if (job_id != 1) return absl::FailedPreconditionError(absl::StrCat("not running job ", job_id));
     if (from_stage != 0) return absl::InvalidArgumentError("no link from that stage");
     return inbox;
