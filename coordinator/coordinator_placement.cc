@@ -11,6 +11,7 @@
 #include "coordinator/coordinator.h"
 #include "coordinator/job_cost.h"
 #include "coordinator/job_spec.h"
+#include "coordinator/placement_counts.h"
 #include "stage_runtime/partition.h"
 
 namespace longhaul::coordinator {
@@ -33,6 +34,7 @@ struct Decision {
   placement::Placement chosen;     // indices into the candidates, stage s at [s]
   placement::Placement naive;
   placement::JobShape job;
+  std::vector<int> counts;         // replica counts that differ between stages (placement_counts.h); else empty
   placement::Cluster cluster;
   placement::Cost chosen_cost, naive_cost;
   std::string how;                 // JobStatus.placement
@@ -52,20 +54,19 @@ Decision Decide(const v1::JobSpec& spec, const std::vector<Candidate>& cands, Li
   const int K = WorkersNeeded(spec);
   for (int s = 0; s < K; ++s) d.naive.push_back(s);
   d.chosen = d.naive;
-  if (ReplicaCountsDiffer(spec)) {
-    d.how = absl::StrCat("naive order: the cost model takes one replica count for every stage, not ",
-                         DescribeStages(spec));
-    return d;
-  }
   absl::StatusOr<placement::JobShape> shape = JobShapeOf(spec);
   if (!shape.ok()) {
     d.how = absl::StrCat("naive order: the cost model cannot take this job (", shape.status().message(), ")");
     return d;
   }
   d.job = *shape;
-  // Each of the D pipelines runs its share of the step's micro-batches.
-  d.job.replicas = StageReplicas(spec, 0);
-  d.job.micro_batches = ReplicaMicroBatches(spec, 0);
+  if (ReplicaCountsDiffer(spec)) {  // placement_counts.h: the whole step's micro-batches over the slots
+    d.counts = ReplicaCounts(spec);
+    d.job.micro_batches = spec.micro_batches();
+  } else {  // placement.h: D pipelines, each running its share of the step's micro-batches
+    d.job.replicas = StageReplicas(spec, 0);
+    d.job.micro_batches = ReplicaMicroBatches(spec, 0);
+  }
   const int N = static_cast<int>(cands.size());
   std::vector<double> known;
   for (const Candidate& c : cands) {
@@ -100,9 +101,11 @@ Decision Decide(const v1::JobSpec& spec, const std::vector<Candidate>& cands, Li
   }
   d.modelled = true;
   const absl::Time t0 = absl::Now();
-  const placement::Solution best = placement::Solve(d.job, d.cluster, solve);
+  const placement::Solution best = d.counts.empty() ? placement::Solve(d.job, d.cluster, solve)
+                                                    : placement::SolveCounts(d.job, d.counts, d.cluster, solve);
   d.solve_seconds = absl::ToDoubleSeconds(absl::Now() - t0);
-  d.naive_cost = placement::Evaluate(d.job, d.cluster, d.naive);
+  d.naive_cost = d.counts.empty() ? placement::Evaluate(d.job, d.cluster, d.naive)
+                                  : placement::EvaluateCounts(d.job, d.counts, d.cluster, d.naive);
   if (!best.placement.empty() && best.cost.step_s < d.naive_cost.step_s * (1 - min_gain)) {
     d.chosen = best.placement;
     d.chosen_cost = best.cost;
@@ -115,22 +118,43 @@ Decision Decide(const v1::JobSpec& spec, const std::vector<Candidate>& cands, Li
   return d;
 }
 
-std::string DescribeLimit(const Decision& d, const std::vector<Candidate>& cands) {
+// What limits replica r's pipeline (placement.h's layout: slot r * S + s).
+std::string PipelineLimit(const Decision& d, const std::vector<Candidate>& cands) {
   const placement::Cost& c = d.chosen_cost;
   const int S = d.job.stages, s = c.limit_stage;
   const auto& who = [&](int stage) -> const std::string& { return cands[d.chosen[c.limit_replica * S + stage]].name; };
-  std::string out;
   switch (c.limit) {
     case placement::Cost::Limit::kCompute:
-      out = absl::StrCat("stage ", s, "'s compute on ", who(s));
-      break;
+      return absl::StrCat("stage ", s, "'s compute on ", who(s));
     case placement::Cost::Limit::kLinkForward:
-      out = absl::StrCat("activations on the link ", who(s), " -> ", who(s + 1), " (stage ", s, " to ", s + 1, ")");
-      break;
+      return absl::StrCat("activations on the link ", who(s), " -> ", who(s + 1), " (stage ", s, " to ", s + 1, ")");
     case placement::Cost::Limit::kLinkBackward:
-      out = absl::StrCat("gradients on the link ", who(s + 1), " -> ", who(s), " (stage ", s + 1, " to ", s, ")");
-      break;
+      return absl::StrCat("gradients on the link ", who(s + 1), " -> ", who(s), " (stage ", s + 1, " to ", s, ")");
   }
+  return "";
+}
+
+// What limits a job with differing replica counts (placement_counts.h): a slot's compute, or what it
+// sends to the next or previous stage (one of whose replicas receives it).
+std::string SlotLimit(const Decision& d, const std::vector<Candidate>& cands) {
+  const placement::Cost& c = d.chosen_cost;
+  const int s = c.limit_stage;
+  const std::string& at = cands[d.chosen[SlotOf(d.counts, s, c.limit_replica)]].name;
+  const std::string slot = absl::StrCat("stage ", s, " replica ", c.limit_replica);
+  switch (c.limit) {
+    case placement::Cost::Limit::kCompute:
+      return absl::StrCat(slot, "'s compute on ", at);
+    case placement::Cost::Limit::kLinkForward:
+      return absl::StrCat("activations from ", at, " (", slot, ") to stage ", s + 1);
+    case placement::Cost::Limit::kLinkBackward:
+      return absl::StrCat("gradients from ", at, " (", slot, ") to stage ", s - 1);
+  }
+  return "";
+}
+
+std::string DescribeLimit(const Decision& d, const std::vector<Candidate>& cands) {
+  const placement::Cost& c = d.chosen_cost;
+  std::string out = d.counts.empty() ? PipelineLimit(d, cands) : SlotLimit(d, cands);
   absl::StrAppend(&out, ": ", Ms(c.period_s), " per micro-batch; fill and drain ", Ms(c.fill_drain_s));
   if (c.dp_s > 0) absl::StrAppend(&out, "; data-parallel sync ", Ms(c.dp_s));
   return out;
@@ -276,7 +300,7 @@ grpc::Status CoordinatorService::PlanJob(grpc::ServerContext* ctx, const v1::Pla
       ps->set_region(c.region);
       ps->set_layer_begin((*parts)[s].begin);
       ps->set_layer_end((*parts)[s].end);
-      if (!d.modelled) continue;
+      if (!d.modelled || !d.counts.empty()) continue;  // per-stage costs: D identical pipelines only
       if (s == 0) costs = placement::StageCosts(d.job, d.cluster, p, r);
       ps->set_compute_seconds(costs[s].compute_s);
       if (s + 1 == S) continue;

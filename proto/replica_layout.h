@@ -1,18 +1,9 @@
-// How a job's workers are laid out over its stages' replicas (docs/replicated-stages.md): the one
-// rule the coordinator (slots, assignments, placement) and the workers (a replica's share of the
-// step, which neighbours it streams to) share.
+// How a job's workers are laid out over its stages' replicas (docs/replicated-stages.md): the rule
+// of common/replica_counts.h applied to a job spec, shared by the coordinator (slots, assignments,
+// placement) and the workers (a replica's share of the step, which neighbours it streams to).
 //
 // Stage s runs on N_s workers: the spec's `replicas: N` (every stage N) or `replicas: [N_0, ...]`
-// (JobSpec.stage_replicas). With M micro-batches a step, replica r of stage s takes the global
-// micro-batches r*M/N_s .. (r+1)*M/N_s - 1 (validation makes every N_s divide M), so the global
-// batch does not depend on the counts. A micro-batch travels from the replica of stage s that takes
-// it to the replica of stage s+1 that takes it: with equal counts replica r talks only to replica r,
-// with N_s = 2 and N_s+1 = 1 both replicas of s talk to the one of s+1 (a fan-in forward, a fan-out
-// backward).
-//
-// Slots: the job's workers in one list (JobStatus.stages), replica-major: every stage's replica 0,
-// then every stage that has one its replica 1, ...; with N replicas everywhere, replica r's stage s
-// is slot r*S + s.
+// (JobSpec.stage_replicas); validation makes every N_s divide micro_batches.
 #ifndef LONGHAUL_PROTO_REPLICA_LAYOUT_H_
 #define LONGHAUL_PROTO_REPLICA_LAYOUT_H_
 
@@ -20,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/replica_counts.h"
 #include "longhaul/v1/control_plane.pb.h"
 
 namespace longhaul {
@@ -30,6 +22,13 @@ inline int StageReplicas(const v1::JobSpec& spec, int stage) {
     return stage >= 0 && stage < spec.stage_replicas_size() ? std::max(1, spec.stage_replicas(stage)) : 1;
   }
   return std::max(1, spec.replicas());
+}
+
+// N_s of every stage.
+inline std::vector<int> ReplicaCounts(const v1::JobSpec& spec) {
+  std::vector<int> counts;
+  for (int s = 0; s < spec.stages(); ++s) counts.push_back(StageReplicas(spec, s));
+  return counts;
 }
 
 // Whether any stage has more than one replica (its replicas then synchronise).
@@ -77,43 +76,16 @@ inline std::string DescribeStages(const v1::JobSpec& spec) {
   return d + "]";
 }
 
-struct ReplicaSlot {
-  int stage = 0;
-  int replica = 0;
-};
-
-// Every slot in order (see the top of this file).
-inline std::vector<ReplicaSlot> ReplicaSlots(const v1::JobSpec& spec) {
-  std::vector<ReplicaSlot> slots;
-  for (int r = 0, n = MaxReplicas(spec); r < n; ++r) {
-    for (int s = 0; s < spec.stages(); ++s) {
-      if (r < StageReplicas(spec, s)) slots.push_back({s, r});
-    }
-  }
-  return slots;
-}
+// Every slot in order (common/replica_counts.h).
+inline std::vector<ReplicaSlot> ReplicaSlots(const v1::JobSpec& spec) { return ReplicaSlots(ReplicaCounts(spec)); }
 
 // The slot of replica `replica` of `stage`, or -1 when the job has no such replica.
-inline int SlotOf(const v1::JobSpec& spec, int stage, int replica) {
-  if (stage < 0 || stage >= spec.stages() || replica < 0 || replica >= StageReplicas(spec, stage)) return -1;
-  int slot = 0;
-  for (int q = 0; q < replica; ++q) {
-    for (int s = 0; s < spec.stages(); ++s) slot += q < StageReplicas(spec, s) ? 1 : 0;
-  }
-  for (int s = 0; s < stage; ++s) slot += replica < StageReplicas(spec, s) ? 1 : 0;
-  return slot;
-}
+inline int SlotOf(const v1::JobSpec& spec, int stage, int replica) { return SlotOf(ReplicaCounts(spec), stage, replica); }
 
 // The replicas of `neighbour` (stage +- 1) that replica `replica` of `stage` exchanges micro-batches
-// with: those whose share of the step overlaps its own, in replica order.
+// with, in replica order.
 inline std::vector<int> ExchangingReplicas(const v1::JobSpec& spec, int stage, int replica, int neighbour) {
-  const int m = ReplicaMicroBatches(spec, stage), first = replica * m;
-  const int mn = ReplicaMicroBatches(spec, neighbour);
-  std::vector<int> out;
-  for (int q = 0; q < StageReplicas(spec, neighbour); ++q) {
-    if (q * mn < first + m && first < (q + 1) * mn) out.push_back(q);
-  }
-  return out;
+  return ExchangingReplicas(ReplicaCounts(spec), spec.micro_batches(), stage, replica, neighbour);
 }
 
 }  // namespace longhaul
