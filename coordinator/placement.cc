@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "coordinator/placement_search.h"
 
 namespace longhaul::coordinator::placement {
 namespace {
@@ -200,21 +201,19 @@ bool Within(double a, double b) {
   return std::abs(a - b) <= 1e-12 * std::max(std::abs(a), std::abs(b));
 }
 
-// Local search and its moves over one placement. The moves keep the placement valid: a swap of
-// two positions, an unused worker in place of a used one, a pipeline's segment reversed (which
-// turns its links around) or one stage moved elsewhere in its pipeline.
+// Local search and its moves over one placement: LocalSearch's (a swap of two positions, an
+// unused worker in place of a used one), and a pipeline's segment reversed (which turns its links
+// around) or one stage moved elsewhere in its pipeline.
 class Search {
  public:
   Search(const JobShape& job, const Cluster& c, const SolveOptions& o)
-      : job_(job), c_(c), K_(job.workers()), N_(c.size()), o_(o), rng_(o.seed), start_(absl::Now()) {}
+      : job_(job), c_(c), K_(job.workers()), N_(c.size()),
+        moves_(K_, N_, o, [this](const Placement& p) { return EvaluatePrefix(job_, c_, p.data(), K_); }) {}
 
-  int64_t evaluated() const { return evaluated_; }
-  bool OutOfTime() const { return absl::Now() - start_ > o_.time_limit; }
-
-  Cost Eval(const Placement& p) {
-    ++evaluated_;
-    return EvaluatePrefix(job_, c_, p.data(), K_);
-  }
+  int64_t evaluated() const { return moves_.evaluated(); }
+  bool OutOfTime() const { return moves_.OutOfTime(); }
+  Cost Eval(const Placement& p) { return moves_.Eval(p); }
+  void Perturb(Placement& p) { moves_.Perturb(p); }
 
   // A greedy construction from `first`: each next position takes the worker that keeps the
   // prefix's bound lowest.
@@ -242,40 +241,8 @@ class Search {
   void Descend(Placement& p, Cost& cost) {
     const int S = job_.stages;
     for (bool improved = true; improved && !OutOfTime();) {
-      improved = false;
-      auto keep = [&](auto undo) {
-        const Cost x = Eval(p);
-        if (Better(x, cost)) {
-          cost = x;
-          improved = true;
-        } else {
-          undo();
-        }
-      };
-      for (int i = 0; i < K_; ++i) {
-        for (int j = i + 1; j < K_; ++j) {
-          std::swap(p[i], p[j]);
-          keep([&] { std::swap(p[i], p[j]); });
-        }
-      }
-      std::vector<char> used(N_, 0);
-      for (int w : p) used[w] = 1;
-      for (int i = 0; i < K_; ++i) {
-        for (int u = 0; u < N_; ++u) {
-          if (used[u]) continue;
-          const int old = p[i];
-          p[i] = u;
-          const Cost x = Eval(p);
-          if (Better(x, cost)) {
-            cost = x;
-            improved = true;
-            used[old] = 0;
-            used[u] = 1;
-          } else {
-            p[i] = old;
-          }
-        }
-      }
+      improved = moves_.SwapsAndReplacements(p, cost);
+      auto keep = [&](auto undo) { improved |= moves_.Keep(p, cost, undo); };
       for (int base = 0; base < K_; base += S) {
         for (int i = 0; i < S; ++i) {
           for (int j = i + 1; j < S; ++j) {
@@ -411,33 +378,11 @@ class Search {
     return best;
   }
 
-  // A few random swaps or replacements: a kick out of the current local optimum.
-  void Perturb(Placement& p) {
-    std::vector<int> unused;
-    std::vector<char> used(N_, 0);
-    for (int w : p) used[w] = 1;
-    for (int w = 0; w < N_; ++w) {
-      if (!used[w]) unused.push_back(w);
-    }
-    const int moves = 2 + static_cast<int>(rng_() % 3);
-    for (int m = 0; m < moves; ++m) {
-      const int i = static_cast<int>(rng_() % K_);
-      if (!unused.empty() && rng_() % 3 == 0) {
-        std::swap(p[i], unused[rng_() % unused.size()]);
-      } else if (K_ > 1) {
-        std::swap(p[i], p[rng_() % K_]);
-      }
-    }
-  }
-
  private:
   const JobShape& job_;
   const Cluster& c_;
   const int K_, N_;
-  const SolveOptions& o_;
-  std::mt19937_64 rng_;
-  const absl::Time start_;
-  int64_t evaluated_ = 0;
+  LocalSearch moves_;
 };
 
 }  // namespace

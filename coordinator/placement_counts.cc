@@ -4,12 +4,12 @@
 #include <cmath>
 #include <limits>
 #include <map>
-#include <random>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "common/replica_counts.h"
+#include "coordinator/placement_search.h"
 
 namespace longhaul::coordinator::placement {
 namespace {
@@ -172,76 +172,20 @@ Cost EvaluateCounts(const JobShape& job, const std::vector<int>& counts, const C
 
 Solution SolveCounts(const JobShape& job, const std::vector<int>& counts, const Cluster& c, const SolveOptions& o) {
   const int K = static_cast<int>(ReplicaSlots(counts).size()), N = c.size();
-  const absl::Time start = absl::Now();
-  auto out_of_time = [&] { return absl::Now() - start > o.time_limit; };
+  LocalSearch search(K, N, o, [&](const Placement& p) { return EvaluateCounts(job, counts, c, p); });
   Solution best;
   best.placement = NaiveCountsPlacement(counts);
-  best.cost = EvaluateCounts(job, counts, c, best.placement);
-  best.evaluated = 1;
-  auto eval = [&](const Placement& p) {
-    ++best.evaluated;
-    return EvaluateCounts(job, counts, c, p);
-  };
-  // First-improvement descent over the swaps of two slots' workers and the replacements of a
-  // slot's worker by an unused one, until no move improves (or time is up).
-  auto descend = [&](Placement& p, Cost& cost) {
-    for (bool improved = true; improved && !out_of_time();) {
-      improved = false;
-      for (int i = 0; i < K; ++i) {
-        for (int j = i + 1; j < K; ++j) {
-          std::swap(p[i], p[j]);
-          const Cost x = eval(p);
-          if (Better(x, cost)) {
-            cost = x;
-            improved = true;
-          } else {
-            std::swap(p[i], p[j]);
-          }
-        }
-      }
-      std::vector<char> used(N, 0);
-      for (const int w : p) used[w] = 1;
-      for (int i = 0; i < K; ++i) {
-        for (int u = 0; u < N; ++u) {
-          if (used[u]) continue;
-          const int was = p[i];
-          p[i] = u;
-          const Cost x = eval(p);
-          if (Better(x, cost)) {
-            cost = x;
-            improved = true;
-            used[was] = 0;
-            used[u] = 1;
-          } else {
-            p[i] = was;
-          }
-        }
-      }
-    }
-  };
-  std::mt19937_64 rng(o.seed);
+  best.cost = search.Eval(best.placement);
   int rounds = 0;
-  for (; rounds <= o.rounds && !out_of_time(); ++rounds) {
+  for (; rounds <= o.rounds && !search.OutOfTime(); ++rounds) {
     Placement p = best.placement;
-    if (rounds > 0) {  // a kick: two random swaps or replacements of the best so far
-      for (int kick = 0; kick < 2; ++kick) {
-        const int i = static_cast<int>(rng() % K), w = static_cast<int>(rng() % N);
-        const auto at = std::find(p.begin(), p.end(), w);
-        if (at != p.end()) {
-          std::swap(p[i], *at);
-        } else {
-          p[i] = w;
-        }
-      }
-    }
-    Cost cost = eval(p);
-    descend(p, cost);
-    if (Better(cost, best.cost)) {
-      best.placement = p;
-      best.cost = cost;
-    }
+    if (rounds > 0) search.Perturb(p);
+    Cost cost = search.Eval(p);
+    for (bool improved = true; improved && !search.OutOfTime();) improved = search.SwapsAndReplacements(p, cost);
+    if (Better(cost, best.cost)) std::tie(best.placement, best.cost) = std::pair(p, cost);
   }
-  best.method = absl::StrCat("local search over the replica counts' ", K, " slots on ", N, " workers (", rounds,
+  best.evaluated = search.evaluated();
+  best.method = absl::StrCat("local search over the ", K, " slots of the replica counts on ", N, " workers (", rounds,
                              " rounds, ", best.evaluated, " placements costed)");
   return best;
 }

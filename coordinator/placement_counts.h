@@ -37,8 +37,9 @@ Cost EvaluateCounts(const JobShape& job, const std::vector<int>& counts, const C
 // The slots in order on workers 0 .. K-1.
 Placement NaiveCountsPlacement(const std::vector<int>& counts);
 
-// Iterated local search from the naive order (swap two slots' workers, an unused worker in a
-// slot's place), within o.rounds and o.time_limit; never worse than the naive order.
+// Iterated local search from the naive order (placement_search.h's moves: swap two slots' workers,
+// an unused worker in a slot's place; random kicks between descents), within o.rounds and
+// o.time_limit; never worse than the naive order.
 Solution SolveCounts(const JobShape& job, const std::vector<int>& counts, const Cluster& c, const SolveOptions& o = {});
 
 }  // namespace longhaul::coordinator::placement
