@@ -10,12 +10,15 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <vector>
 
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/list_dir.h"
+#include "common/replica_counts.h"
 #include "tools/cluster/local_cluster.h"
 
 namespace longhaul::cluster {
@@ -71,7 +74,8 @@ class RecoveryTest : public ::testing::Test {
     EXPECT_LT(std::abs(got.loss() - ref.loss()), 0.02 * std::abs(ref.loss()))
         << "final loss " << got.loss() << " vs " << ref.loss() << " without the failure";
   }
-  double KillAReplicaAndRecover(const std::string& dp_codec, int stages = 2);
+  // counts: the replicas of each stage (replicas: N, or a per-stage list where they differ).
+  double KillAReplicaAndRecover(const std::string& dp_codec, const std::vector<int>& counts = {2, 2});
   Cluster c_;
 };
 
@@ -122,16 +126,22 @@ TEST_F(RecoveryTest, KilledWorkerIsReplacedBySpareFromItsCheckpointCopy) {
   EXPECT_NE(out.find(absl::StrCat("restarted from step ", r.restored_step())), std::string::npos) << out;
 }
 
-// `stages` x 2 replicas: replica 1's stage-0 worker killed and its disk gone; the spare takes that
-// slot from the copy on its pipeline neighbour (replica 1's stage 1; with one stage, replica 0's
-// worker), the replica group re-forms
-// for the new attempt, and the losses continue the undisturbed run's. Returns the largest relative
-// difference of a step's loss from the undisturbed run's.
-double RecoveryTest::KillAReplicaAndRecover(const std::string& dp_codec, int stages) {
+// Replica 1 of stage 0 killed and its disk gone; the spare takes that slot from the copy on its
+// pipeline neighbour (stage 1's replica 1 mod N_1; with one stage, replica 0's worker), the replica
+// group re-forms for the new attempt, and the losses continue the undisturbed run's. Returns the
+// largest relative difference of a step's loss from the undisturbed run's.
+double RecoveryTest::KillAReplicaAndRecover(const std::string& dp_codec, const std::vector<int>& counts) {
+  const int stages = static_cast<int>(counts.size());
+  std::string replicas = absl::StrCat(counts[0]);
+  if (std::count(counts.begin(), counts.end(), counts[0]) != stages) {
+    replicas = absl::StrCat("[", absl::StrJoin(counts, ", "), "]");
+  }
+  int workers = 0;
+  for (const int n : counts) workers += n;
   const std::string spec = absl::StrCat(R"(name: recover-replicas
 model: {layers: 2, hidden: 64, heads: 4, context: 32}
 stages: )", stages, R"(
-replicas: 2
+replicas: )", replicas, R"(
 data_parallel: {codec: )", dp_codec, R"(, timeout: 60s}
 micro_batches: 4
 micro_batch_size: 4
@@ -142,17 +152,16 @@ seed: 11
 checkpoint: {interval: )", kInterval, "}\n");
   const v1::JobStatus ref = RunToEnd(spec);
   EXPECT_EQ(ref.state(), v1::JOB_STATE_SUCCEEDED) << ref.error();
-  if (ref.state() != v1::JOB_STATE_SUCCEEDED || !c_.WaitForIdleWorkers(2 * stages + 1, absl::Seconds(30)).ok()) {
+  if (ref.state() != v1::JOB_STATE_SUCCEEDED || !c_.WaitForIdleWorkers(workers + 1, absl::Seconds(30)).ok()) {
     return 1;
   }
 
   absl::StatusOr<uint64_t> job = c_.Submit(spec);
   EXPECT_TRUE(job.ok()) << job.status();
   if (!job.ok() || !c_.WaitForStep(*job, 13, absl::Minutes(2)).ok()) return 1;
-  const int slot = stages;  // replica 1 of stage 0
-  // Where its checkpoints were copied: its pipeline neighbour (replica 1's stage 1), or with one
-  // stage the other replica.
-  const int holder = stages > 1 ? slot + 1 : 0;
+  const int slot = SlotOf(counts, 0, 1);  // replica 1 of stage 0 (common/replica_counts.h)
+  // Where its checkpoints were copied: its pipeline neighbour, or with one stage the other replica.
+  const int holder = stages > 1 ? SlotOf(counts, 1, 1 % counts[1]) : SlotOf(counts, 0, 0);
   absl::StatusOr<std::string> victim = c_.WorkerOf(*job, slot);
   if (!victim.ok()) return 1;
   c_.worker(*victim)->Signal(SIGKILL);
@@ -195,12 +204,21 @@ TEST_F(RecoveryTest, KilledReplicaIsReplacedBySpareAndTheGroupReforms) {
   KillAReplicaAndRecover("fp32");
 }
 
+// Replica counts that differ between stages (replicas: [2, 1]): stage 0's two replicas both stream
+// to stage 1's one worker, which holds both of their checkpoint copies; replica 1 of stage 0 comes
+// back on the spare from its copy there.
+TEST_F(RecoveryTest, KilledReplicaOfAStageWithMoreReplicasThanItsNeighbourIsRecovered) {
+  ASSERT_TRUE(c_.StartCoordinator().ok());
+  ASSERT_TRUE(c_.StartWorkers(4).ok());  // 3 slots and a spare
+  KillAReplicaAndRecover("fp32", /*counts=*/{2, 1});
+}
+
 // One stage: the replicas copy their checkpoints to each other (no pipeline neighbour), so a lost
 // replica is restored from the copy on the other one, not from step 0.
 TEST_F(RecoveryTest, OneStageReplicaIsRestoredFromTheOtherReplicasCopy) {
   ASSERT_TRUE(c_.StartCoordinator().ok());
   ASSERT_TRUE(c_.StartWorkers(3).ok());  // 2 replicas and a spare
-  KillAReplicaAndRecover("fp32", /*stages=*/1);
+  KillAReplicaAndRecover("fp32", /*counts=*/{2});
 }
 
 // sdp4bit: each replica keeps a shard of the optimizer state (moments and main weights), saved in
@@ -219,7 +237,7 @@ TEST_F(RecoveryTest, KilledShardedReplicaRestoresItsOptimizerShard) {
 TEST_F(RecoveryTest, OneStageShardedReplicaRestoresItsShardFromTheOtherReplicasCopy) {
   ASSERT_TRUE(c_.StartCoordinator().ok());
   ASSERT_TRUE(c_.StartWorkers(3).ok());
-  EXPECT_EQ(KillAReplicaAndRecover("sdp4bit", /*stages=*/1), 0.0);
+  EXPECT_EQ(KillAReplicaAndRecover("sdp4bit", /*counts=*/{2}), 0.0);
 }
 
 TEST_F(RecoveryTest, StoppedWorkerIsRecoveredLikeADeadOne) {
