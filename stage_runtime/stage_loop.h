@@ -1,7 +1,8 @@
 // StageLoop: one pipeline stage's training step — the one step loop of longhaul, driven by the
 // in-process pipeline (pipeline.h: one thread per stage, InProcessLinks) and by the worker
 // (worker/stage_runner.h: one stage per process, GrpcLinks). It knows links only through the Link
-// interface (link.h).
+// interface (link.h), one per neighbour, or a LinkFan of them where a replica exchanges
+// micro-batches with several replicas of a neighbouring stage (link_fan.h).
 //
 // A step: the schedule's forward and backward operations (schedule.h), taking activations from
 // the previous stage and gradients from the next one and sending its own outputs on; then global
