@@ -20,12 +20,15 @@ commands:
                       train a small GPT over gRPC (TAH-Quant forward / INT8 backward, 100 Mbit/s
                       links) with a live progress bar and a summary; options: --steps N,
                       --summary-json PATH, --rate-mbit R, --replicas N (2 stages x N workers,
-                      data parallelism inside each stage), ... (./longhaul.sh demo --help)
+                      data parallelism inside each stage; or a count per stage, 2,1), ...
+                      (./longhaul.sh demo --help)
   test [ctest args]   build and run the whole CTest suite (e.g. ./longhaul.sh test -L codec)
   build [TARGET...]   install what is missing and build (everything, or only these CMake targets)
   help                this text
 
-environment: LONGHAUL_JOBS (build parallelism, default: nproc), LONGHAUL_BUILD_TYPE (RelWithDebInfo)
+environment: LONGHAUL_JOBS (build parallelism, default: nproc), LONGHAUL_BUILD_TYPE (RelWithDebInfo),
+LONGHAUL_OFFLINE (1: install from .deps/gpu's .deb files, 0: with apt; default: offline where those
+files exist on a machine that is not Debian 12 and lacks the packages; docs/gpu.md)
 USAGE
 }
 
@@ -34,8 +37,10 @@ OFFLINE_PREFIX="$ROOT/.deps/gpu-prefix"
 # A machine without a package registry (the offline GPU machine, docs/gpu.md) carries the .deb
 # files fetched by tools/gpu/fetch-debs.sh; they are unpacked into a prefix instead of installed.
 # The development machine that fetched them (Debian 12, with its registry) installs the packages
-# with tools/setup.sh instead, whether or not it has yet.
+# with tools/setup.sh instead, whether or not it has yet. LONGHAUL_OFFLINE=1 or 0 decides instead
+# (a Debian 12 machine without a registry: 1).
 offline() {
+  [[ -n "${LONGHAUL_OFFLINE:-}" ]] && { [[ "$LONGHAUL_OFFLINE" == 1 ]]; return; }
   compgen -G "$OFFLINE_DEBS/*.deb" >/dev/null &&
     [[ "$(. /etc/os-release 2>/dev/null; echo "${VERSION_CODENAME:-}")" != bookworm ]] &&
     [[ "$(dpkg-query -W -f='${Status}' libgrpc++-dev 2>/dev/null)" != "install ok installed" ]]

@@ -42,8 +42,8 @@ void CoordinatorService::TrackCheckpoints(Job& job, const v1::StepProgress& p) {
     SetLocalCheckpoints(sp, local);
     changed = true;
   }
-  const int S = job.status.stages_size();
-  if (slot == S - 1 && job.status.recoveries_size() > 0) {
+  // The step counts once the last stage's replica 0 (the one that reports the loss) completed it.
+  if (p.stage() == job.status.spec().stages() - 1 && p.replica() == 0 && job.status.recoveries_size() > 0) {
     v1::Recovery* r = job.status.mutable_recoveries(job.status.recoveries_size() - 1);
     if (r->resumed_unix() > 0 && r->recovered_unix() == 0 && p.step() > r->restored_step()) {
       r->set_recovered_unix(UnixNow());

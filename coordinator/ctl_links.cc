@@ -187,8 +187,16 @@ int RunPlan(const std::string& coordinator, const PlanFlags& flags) {
   for (const v1::PlannedStage& p : r.stages()) last_layer = std::max(last_layer, p.layer_end());
   const bool replicated = std::any_of(r.stages().begin(), r.stages().end(),
                                       [](const v1::PlannedStage& p) { return p.replica() > 0; });
+  // Replica counts that differ between stages: slots, not pipelines (no per-stage costs).
+  const bool by_counts = spec.ok() && ReplicaCountsDiffer(*spec);
   for (int i = 0; i < r.stages_size(); ++i) {
     const v1::PlannedStage& p = r.stages(i);
+    if (by_counts) {
+      std::printf("  stage %d replica %d: %s%s, layers %d..%d\n", p.stage(), p.replica(), p.worker_name().c_str(),
+                  p.region().empty() ? "" : absl::StrCat(" (", p.region(), ")").c_str(), p.layer_begin(),
+                  p.layer_end() - 1);
+      continue;
+    }
     if (replicated && p.stage() == 0) std::printf("  replica %d:\n", p.replica());
     std::printf("  %sstage %d: %s%s, layers %d..%d", replicated ? "  " : "", p.stage(), p.worker_name().c_str(),
                 p.region().empty() ? "" : absl::StrCat(" (", p.region(), ")").c_str(), p.layer_begin(),

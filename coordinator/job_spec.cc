@@ -316,6 +316,7 @@ absl::StatusOr<v1::JobSpec> ParseJobSpec(const std::string& yaml, int64_t steps_
       .Field<int>("codec_threads", [&](int v) { s.set_codec_threads(v); })
       .ScalarOrList<int>("replicas", [&](int v) { s.set_replicas(v); },
                          [&](std::vector<int> v) {
+                           if (v.empty()) problems.push_back("replicas: an empty list (a count per stage, or one count)");
                            s.set_replicas(0);
                            for (int n : v) s.add_stage_replicas(n);
                          })

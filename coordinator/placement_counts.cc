@@ -172,6 +172,11 @@ Cost EvaluateCounts(const JobShape& job, const std::vector<int>& counts, const C
 
 Solution SolveCounts(const JobShape& job, const std::vector<int>& counts, const Cluster& c, const SolveOptions& o) {
   const int K = static_cast<int>(ReplicaSlots(counts).size()), N = c.size();
+  if (N < K) {
+    Solution out;
+    out.method = absl::StrCat("not enough workers: ", K, " needed, ", N, " given");
+    return out;
+  }
   LocalSearch search(K, N, o, [&](const Placement& p) { return EvaluateCounts(job, counts, c, p); });
   Solution best;
   best.placement = NaiveCountsPlacement(counts);

@@ -39,7 +39,8 @@ Placement NaiveCountsPlacement(const std::vector<int>& counts);
 
 // Iterated local search from the naive order (placement_search.h's moves: swap two slots' workers,
 // an unused worker in a slot's place; random kicks between descents), within o.rounds and
-// o.time_limit; never worse than the naive order.
+// o.time_limit; never worse than the naive order. An empty placement when `c` has fewer workers
+// than slots.
 Solution SolveCounts(const JobShape& job, const std::vector<int>& counts, const Cluster& c, const SolveOptions& o = {});
 
 }  // namespace longhaul::coordinator::placement

@@ -137,17 +137,19 @@ int64_t FrameLimitFor(int64_t micro_batch_size, int64_t context, int64_t hidden)
 
 // Admission of incoming StageLink streams per peer (docs/security.md, "Resource limits"): at most
 // `max_per_peer` streams open at once from one peer host (a link has at most kMaxStripes streams,
-// a stage two links), and at most `max_waiting` streams, of all peers, waiting for a job that is
-// not running here (yet): a neighbour may open its stream just before this worker has processed
-// its own assignment, so such a stream waits up to `wait` — but a stream naming no job of this
-// worker can then hold a thread only that long, and only `max_waiting` of them at once; the rest
-// are refused at once. Each refusal is logged with the peer (the first, then at most every 10 s
+// a stage a link per neighbour replica it exchanges micro-batches with: two with equal replica
+// counts, more where a neighbouring stage has more replicas), and at most `max_waiting` streams,
+// of all peers, waiting for a job that is not running here (yet): a neighbour may open its stream
+// just before this worker has processed its own assignment, so such a stream waits up to `wait` —
+// but a stream naming no job of this worker can then hold a thread only that long, and only
+// `max_waiting` of them at once (enough for a fan-in of 16 replicas' streams); the rest are
+// refused at once. Each refusal is logged with the peer (the first, then at most every 10 s
 // with the count). Thread-safe.
 class StreamAdmission {
  public:
   struct Limits {
     int max_per_peer = 32;
-    int max_waiting = 4;
+    int max_waiting = 16;
     absl::Duration wait = absl::Seconds(5);
   };
   explicit StreamAdmission(Limits limits) : limits_(limits) {}

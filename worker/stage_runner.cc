@@ -250,7 +250,7 @@ std::string StageRunner::SlowStopNote() {
                       " after its cancel; it was ", DescribeActivity(activity_at_cancel_), " when cancelled)");
 }
 
-absl::StatusOr<std::unique_ptr<GrpcLink>> StageRunner::Connect(const Neighbour& n, bool forward,
+absl::StatusOr<std::unique_ptr<GrpcLink>> StageRunner::Connect(Neighbour& n, bool forward,
                                                               const codec::Codec* codec) {
   const v1::JobSpec& spec = a_.spec();
   const v1::StagePeer& peer = n.peer;
@@ -267,7 +267,7 @@ absl::StatusOr<std::unique_ptr<GrpcLink>> StageRunner::Connect(const Neighbour& 
   so.from_stage = a_.stage();
   so.from_replica = a_.replica_index();
   so.profile = ls->profile;
-  (forward ? fwd_rate_ : bwd_rate_) = ls->profile.rate_bytes_per_s;
+  n.rate = ls->profile.rate_bytes_per_s;
   so.streams = ls->streams;
   so.codec_device = ls->codec_device;
   so.queue_capacity = stage_runtime::LinkCapacity(opt_);
@@ -534,7 +534,7 @@ v1::StepProgress StageRunner::Progress(const stage_runtime::StepResult& r, absl:
       ls.stats = st;
       ls.send_blocked_seconds = blocked;
       ls.queue_depth = static_cast<int64_t>(l->queue_depth());
-      ls.rate_limit_bytes_per_second = fwd ? fwd_rate_ : bwd_rate_;
+      ls.rate_limit_bytes_per_second = n.rate;
       SetReceived(ls, n.inbox->decode_target(), fwd ? opt_.backward_codec : opt_.forward_codec);
       sample->links.push_back(std::move(ls));
       // Quantisation error is reported for the forward (activation) link; the loop measures it on

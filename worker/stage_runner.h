@@ -131,6 +131,7 @@ class StageRunner {
     std::shared_ptr<Inbox> inbox;
     std::unique_ptr<GrpcLink> link;
     std::unique_ptr<ActivityLink> watched;  // the loop's view of link
+    double rate = 0;  // the link's configured rate (bytes/s; <= 0 unlimited), for metrics
   };
   absl::Status Setup();
   // The loop's view of prev_ or next_ (stage_runtime/link_fan.h).
@@ -145,7 +146,7 @@ class StageRunner {
   void KeepCheckpoint(int64_t step);
   absl::Status RunSteps();
   // The link to a replica of the next (forward) or previous stage: a sender to it and the inbox from it.
-  absl::StatusOr<std::unique_ptr<GrpcLink>> Connect(const Neighbour& n, bool forward, const codec::Codec* codec);
+  absl::StatusOr<std::unique_ptr<GrpcLink>> Connect(Neighbour& n, bool forward, const codec::Codec* codec);
   // The step's progress message; fills `sample` (the metrics' view of the same step) on the way.
   v1::StepProgress Progress(const stage_runtime::StepResult& r, absl::Duration took, StageStepSample* sample);
   absl::Status Cancelled();
@@ -160,8 +161,6 @@ class StageRunner {
   const torch::Device device_;
   ProgressFn progress_;
   WorkerMetrics* const metrics_;
-  // Configured rates of the links this stage sends on (bytes/s; <= 0 unlimited), for metrics.
-  double fwd_rate_ = 0, bwd_rate_ = 0;
   const bool first_, last_;
   absl::StatusOr<codec::CodecDevice> codec_device_;  // links.codec_device, parsed once
   stage_runtime::PipelineOptions opt_;

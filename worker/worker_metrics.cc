@@ -177,7 +177,7 @@ void WorkerMetrics::RecordStep(const StageStepSample& s) {
                                     {"peer", ls.peer},
                                     {"direction", ls.direction},
                                     {"codec", ls.codec}};
-    stage_runtime::LinkStats& last = last_[{s.job_id, s.stage, ls.direction}];
+    stage_runtime::LinkStats& last = last_[{s.job_id, s.stage, ls.direction, ls.peer}];
     const stage_runtime::LinkStats& now = ls.stats;
     Series(wire_bytes_, s.job_id, labels).Increment(static_cast<double>(std::max<int64_t>(0, now.wire_bytes - last.wire_bytes)));
     Series(raw_bytes_, s.job_id, labels).Increment(static_cast<double>(std::max<int64_t>(0, now.raw_bytes - last.raw_bytes)));
@@ -188,7 +188,7 @@ void WorkerMetrics::RecordStep(const StageStepSample& s) {
     Series(encode_, s.job_id, labels).Increment(std::max(0.0, now.encode_seconds - last.encode_seconds));
     if (!ls.received_codec.empty()) {
       // The frames of the opposite direction, from the same peer, decoded here.
-      double& last_decode = last_decode_[{s.job_id, s.stage, ls.direction}];
+      double& last_decode = last_decode_[{s.job_id, s.stage, ls.direction, ls.peer}];
       const prometheus::Labels received{{"job_id", job},
                                         {"stage", stage},
                                         {"peer", ls.peer},

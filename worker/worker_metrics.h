@@ -88,7 +88,9 @@ class WorkerMetrics {
   void RecordStep(const StageStepSample& s);
 
  private:
-  using LinkKey = std::tuple<uint64_t, int, std::string>;  // job, stage, direction
+  // job, stage, direction, peer: a replica may have several neighbours in a direction
+  // (stage_runtime/link_fan.h).
+  using LinkKey = std::tuple<uint64_t, int, std::string, std::string>;
   // The series of `job`, made on first use and remembered for removal.
   template <typename T>
   T& Series(prometheus::Family<T>& f, uint64_t job, const prometheus::Labels& labels)

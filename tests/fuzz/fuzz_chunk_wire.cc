@@ -52,7 +52,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (h.job_id() != ref.job_id() || h.step() != ref.step() || h.micro_batch() != ref.micro_batch() ||
       h.direction() != ref.direction() || h.chunk_index() != ref.chunk_index() ||
       h.chunk_count() != ref.chunk_count() || h.frame_bytes() != ref.frame_bytes() ||
-      h.from_stage() != ref.from_stage() || copied != ref.data()) {
+      h.from_stage() != ref.from_stage() || h.from_replica() != ref.from_replica() || copied != ref.data()) {
     std::abort();
   }
   return 0;

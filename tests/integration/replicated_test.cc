@@ -15,8 +15,10 @@ namespace longhaul::cluster {
 namespace {
 
 // A small model, 2 stages; pipeline links in fp32 so that only the data-parallel codec differs.
-// `replicas`: a count, or a per-stage list ("[2, 1]").
-std::string Spec(const std::string& replicas, const std::string& dp_codec, int steps) {
+// `replicas`: a count, or a per-stage list ("[2, 1]"). `clip_norm`: small enough, the global
+// clipping acts at every step, so a stage whose gradients were scaled wrongly (replica counts that
+// differ between stages) would change every stage's update, which AdamW alone would not show.
+std::string Spec(const std::string& replicas, const std::string& dp_codec, int steps, const char* clip_norm = "1.0") {
   return absl::StrCat(R"(name: rep
 model: {layers: 4, hidden: 64, heads: 4, context: 32}
 stages: 2
@@ -24,7 +26,7 @@ schedule: 1f1b
 micro_batches: 4
 micro_batch_size: 4
 codecs: {forward: fp32, backward: fp32}
-optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, warmup_steps: 5, clip_norm: 1.0}
+optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, warmup_steps: 5, clip_norm: )", clip_norm, R"(}
 seed: 7
 steps: )", steps, "\nreplicas: ", replicas, "\ndata_parallel: {codec: ", dp_codec, ", timeout: 60s}\n");
 }
@@ -75,11 +77,12 @@ TEST_F(ReplicatedTest, Fp32TwoReplicasMatchOneReplica) {
   ASSERT_TRUE(c_.StartCoordinator().ok());
   ASSERT_TRUE(c_.StartWorkers(4).ok());
   constexpr int kSteps = 8;
-  absl::StatusOr<v1::JobStatus> one = Run(Spec("1", "fp32", kSteps));
+  constexpr const char* kClip = "0.05";
+  absl::StatusOr<v1::JobStatus> one = Run(Spec("1", "fp32", kSteps, kClip));
   ASSERT_TRUE(one.ok()) << one.status();
   ASSERT_EQ(one->state(), v1::JOB_STATE_SUCCEEDED) << one->error();
   ASSERT_TRUE(c_.WaitForIdleWorkers(4, absl::Seconds(30)).ok());
-  absl::StatusOr<v1::JobStatus> two = Run(Spec("2", "fp32", kSteps));
+  absl::StatusOr<v1::JobStatus> two = Run(Spec("2", "fp32", kSteps, kClip));
   ASSERT_TRUE(two.ok()) << two.status();
   ASSERT_EQ(two->state(), v1::JOB_STATE_SUCCEEDED) << two->error();
   ASSERT_EQ(one->losses_size(), kSteps);
@@ -101,7 +104,7 @@ TEST_F(ReplicatedTest, Fp32TwoReplicasMatchOneReplica) {
   for (const char* counts : {"[2, 1]", "[1, 2]"}) {
     SCOPED_TRACE(counts);
     ASSERT_TRUE(c_.WaitForIdleWorkers(4, absl::Seconds(30)).ok());
-    absl::StatusOr<v1::JobStatus> mixed = Run(Spec(counts, "fp32", kSteps));
+    absl::StatusOr<v1::JobStatus> mixed = Run(Spec(counts, "fp32", kSteps, kClip));
     ASSERT_TRUE(mixed.ok()) << mixed.status();
     ASSERT_EQ(mixed->state(), v1::JOB_STATE_SUCCEEDED) << mixed->error();
     ASSERT_EQ(mixed->losses_size(), kSteps);

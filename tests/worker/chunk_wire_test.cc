@@ -27,6 +27,7 @@ v1::TensorFrameChunk Header() {
   h.set_chunk_count(5);
   h.set_frame_bytes(1 << 20);
   h.set_from_stage(-1);  // negative int32: a 10-byte varint
+  h.set_from_replica(3);
   return h;
 }
 

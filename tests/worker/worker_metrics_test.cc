@@ -63,6 +63,25 @@ class WorkerMetricsTest : public ::testing::Test {
   WorkerMetrics metrics_{*registry_};
 };
 
+// A replica that streams to two replicas of the next stage (replica counts that differ between
+// stages): each link's counters follow its own cumulative stats.
+TEST_F(WorkerMetricsTest, TwoLinksInOneDirectionCountApart) {
+  for (const int64_t frames : {2, 5}) {
+    StageStepSample s = Sample(9, frames, 0, 0);
+    s.links.resize(1);  // forward only
+    LinkStepSample other = s.links[0];
+    other.peer = "w2";
+    other.stats.frames = 10 * frames;
+    s.links.push_back(other);
+    metrics_.RecordStep(s);
+  }
+  auto labels = [](const char* peer) {
+    return std::map<std::string, std::string>{{"job_id", "9"}, {"direction", "forward"}, {"peer", peer}};
+  };
+  EXPECT_EQ(Value("longhaul_link_frames_total", labels("w1")), 5.0);
+  EXPECT_EQ(Value("longhaul_link_frames_total", labels("w2")), 50.0);
+}
+
 TEST_F(WorkerMetricsTest, CountersFollowTheLinkStats) {
   metrics_.RecordStep(Sample(7, 4, 2, 0.2));
   metrics_.RecordStep(Sample(7, 8, 4, 0.6));  // cumulative stats: +4 frames, 2 samples of mean 0.2
