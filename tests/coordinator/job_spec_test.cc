@@ -285,6 +285,9 @@ TEST(JobSpecTest, PerStageReplicaList) {
   EXPECT_NE(std::string(bad.status().message()).find("replicas (line 3): every entry must be an integer (\"x\" is not)"),
             std::string::npos)
       << bad.status();
+  bad = ParseJobSpec("stages: 2\nreplicas: []\n");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(std::string(bad.status().message()).find("replicas: an empty list"), std::string::npos) << bad.status();
   bad = ParseJobSpec("stages: 3\nmicro_batches: 4\nreplicas: [3, 0]\n");
   ASSERT_FALSE(bad.ok());
   const std::string msg(bad.status().message());
