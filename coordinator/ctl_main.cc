@@ -415,7 +415,9 @@ class Ctl {
     }
     for (const v1::StagePlacement& p : j.stages()) {
       if (!p.checkpoint_path().empty()) {
-        std::printf("checkpoint:   stage %d (%s): %s\n", p.stage(), p.worker_name().c_str(), p.checkpoint_path().c_str());
+        std::printf("checkpoint:   stage %d%s (%s): %s\n", p.stage(),
+                    longhaul::HasReplicas(j.spec()) ? absl::StrCat(" replica ", p.replica()).c_str() : "",
+                    p.worker_name().c_str(), p.checkpoint_path().c_str());
       }
     }
   }
