@@ -400,52 +400,6 @@ std::vector<std::string> StageRunner::AllowedRoots(std::vector<std::string> own)
   return own;
 }
 
-absl::Status StageRunner::SetupReplicaSync() {
-  const v1::JobSpec& spec = a_.spec();
-  if (collective_ == nullptr) return absl::FailedPreconditionError("this worker has no Collective service");
-  absl::StatusOr<collective::DpCodec> codec =
-      collective::ParseDpCodec(spec.data_parallel().codec().empty() ? "fp32" : spec.data_parallel().codec());
-  if (!codec.ok()) return codec.status();
-  ReplicaSyncOptions ro;
-  // A new group per attempt: a failed group stays failed (collective/group.h).
-  ro.group = absl::StrCat("job-", a_.job_id(), "/stage-", a_.stage(), "/attempt-", a_.attempt());
-  ro.rank = a_.replica_index();
-  for (const v1::StagePeer& p : a_.replica_group()) {
-    ro.addresses.push_back(p.address());
-    ro.names.push_back(p.name());
-    ro.regions.push_back(p.region());
-  }
-  ro.codec = *codec;
-  ro.weight_bits = spec.data_parallel().weight_bits();
-  if (spec.data_parallel().timeout_seconds() > 0) ro.timeout = absl::Seconds(spec.data_parallel().timeout_seconds());
-  ro.seed = spec.seed() * 1000 + static_cast<uint64_t>(a_.stage());
-  // The same emulated links as the pipeline's (links: in the spec), per peer: those in other regions
-  // at links.between_regions_mbit when it is set.
-  const v1::LinkSpec& l = spec.links();
-  if (ro.rank < 0 || ro.rank >= static_cast<int>(ro.regions.size())) {
-    return absl::InvalidArgumentError(absl::StrCat("job ", a_.job_id(), " stage ", a_.stage(), ": replica ", ro.rank,
-                                                   " of a group of ", ro.regions.size()));
-  }
-  if (l.rate_mbit() > 0 || l.between_regions_mbit() > 0 || l.delay_ms() > 0 || l.loss() > 0) {
-    const std::string& mine = ro.regions[static_cast<size_t>(ro.rank)];
-    for (size_t p = 0; p < ro.addresses.size(); ++p) {
-      absl::StatusOr<LinkSettings> ls = ResolveLinkSpec(LinkSpecBetween(l, mine, ro.regions[p]),
-                                                        spec.seed() * 1000 + 500 + a_.stage() * 64 + ro.rank);
-      if (!ls.ok()) return ls.status();
-      ro.links.push_back(ls->profile);
-    }
-  }
-  absl::StatusOr<std::unique_ptr<ReplicaSync>> rs = ReplicaSync::Create(collective_, std::move(ro), exec_.get(), opt_.optimizer);
-  if (!rs.ok()) return rs.status();
-  sync_ = std::move(*rs);
-  // A restart: the sync's own part of the restored checkpoint (a sharded optimizer's shard).
-  if (a_.restore_step() > 0) {
-    if (absl::Status s = sync_->RestoreState(restored_sync_state_); !s.ok()) return s;
-  }
-  restored_sync_state_ = {};
-  return absl::OkStatus();
-}
-
 absl::Status StageRunner::Restore(const std::string& dir) {
   const int64_t step = a_.restore_step();
   const int stage = a_.stage();

@@ -138,7 +138,8 @@ class StageRunner {
   stage_runtime::LinkFan Fan(const std::vector<Neighbour>& ns) const;
   // `own` and the operator's allowed directories.
   std::vector<std::string> AllowedRoots(std::vector<std::string> own) const;
-  // Replicated stages: the synchronisation among the stage's replicas (replica_sync.h).
+  // Replicated stages: the synchronisation among the stage's replicas (replica_sync.h;
+  // stage_runner_sync.cc).
   absl::Status SetupReplicaSync();
   // Loads the checkpoint of a_.restore_step() into the executor (see the top of this file).
   absl::Status Restore(const std::string& dir);
