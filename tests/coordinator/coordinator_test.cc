@@ -508,5 +508,72 @@ TEST_F(SchedulingTest, ReplicatedStagesGetAWorkerPerReplicaAndTheirGroups) {
   }
 }
 
+// Replica counts that differ between stages (replicas: [1, 2]): slots replica-major (stage 0,
+// stage 1 replica 0, stage 1 replica 1); stage 0's one worker exchanges micro-batches with both of
+// stage 1's, each of those with it; stage 1's replicas form a group, stage 0 none; checkpoint copies
+// go to replica r mod N of the next stage; the job ends when every slot has.
+TEST_F(SchedulingTest, PerStageReplicaCountsGetFannedNeighboursAndGroups) {
+  FakeWorker& a = AddWorker("a");
+  FakeWorker& b = AddWorker("b");
+  FakeWorker& c = AddWorker("c");
+  const std::string spec = "name: fan\nstages: 2\nreplicas: [1, 2]\nmicro_batches: 4\nmodel: {layers: 4}\nsteps: 5\n";
+  v1::SubmitJobRequest req;
+  req.set_spec_yaml(spec);
+  v1::SubmitJobResponse resp;
+  ASSERT_TRUE(svc_->SubmitJob(nullptr, &req, &resp).ok());
+  const uint64_t job = resp.job_id();
+  const v1::JobStatus st = Job(job);
+  ASSERT_EQ(st.state(), v1::JOB_STATE_RUNNING);
+  ASSERT_EQ(st.stages_size(), 3);
+  const int want_stage[] = {0, 1, 1}, want_replica[] = {0, 0, 1};
+  std::map<uint64_t, FakeWorker*> by_id = {{a.id(), &a}, {b.id(), &b}, {c.id(), &c}};
+  std::vector<v1::StageAssignment> as(3);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(st.stages(i).stage(), want_stage[i]);
+    EXPECT_EQ(st.stages(i).replica(), want_replica[i]);
+    FakeWorker* w = by_id.at(st.stages(i).worker_id());
+    ASSERT_EQ(w->assigned(job), job);
+    for (const auto& m : w->Received()) {
+      if (m.has_assign()) as[i] = m.assign();
+    }
+    EXPECT_EQ(as[i].stage(), want_stage[i]);
+    EXPECT_EQ(as[i].replica_index(), want_replica[i]);
+  }
+  const uint64_t s0 = st.stages(0).worker_id(), s1r0 = st.stages(1).worker_id(), s1r1 = st.stages(2).worker_id();
+  // Stage 0: both of stage 1's replicas listed, no group of its own; its copies to replica 0 of stage 1.
+  ASSERT_EQ(as[0].next_replicas_size(), 2);
+  EXPECT_EQ(as[0].next_replicas(0).worker_id(), s1r0);
+  EXPECT_EQ(as[0].next_replicas(1).worker_id(), s1r1);
+  EXPECT_EQ(as[0].next().worker_id(), s1r0);
+  EXPECT_EQ(as[0].replica_group_size(), 0);
+  EXPECT_EQ(as[0].replica().worker_id(), s1r0);
+  // Stage 1's replicas: stage 0's worker before them, each other as the group; copies of both to stage 0.
+  for (int i = 1; i < 3; ++i) {
+    ASSERT_EQ(as[i].prev_replicas_size(), 1);
+    EXPECT_EQ(as[i].prev_replicas(0).worker_id(), s0);
+    EXPECT_EQ(as[i].prev().worker_id(), s0);
+    ASSERT_EQ(as[i].replica_group_size(), 2);
+    EXPECT_EQ(as[i].replica_group(0).worker_id(), s1r0);
+    EXPECT_EQ(as[i].replica_group(1).worker_id(), s1r1);
+    EXPECT_EQ(as[i].replica().worker_id(), s0);
+  }
+  for (int i = 0; i < 3; ++i) {
+    FakeWorker* w = by_id.at(st.stages(i).worker_id());
+    v1::WorkerMessage at_end;
+    at_end.mutable_progress()->set_job_id(job);
+    at_end.mutable_progress()->set_stage(want_stage[i]);
+    at_end.mutable_progress()->set_replica(want_replica[i]);
+    at_end.mutable_progress()->set_step(st.spec().steps());
+    w->Send(at_end);
+    v1::WorkerMessage m;
+    m.mutable_finished()->set_job_id(job);
+    m.mutable_finished()->set_stage(want_stage[i]);
+    m.mutable_finished()->set_replica(want_replica[i]);
+    m.mutable_finished()->set_ok(true);
+    w->Send(m);
+    EXPECT_EQ(Job(job).state(), i < 2 ? v1::JOB_STATE_RUNNING : v1::JOB_STATE_SUCCEEDED);
+  }
+}
+
 }  // namespace
 }  // namespace longhaul::coordinator
