@@ -508,7 +508,6 @@ MemoryEstimate EstimateStageMemory(const v1::JobSpec& spec) {
   const double h = m.hidden(), s = m.context(), v = m.vocab();
   const int S = std::max(1, spec.stages());
   const double b = std::max(1, spec.micro_batch_size());
-
   const double per_layer = 12 * h * h + 13 * h;  // attention 4h^2+4h, MLP 8h^2+5h, two LayerNorms 4h
   // A lower bound of what a layer keeps for its backward pass: 16 values of s x b x h (Korthikanti's
   // 34 s·b·h bytes at 16 bits, less the two 1-byte dropout masks this model does not have); no
