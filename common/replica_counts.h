@@ -48,9 +48,11 @@ inline int SlotOf(const std::vector<int>& counts, int stage, int replica) {
   return slot;
 }
 
-// The micro-batches of a step (of `micro_batches`) each replica of `stage` runs: M / N_s, at least 1.
+// The micro-batches of a step (of `micro_batches`) each of `replicas` replicas of a stage runs:
+// M / N, at least 1.
+inline int Share(int micro_batches, int replicas) { return std::max(1, micro_batches / std::max(1, replicas)); }
 inline int ShareOf(const std::vector<int>& counts, int micro_batches, int stage) {
-  return std::max(1, micro_batches / std::max(1, counts[stage]));
+  return Share(micro_batches, counts[stage]);
 }
 
 // The replicas of `neighbour` (stage +- 1) that replica `replica` of `stage` exchanges

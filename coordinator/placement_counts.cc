@@ -51,7 +51,7 @@ Cost EvaluateCounts(const JobShape& job, const std::vector<int>& counts, const C
   std::vector<int> share(K);
   std::vector<double> cf(K), cb(K), free_at(K, 0.0);
   std::vector<std::vector<double>> act(K), grad(K);  // arrival of local micro-batch j's input; -1: not yet
-  std::vector<std::vector<int>> of_stage(S);
+  std::vector<std::vector<int>> of_stage(S);  // stage s's slots by replica
   std::vector<Busy> compute(K);
   int left = 0;
   for (int i = 0; i < K; ++i) {
@@ -71,7 +71,7 @@ Cost EvaluateCounts(const JobShape& job, const std::vector<int>& counts, const C
   // Slot i's output for global micro-batch g to the replica of stage `to` that takes it.
   auto send = [&](int i, int to, int g, bool forward, double end) {
     const int m = ShareOf(counts, M, to), r = g / m;
-    const int k = SlotOf(counts, to, r);
+    const int k = of_stage[to][r];
     const Link& l = c.links[p[i]][p[k]];
     const double t = Transfer(l, forward ? job.activation_bytes : job.gradient_bytes);
     double& free = free_link[{i, k}];
@@ -117,7 +117,7 @@ Cost EvaluateCounts(const JobShape& job, const std::vector<int>& counts, const C
     double slowest = 0;
     for (const int i : of_stage[s]) {
       for (const int q : ExchangingReplicas(counts, M, s, slots[i].replica, s + 1)) {
-        const int k = SlotOf(counts, s + 1, q);
+        const int k = of_stage[s + 1][q];
         slowest = std::max(slowest, c.links[p[i]][p[k]].latency_s + c.links[p[k]][p[i]].latency_s);
       }
     }

@@ -63,7 +63,7 @@ inline int WorkersNeeded(const v1::JobSpec& spec) {
 
 // The micro-batches of a step each replica of `stage` runs (M / N_s; at least 1).
 inline int ReplicaMicroBatches(const v1::JobSpec& spec, int stage) {
-  return std::max(1, spec.micro_batches() / StageReplicas(spec, stage));
+  return Share(spec.micro_batches(), StageReplicas(spec, stage));
 }
 
 // "2 stages", "2 stages x 2 replicas", "2 stages with replicas [2, 1]": for messages.

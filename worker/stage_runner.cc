@@ -189,7 +189,12 @@ StageRunner::StageRunner(v1::StageAssignment assignment, std::string data_dir, t
     if (n < 0 || n >= js.stages()) continue;
     for (const int q : ExchangingReplicas(js, a_.stage(), a_.replica_index(), n)) {
       const v1::StagePeer* p = AssignedNeighbour(a_, n, q);
-      if (p == nullptr) continue;  // Setup says what the assignment lacks
+      if (p == nullptr) {  // Setup fails with this
+        neighbours_ = absl::InvalidArgumentError(
+            absl::StrCat("the assignment does not name replica ", q, " of stage ", n, ", which this replica exchanges "
+                         "micro-batches with"));
+        continue;
+      }
       Neighbour nb;
       nb.stage = n;
       nb.replica = q;
@@ -298,17 +303,9 @@ absl::Status StageRunner::Setup() {
       return absl::InvalidArgumentError(absl::StrCat("replicated stage: ", spec.micro_batches(), " micro-batches, ",
                                                      replicas_, " replicas, a group of ", a_.replica_group_size()));
     }
-    opt_.micro_batches /= replicas_;  // this replica's share of the step (proto/replica_layout.h)
+    opt_.micro_batches = ReplicaMicroBatches(spec, a_.stage());  // this replica's share of the step
   }
-  for (const int n : {a_.stage() - 1, a_.stage() + 1}) {
-    if (n < 0 || n >= spec.stages()) continue;
-    const size_t want = ExchangingReplicas(spec, a_.stage(), a_.replica_index(), n).size();
-    const size_t have = (n < a_.stage() ? prev_ : next_).size();
-    if (have != want) {
-      return absl::InvalidArgumentError(absl::StrCat("the assignment names ", have, " of the ", want,
-                                                     " replica(s) of stage ", n, " this replica exchanges with"));
-    }
-  }
+  if (!neighbours_.ok()) return neighbours_;
   if (first_ || last_) {
     absl::StatusOr<std::string> corpus =
         CheckSpecPath("data.corpus", spec.data_dir(), AllowedRoots({data_dir_, stage_runtime::kDefaultCorpusDir}));

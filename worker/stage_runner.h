@@ -172,6 +172,7 @@ class StageRunner {
   // unless the stages' replica counts differ: proto/replica_layout.h); none at the ends. The
   // inboxes exist from construction, the links from Setup.
   std::vector<Neighbour> prev_, next_;
+  absl::Status neighbours_;  // what the assignment lacks of them (Setup fails with it)
   std::unique_ptr<stage_runtime::StageLoop> loop_;
   // Replicated stages (StageReplicas > 1): the stage's replicas each run micro_batches / replicas
   // of every step (opt_.micro_batches is this replica's share) and synchronise through sync_.
