@@ -149,7 +149,7 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
     }
   } net_down{net.get()};
   cluster::Cluster cl(1);
-  if (f.device != "cpu") cl.SetWorkerDevices({f.device});
+  if (f.devices != std::vector<std::string>{"cpu"}) cl.SetWorkerDevices(f.devices);
   // Ctrl-C / SIGTERM: stop the cluster's processes and remove the namespaces before leaving (the
   // main thread may be waiting on a job for minutes).
   if (common::InstallTerminationHandlers()) {
@@ -413,7 +413,12 @@ BenchmarkRun AddSweepBench(CLI::App& app) {
       ->type_name("N");
   cmd->add_option("--preset", f->preset, "GPT-2 sizes (hidden, heads, vocab) from a preset; --layers and --context still apply")
       ->type_name("gpt2-small|gpt2-medium|gpt2-large|gpt2-xl");
-  cmd->add_option("--device", f->device, "every worker computes on this device (they share it)")->type_name("cpu|cuda:N");
+  cmd->add_option("--device", f->devices,
+                  "the workers' devices, dealt to them in turn (one: every worker shares it; "
+                  "cuda:0,cuda:1,...: one GPU each)")
+      ->type_name("cpu|cuda:N,...")
+      ->delimiter(',')
+      ->default_str("cpu");
   cmd->add_option("--precision", f->precision, "the stages' precision")->type_name("fp32|bf16");
   cmd->add_option("--codec-device", f->codec_device, "where CUDA stages run the links' codecs")->type_name("auto|cpu|gpu");
   cmd->add_option("--hidden", f->hidden, "hidden size")->type_name("N");

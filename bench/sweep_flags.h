@@ -17,8 +17,9 @@ struct SweepFlags {
   std::string backward = "auto", schedule = "gpipe", shaper = "auto", markdown, svg;
   int64_t steps = 4, layers = 4, hidden = 128, context = 32, micro_batches = 128, micro_batch_size = 1;
   // GPU runs: a GPT-2 preset's sizes (layers, context still from the flags when given), the
-  // workers' devices, the stages' precision and where the links' codecs run.
-  std::string preset, device = "cpu", precision = "fp32", codec_device = "auto";
+  // workers' devices (dealt to them in turn), the stages' precision and where the links' codecs run.
+  std::string preset, precision = "fp32", codec_device = "auto";
+  std::vector<std::string> devices = {"cpu"};
   int64_t stages = 0;  // 0: one per layer
   int64_t repeats = 3, queue_ms = 3000;
   bool tc = false, json = false;

@@ -10,10 +10,11 @@
 #             and main stall for each kernel of one tahquant and one int8 encode and decode (PROF_CODECS,
 #             PROF_LINES; clocks unlocked as in the bench, PROF_CLOCKS=base to lock them; PROF_SOURCE=REGEX
 #             adds the matching kernels' SASS with instructions executed per line)
-#   sweep     docs/gpu-sweep.md: 4 workers sharing cuda:0, each in its own network namespace with tc
-#             tbf access links, a gpt2-xl-shaped pipeline (SWEEP_LAYERS, default 48, over 4 stages,
-#             bf16), fp32 vs tahquant/int8 links at 1000, 500, 300 and 100 Mbit/s (SWEEP_RATES;
-#             SWEEP_STEPS 8, SWEEP_MICRO_BATCHES 8, SWEEP_SCHEDULE gpipe)
+#   sweep     docs/gpu-sweep.md: 4 workers, one GPU each (the first 4; on fewer GPUs they are dealt in
+#             turn and share them; SWEEP_DEVICES=cuda:0,... to choose), each in its own network
+#             namespace with tc tbf access links, a gpt2-xl-shaped pipeline (SWEEP_LAYERS, default 48,
+#             over 4 stages, bf16), fp32 vs tahquant/int8 links at 1000, 500, 300 and 100 Mbit/s
+#             (SWEEP_RATES; SWEEP_STEPS 8, SWEEP_MICRO_BATCHES 8, SWEEP_SCHEDULE gpipe)
 #   pipeline  where the sweep's step time goes: deploy/jobs/gpt2-xl-pipeline.yaml (unshaped, fp32
 #             links) on 4 workers sharing cuda:0, with 1 and 4 LibTorch threads per worker; GPU
 #             utilisation (nvidia-smi dmon) and every worker's /metrics mid-run
@@ -102,8 +103,12 @@ PY
       if ! { ip netns add lhprobe && ip netns del lhprobe; } >"$OUT/netns-probe.log" 2>&1; then
         shaper=inprocess; echo "sweep: no network namespaces here ($(head -c 200 "$OUT/netns-probe.log")); in-process shaper"
       fi
+      # One GPU per worker where there are enough; nvidia-smi lists them.
+      devices="${SWEEP_DEVICES:-$({ nvidia-smi -L 2>/dev/null || true; } | awk 'NR <= 4 {printf "%scuda:%d", sep, NR - 1; sep = ","}')}"
+      devices="${devices:-cuda:0}"
+      echo "sweep: workers on $devices"
       mkdir -p /var/tmp/longhaul
-      TMPDIR=/var/tmp/longhaul build/bin/longhaul-bench sweep --shaper="$shaper" --preset=gpt2-xl --layers="${SWEEP_LAYERS:-48}" --stages=4 --device=cuda:0 \
+      TMPDIR=/var/tmp/longhaul build/bin/longhaul-bench sweep --shaper="$shaper" --preset=gpt2-xl --layers="${SWEEP_LAYERS:-48}" --stages=4 --device="$devices" \
         --precision=bf16 --context=1024 --micro-batches="${SWEEP_MICRO_BATCHES:-8}" --micro-batch-size=1 \
         --schedule="${SWEEP_SCHEDULE:-gpipe}" --steps="${SWEEP_STEPS:-8}" --repeats=1 --rates="${SWEEP_RATES:-1000,500,300,100}" --codecs=fp32,tahquant --backward=int8 \
         --markdown="$OUT/gpu-sweep.md" >"$OUT/sweep.log" 2>&1 || { tail -30 "$OUT/sweep.log"; exit 1; }
