@@ -32,6 +32,10 @@ struct DpSample {
   std::vector<double> sync_s;
   std::vector<double> update_s;  // of sync_s, the slowest replica's update (optimizer, norm exchange)
   std::vector<int64_t> busiest_link_bytes;
+  // The replica whose sync started last (ReplicatedPipeline::StageDp): when, after the first's
+  // start (the skew), its sync's wall time and its busiest link's bytes.
+  std::vector<double> last_start_s, skew_s, last_sync_s;
+  std::vector<int64_t> last_link_bytes;
   int64_t bytes = 0, raw_bytes = 0;  // every replica and stage, per step
 };
 
@@ -39,13 +43,15 @@ struct DpSample {
 
 // --data-parallel: every cell is a fresh ReplicatedPipeline (same seed) trained 1 + --steps steps;
 // the first (warm-up) is not timed. Bounds, per stage s (the sync follows the stage's backward
-// pass, and the step ends when every stage's sync has): stage s's backward pass ends at the
-// unshaped step minus its unshaped sync (the data-parallel links do not carry the pipeline's
-// traffic); its sync then takes at least the larger of its unshaped sync and the most bytes one of
-// its replicas must send to one replica of another region, at the rate (each directed pair of
-// regions' replicas has the rate to itself, as longhaul-netem's between_regions, so messages to
-// different peers may overlap). The step bound is the largest stage's sum; the sync columns are
-// that stage's. fraction = bound / measured (1 = at the bound).
+// pass, and the step ends when every stage's sync has): the replica of stage s whose backward pass
+// ends last starts its sync when it does unshaped (the data-parallel links do not carry the
+// pipeline's traffic), and no byte it sends can leave before; its sync then takes at least the
+// larger of its unshaped sync and its bytes to its busiest peer in another region, at the rate
+// (each directed pair of regions' replicas has the rate to itself, as longhaul-netem's
+// between_regions, so messages to different peers may overlap). The step bound is the largest
+// stage's sum; the sync columns are that replica's. fraction = bound / measured (1 = at the bound).
+// (Until this bound, the first replica's start and the slowest sync: that assumed the link time
+// could pass while the first replica waited for the last, before the last had anything to send.)
 int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
   const std::vector<double> rates = cmd.count("--rates") ? f.rates : std::vector<double>{10, 100};
   const int stages = static_cast<int>(f.stages > 0 ? f.stages : 2);
@@ -90,21 +96,31 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
         x.sync_s.push_back(absl::ToDoubleSeconds(st.wall));
         x.update_s.push_back(absl::ToDoubleSeconds(st.update));
         x.busiest_link_bytes.push_back(st.busiest_link);
+        x.last_start_s.push_back(absl::ToDoubleSeconds(st.last_start));
+        x.skew_s.push_back(absl::ToDoubleSeconds(st.last_start - st.first_start));
+        x.last_sync_s.push_back(absl::ToDoubleSeconds(st.last_wall));
+        x.last_link_bytes.push_back(st.last_busiest_link);
       }
       x.bytes = (*p)->last_dp().bytes_sent, x.raw_bytes = (*p)->last_dp().bytes_sent_uncompressed;
       steps.push_back(std::move(x));
     }
     DpSample mean;
-    mean.sync_s.assign(static_cast<size_t>(stages), 0.0);
-    mean.update_s.assign(static_cast<size_t>(stages), 0.0);
+    for (auto* v : {&mean.sync_s, &mean.update_s, &mean.last_start_s, &mean.skew_s, &mean.last_sync_s}) {
+      v->assign(static_cast<size_t>(stages), 0.0);
+    }
     mean.busiest_link_bytes.assign(static_cast<size_t>(stages), 0);
+    mean.last_link_bytes.assign(static_cast<size_t>(stages), 0);
     for (const DpSample& x : steps) {
       const double w = 1.0 / static_cast<double>(steps.size());
       mean.step_s += x.step_s * w;
       for (int s = 0; s < stages; ++s) {
         mean.sync_s[s] += x.sync_s[s] * w;
         mean.update_s[s] += x.update_s[s] * w;
+        mean.last_start_s[s] += x.last_start_s[s] * w;
+        mean.skew_s[s] += x.skew_s[s] * w;
+        mean.last_sync_s[s] += x.last_sync_s[s] * w;
         mean.busiest_link_bytes[s] = std::max(mean.busiest_link_bytes[s], x.busiest_link_bytes[s]);
+        mean.last_link_bytes[s] = std::max(mean.last_link_bytes[s], x.last_link_bytes[s]);
       }
       mean.bytes = x.bytes, mean.raw_bytes = x.raw_bytes;
     }
@@ -128,8 +144,11 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
             // (fp32 syncs through Group::AllReduceFp32 and the executor's optimizer: no update time)
             const std::string update =
                 x->update_s[s] > 0 ? absl::StrFormat("%.3f s in the update; ", x->update_s[s]) : std::string();
-            absl::StrAppendFormat(&per_stage, "%s stage %d %.3f s (%s%lld bytes on its busiest link between regions)",
-                                  s ? "," : "", s, x->sync_s[s], update, static_cast<long long>(x->busiest_link_bytes[s]));
+            absl::StrAppendFormat(&per_stage,
+                                  "%s stage %d %.3f s (%s%lld bytes on its busiest link between regions; its last "
+                                  "replica started %.3f s after its first, its sync %.3f s)",
+                                  s ? "," : "", s, x->sync_s[s], update, static_cast<long long>(x->busiest_link_bytes[s]),
+                                  x->skew_s[s], x->last_sync_s[s]);
           }
           std::fprintf(stderr, "round %lld: %s, %s: step %.3f s, sync:%s\n", static_cast<long long>(rep + 1),
                        rate > 0 ? absl::StrCat(rate, " Mbit/s").c_str() : "unshaped", c.c_str(), x->step_s,
@@ -147,13 +166,16 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
     return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
   };
   auto step_of = [](const DpSample& x) { return x.step_s; };
-  auto sync_of = [](int s) { return [s](const DpSample& x) { return x.sync_s[s]; }; };
+  auto of = [](std::vector<double> DpSample::*field, int s) {
+    return [field, s](const DpSample& x) { return (x.*field)[s]; };
+  };
   std::string md = absl::StrFormat(
       "| between regions Mbit/s | data-parallel codec | step s | step bound s | step fraction of bound | "
-      "bounding stage | its sync s | its sync bound s | its sync fraction of bound | slowest sync s (any stage) | "
+      "bounding stage | its replicas' skew s (unshaped) | its last replica's sync s | that sync's bound s | "
+      "that sync's fraction of bound | slowest sync s (any stage) | "
       "KB on the busiest link between regions, per step | data-parallel KB per step, all replicas / as fp32 | "
       "sync speed-up vs fp32 | step speed-up vs fp32 |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
   // The slowest replica's sync of any stage.
   auto slowest_sync = [](const DpSample& x) { return *std::max_element(x.sync_s.begin(), x.sync_s.end()); };
@@ -164,27 +186,30 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
       int bounding = 0;
       double step_bound = 0, sync_bound = 0;
       for (int s = 0; s < stages; ++s) {
-        const double unshaped_sync = median(0, c, sync_of(s));
-        const double link_s = static_cast<double>(any.busiest_link_bytes[s]) / (rate * 1e6 / 8);
-        const double bound = median(0, c, step_of) - unshaped_sync + std::max(unshaped_sync, link_s);
-        if (bound > step_bound) bounding = s, step_bound = bound, sync_bound = std::max(unshaped_sync, link_s);
+        const double link_s = static_cast<double>(any.last_link_bytes[s]) / (rate * 1e6 / 8);
+        const double sync_s = std::max(median(0, c, of(&DpSample::last_sync_s, s)), link_s);
+        const double bound = median(0, c, of(&DpSample::last_start_s, s)) + sync_s;
+        if (bound > step_bound) bounding = s, step_bound = bound, sync_bound = sync_s;
       }
-      const double sync = median(rate, c, sync_of(bounding));
+      const double sync = median(rate, c, of(&DpSample::last_sync_s, bounding));
+      const double skew = median(0, c, of(&DpSample::skew_s, bounding));
       const int64_t busiest = *std::max_element(any.busiest_link_bytes.begin(), any.busiest_link_bytes.end());
       const bool has_fp32 = samples.count({rate, "fp32"}) > 0;
       const double fp32_step = has_fp32 ? median(rate, "fp32", step_of) : 0;
       const double fp32_slowest = has_fp32 ? median(rate, "fp32", slowest_sync) : 0;
       absl::StrAppendFormat(
-          &md, "| %g | %s | %.3f | %.3f | %.2f | %d | %.3f | %.3f | %.2f | %.3f | %.1f | %.0f / %.0f | %s | %s |\n", rate,
-          c, step, step_bound, step_bound / step, bounding, sync, sync_bound, sync_bound / sync, slowest,
+          &md, "| %g | %s | %.3f | %.3f | %.2f | %d | %.3f | %.3f | %.3f | %.2f | %.3f | %.1f | %.0f / %.0f | %s | %s |\n",
+          rate, c, step, step_bound, step_bound / step, bounding, skew, sync, sync_bound, sync_bound / sync, slowest,
           busiest / 1e3, any.bytes / 1e3, any.raw_bytes / 1e3,
           has_fp32 ? absl::StrFormat("%.2fx", fp32_slowest / slowest) : "-",
           has_fp32 ? absl::StrFormat("%.2fx", fp32_step / step) : "-");
       rows.push_back({{"rate_mbit", rate}, {"dp_codec", c}, {"step_s", Round(step, 4)},
                       {"step_bound_s", Round(step_bound, 4)}, {"step_fraction", Round(step_bound / step, 3)},
-                      {"bounding_stage", bounding}, {"bounding_stage_sync_s", Round(sync, 4)},
-                      {"bounding_stage_sync_bound_s", Round(sync_bound, 4)},
-                      {"bounding_stage_sync_fraction", Round(sync_bound / sync, 3)}, {"slowest_sync_s", Round(slowest, 4)},
+                      {"bounding_stage", bounding}, {"bounding_stage_skew_s", Round(skew, 4)},
+                      {"bounding_stage_last_sync_s", Round(sync, 4)},
+                      {"bounding_stage_last_sync_bound_s", Round(sync_bound, 4)},
+                      {"bounding_stage_last_sync_fraction", Round(sync_bound / sync, 3)},
+                      {"slowest_sync_s", Round(slowest, 4)},
                       {"busiest_link_bytes", busiest}, {"stage_busiest_link_bytes", any.busiest_link_bytes},
                       {"dp_bytes_per_step", any.bytes}, {"dp_raw_bytes_per_step", any.raw_bytes},
                       {"slowest_sync_speedup_vs_fp32", Round(has_fp32 ? fp32_slowest / slowest : 0.0, 3)},

@@ -121,6 +121,7 @@ class ReplicatedPipeline {
     absl::Mutex mu;
     absl::Status first_error;
     std::vector<std::thread> threads;
+    const absl::Time started = absl::Now();
     for (int r = 0; r < R; ++r) {
       for (int s = 0; s < S; ++s) {
         threads.emplace_back([&, r, s] {
@@ -148,9 +149,16 @@ class ReplicatedPipeline {
       for (size_t s = 0; s < x.syncs.size(); ++s) {
         const collective::CallStats& c = x.syncs[s]->last();
         last_dp_.Add(c);
-        if (c.wall >= last_stage_dp_[s].wall) last_stage_dp_[s].update = c.update;  // the slowest replica's
-        last_stage_dp_[s].wall = std::max(last_stage_dp_[s].wall, c.wall);
-        last_stage_dp_[s].busiest_link = std::max(last_stage_dp_[s].busiest_link, c.busiest_inter_region_link());
+        StageDp& d = last_stage_dp_[s];
+        if (c.wall >= d.wall) d.update = c.update;  // the slowest replica's
+        d.wall = std::max(d.wall, c.wall);
+        d.busiest_link = std::max(d.busiest_link, c.busiest_inter_region_link());
+        d.first_start = std::min(d.first_start, c.start - started);
+        if (c.start - started >= d.last_start) {
+          d.last_start = c.start - started;
+          d.last_wall = c.wall;
+          d.last_busiest_link = c.busiest_inter_region_link();
+        }
       }
     }
     return *results[static_cast<size_t>(S - 1)];  // replica 0's last stage: the replicas' mean loss
@@ -188,10 +196,15 @@ class ReplicatedPipeline {
   // for the other stages) and the most bytes one replica sent to one replica in another region (each
   // directed link between regions is shaped on its own: a replica's messages to two such peers may
   // overlap, as BitDP's bit planes and fp32 ring do).
+  // The replica that started its sync last (its backward pass ended last) cannot have sent a byte
+  // before: from the step's start to its sync's start, its sync's wall time and its busiest link.
   struct StageDp {
     absl::Duration wall = absl::ZeroDuration();
     absl::Duration update = absl::ZeroDuration();  // of that wall, the slowest replica's update
     int64_t busiest_link = 0;
+    absl::Duration first_start = absl::InfiniteDuration();  // the first replica's
+    absl::Duration last_start = absl::ZeroDuration(), last_wall = absl::ZeroDuration();
+    int64_t last_busiest_link = 0;
   };
   const std::vector<StageDp>& last_stage_dp() const { return last_stage_dp_; }
   absl::Duration last_dp_wall() const {  // the slowest replica's of any stage

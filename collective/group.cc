@@ -1,5 +1,6 @@
 #include "collective/group.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -57,6 +58,7 @@ void CallStats::Add(const CallStats& o) {
   for (size_t k = 0; k < o.inter_region_bytes_to.size(); ++k) inter_region_bytes_to[k] += o.inter_region_bytes_to[k];
   bytes_received += o.bytes_received;
   wall += o.wall;
+  start = std::min(start, o.start);
   send += o.send;
   recv_wait += o.recv_wait;
   update += o.update;
@@ -152,6 +154,7 @@ absl::StatusOr<Op> Group::Begin(std::string name, int64_t elements) {
 
 absl::StatusOr<CallStats> Group::Finish(Op& op, absl::Status outcome) {
   op.stats_.wall = absl::Now() - op.start_;
+  op.stats_.start = op.start_;
   // The group is its transport's only user, so the counter's growth is this call's.
   op.stats_.wire_bytes_sent = t_->counters().wire_bytes_sent - op.wire_start_;
   if (outcome.ok()) {

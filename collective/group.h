@@ -86,6 +86,8 @@ struct CallStats {
   std::vector<int64_t> inter_region_bytes_to;
   int64_t bytes_received = 0;
   absl::Duration wall = absl::ZeroDuration();
+  // When the call began (Group::Begin); Add keeps the earliest. InfiniteFuture: no call.
+  absl::Time start = absl::InfiniteFuture();
   // Inside Transport::Send and Recv, summed over a call's parts that run at the same time
   // (Op::Fork), so together they may exceed `wall`.
   absl::Duration send = absl::ZeroDuration();
