@@ -57,7 +57,23 @@ struct Run {
   double frame_bytes_per_step = 0;  // what the link bound counts on the busiest link
   double fraction = 0;              // tokens/s / min(compute, link bound at the rate)
   double goodput_fraction = 0;      // tokens/s / min(compute, link bound at the goodput)
+  // GPipe only (0 otherwise): the link bound with the schedule's fill and drain (GPipeLinkSteps),
+  // at the rate, and tokens/s / min(compute, it).
+  double gpipe_link_bound = 0;
+  double gpipe_fraction = 0;
 };
+
+// A GPipe step over links at one rate takes at least (M + S - 2) x (forward frame time + backward
+// frame time), M micro-batches, S >= 2 stages, against M x (both) on the busiest link alone: with
+// no compute at all, stage 1 (the busiest's host, tc) sends its first backward frame only after
+// stage S - 1 has received all M forward frames, the last no earlier than S - 2 + M forward frame
+// times from the start (stage S - 2's link sends them one after another, the first after S - 2
+// hops), and the gradient has come back S - 2 hops; then its M backward frames go one after
+// another. Each stage sends a micro-batch's output only once it has received all of its input.
+// The same holds with a rate per directed link (in-process). Returns M + S - 2 (M for S < 2).
+double GPipeLinkSteps(int64_t micro_batches, int stages) {
+  return static_cast<double>(micro_batches + std::max(0, stages - 2));
+}
 
 // One training job's outcome.
 struct Sample {
@@ -294,6 +310,12 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
       r.goodput_link_bound = tokens_per_step / (busiest / (r.goodput_mbit * 1e6 / 8));
       r.fraction = r.tokens_per_s / std::min(r.compute_bound, r.link_bound);
       r.goodput_fraction = r.tokens_per_s / std::min(r.compute_bound, r.goodput_link_bound);
+      if (schedule == "gpipe") {
+        const double seconds = GPipeLinkSteps(f.micro_batches, stages) *
+                               static_cast<double>(frame[c].first + frame[c].second) / (rate * 1e6 / 8);
+        r.gpipe_link_bound = tokens_per_step / seconds;
+        r.gpipe_fraction = r.tokens_per_s / std::min(r.compute_bound, r.gpipe_link_bound);
+      }
       runs.push_back(r);
     }
   }
@@ -311,13 +333,17 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
   std::string md = absl::StrFormat(
       "| link Mbit/s | forward / backward | tokens/s | compute bound | link bound at the rate | "
       "TCP goodput Mbit/s | link bound at the goodput | tokens/s / min(compute, rate bound) | "
-      "tokens/s / min(compute, goodput bound) | busiest link KB/step: frames / on the wire | drops | "
-      "link busy | speed-up vs fp32 |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "tokens/s / min(compute, goodput bound) | GPipe link bound at the rate (fill and drain) | "
+      "tokens/s / min(compute, GPipe bound) | busiest link KB/step: frames / on the wire | drops | "
+      "link busy | speed-up vs fp32 |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Run& r : runs) {
     const double base = fp32_at(r.rate);
-    absl::StrAppendFormat(&md, "| %g | %s / %s | %.0f | %.0f | %.0f | %.2f | %.0f | %.2f | %.2f | %s | %s | %s | %s |\n",
+    const bool gpipe = r.gpipe_link_bound > 0;
+    absl::StrAppendFormat(&md, "| %g | %s / %s | %.0f | %.0f | %.0f | %.2f | %.0f | %.2f | %.2f | %s | %s | %s | %s | %s | %s |\n",
                           r.rate, r.codec, r.backward, r.tokens_per_s, r.compute_bound, r.link_bound, r.goodput_mbit,
                           r.goodput_link_bound, r.fraction, r.goodput_fraction,
+                          gpipe ? absl::StrFormat("%.0f", r.gpipe_link_bound) : "-",
+                          gpipe ? absl::StrFormat("%.2f", r.gpipe_fraction) : "-",
                           tc ? absl::StrFormat("%.0f / %.0f", r.frame_bytes_per_step / 1e3, r.wire_bytes_per_step / 1e3)
                              : absl::StrFormat("%.0f / -", r.frame_bytes_per_step / 1e3),
                           tc ? absl::StrFormat("%.0f", r.drops) : "-", tc ? absl::StrFormat("%.2f", link_busy(r)) : "-",
@@ -337,6 +363,8 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
           {"goodput_link_bound", Round(r.goodput_link_bound, 1)},
           {"fraction_of_bound", Round(r.fraction, 3)},
           {"fraction_of_goodput_bound", Round(r.goodput_fraction, 3)},
+          {"gpipe_link_bound", Round(r.gpipe_link_bound, 1)},
+          {"fraction_of_gpipe_bound", Round(r.gpipe_fraction, 3)},
           {"frame_bytes_per_step", Round(r.frame_bytes_per_step, 0)},
           {"wire_bytes_per_step", Round(r.wire_bytes_per_step, 0)},
           {"drops", Round(r.drops, 0)},
