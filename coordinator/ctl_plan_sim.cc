@@ -17,6 +17,7 @@
 #include "coordinator/job_spec.h"
 #include "coordinator/placement.h"
 #include "coordinator/placement_sim.h"
+#include "proto/replica_layout.h"
 
 namespace longhaul::coordinator {
 namespace {
@@ -77,6 +78,98 @@ std::string DescribeLimit(const pl::JobShape& job, const pl::Placement& p, const
   return absl::StrCat(out, " (replica ", c.limit_replica, ", stage ", s, ")");
 }
 
+// The text output's end: the naive order, the random placements, `bound_line`, the solver's time.
+void PrintComparisons(const PlanFlags& flags, const pl::SimResult& r, const std::string& bound_line,
+                      const std::string& note) {
+  const double step = r.solution.cost.step_s;
+  std::printf("naive order (w0..w%zu by id): %s (%.2fx the chosen placement's)\n", r.solution.placement.size() - 1,
+              Sec(r.naive.step_s).c_str(), r.naive.step_s / step);
+  std::printf("random placements (%d, seed %llu): mean %s (%.2fx), best %s (%.2fx)\n", r.random_count,
+              static_cast<unsigned long long>(flags.seed), Sec(r.random_mean_s).c_str(), r.random_mean_s / step,
+              Sec(r.random_best_s).c_str(), r.random_best_s / step);
+  std::printf("%s", bound_line.c_str());
+  std::printf("solved in %.3f s\n", r.solve_seconds);
+  if (!note.empty()) std::printf("note: %s\n", note.c_str());
+  std::printf("nothing was started\n");
+}
+
+// What limits a per-stage-count plan: placement_counts.h names the busy slot (the sender of a link).
+std::string DescribeCountsLimit(const std::vector<int>& counts, const pl::Placement& p, const pl::Cost& c,
+                                const std::vector<std::string>& region) {
+  const int s = c.limit_stage, r = c.limit_replica;
+  const std::string w = Worker(p[SlotOf(counts, s, r)], region);
+  const std::string slot = absl::StrCat(" (stage ", s, ", replica ", r, ")");
+  switch (c.limit) {
+    case pl::Cost::Limit::kCompute: return absl::StrCat("the compute on ", w, slot);
+    case pl::Cost::Limit::kLinkForward: return absl::StrCat("the activations ", w, slot, " sends to stage ", s + 1);
+    case pl::Cost::Limit::kLinkBackward: break;
+  }
+  return absl::StrCat("the gradients ", w, slot, " sends to stage ", s - 1);
+}
+
+// `plan --simulate` for a spec whose stages have different replica counts (placement_counts.h).
+int RunCountsSimulation(const PlanFlags& flags, const v1::JobSpec& spec, const pl::JobShape& job,
+                        const std::vector<int>& counts, const pl::SimTopology& topo, const pl::SimOptions& o,
+                        const std::string& note) {
+  const pl::SimResult r = pl::SimulatePlanCounts(job, counts, topo.cluster, o);
+  const pl::Placement& p = r.solution.placement;
+  if (p.empty()) return Fail(r.solution.method);
+  const std::vector<std::string>& region = topo.region;
+  const int S = job.stages;
+  auto group = [&](int s) {
+    std::vector<int> g;
+    for (int rep = 0; rep < counts[s]; ++rep) g.push_back(p[SlotOf(counts, s, rep)]);
+    return g;
+  };
+  const pl::Cost& c = r.solution.cost;
+  if (flags.json) {
+    nlohmann::json stages = nlohmann::json::array();
+    for (int s = 0; s < S; ++s) {
+      nlohmann::json ws = nlohmann::json::array();
+      for (int w : group(s)) ws.push_back({{"worker", w}, {"region", region[w]}});
+      stages.push_back(ws);
+    }
+    nlohmann::json out = {{"topology", topo.name},
+                          {"topology_description", topo.description},
+                          {"workers", flags.workers},
+                          {"worker_regions", region},
+                          {"gflops", flags.gflops},
+                          {"stages", S},
+                          {"stage_replicas", counts},
+                          {"micro_batches", job.micro_batches},
+                          {"schedule", pl::ScheduleName(job.schedule)},
+                          {"placement", r.solution.method},
+                          {"stage_workers", stages},
+                          {"predicted_step_seconds", c.step_s},
+                          {"dp_seconds", c.dp_s},
+                          {"bottleneck", DescribeCountsLimit(counts, p, c, region)},
+                          {"naive_step_seconds", r.naive.step_s},
+                          {"random", {{"count", r.random_count}, {"seed", flags.seed},
+                                      {"mean_step_seconds", r.random_mean_s}, {"best_step_seconds", r.random_best_s}}},
+                          {"lower_bound", nullptr},
+                          {"solve_seconds", r.solve_seconds},
+                          {"note", note}};
+    std::printf("%s\n", out.dump(2).c_str());
+    return 0;
+  }
+  std::printf("simulated cluster: %d workers, %s\n", flags.workers, topo.description.c_str());
+  std::printf("job: %s: %s, %d micro-batch(es) per step, %s\n", spec.name().c_str(), DescribeStages(spec).c_str(),
+              job.micro_batches, pl::ScheduleName(job.schedule));
+  std::printf("placement: %s\n", r.solution.method.c_str());
+  for (int s = 0; s < S; ++s) {
+    std::vector<std::string> ws;
+    for (int w : group(s)) ws.push_back(Worker(w, region));
+    std::printf("  stage %d (%d micro-batch(es) a replica): %s\n", s, ShareOf(counts, job.micro_batches, s),
+                absl::StrJoin(ws, ", ").c_str());
+  }
+  std::printf("predicted step time: %s\n", Sec(c.step_s).c_str());
+  std::printf("  pipeline %s (its period set by %s) + data-parallel sync %s\n", Sec(c.step_s - c.dp_s).c_str(),
+              DescribeCountsLimit(counts, p, c, region).c_str(), Sec(c.dp_s).c_str());
+  PrintComparisons(flags, r, "no per-group lower bound: it is for identical pipelines, and these stages' replica "
+                             "counts differ\n", note);
+  return 0;
+}
+
 }  // namespace
 
 void AddPlanSimulationFlags(CLI::App* plan, PlanFlags* flags) {
@@ -93,7 +186,8 @@ void AddPlanSimulationFlags(CLI::App* plan, PlanFlags* flags) {
       ->needs(sim)
       ->capture_default_str();
   plan->add_option("--replicas", flags->replicas,
-                   "with --simulate: data-parallel pipelines (0: workers / stages, the whole cluster)")
+                   "with --simulate: data-parallel pipelines (0: a spec's per-stage list of differing\n"
+                   "replica counts, else workers / stages, the whole cluster)")
       ->check(CLI::Range(0, 512))
       ->needs(sim)
       ->capture_default_str();
@@ -129,8 +223,14 @@ int RunPlanSimulation(const PlanFlags& flags) {
   if (!shape.ok()) return Fail(absl::StrCat("the cost model cannot take ", flags.spec, ": ", shape.status().message()));
   pl::JobShape job = *shape;
   const int S = job.stages;
+  // The spec's per-stage counts unless --replicas overrides them.
+  const std::vector<int> counts = flags.replicas == 0 && ReplicaCountsDiffer(*spec) ? ReplicaCounts(*spec) : std::vector<int>();
+  if (!counts.empty() && WorkersNeeded(*spec) > flags.workers) {
+    return Fail(absl::StrCat("the job needs ", WorkersNeeded(*spec), " workers (", DescribeStages(*spec),
+                             "), the simulated cluster has ", flags.workers, " (--workers)"));
+  }
   job.replicas = flags.replicas > 0 ? flags.replicas : flags.workers / S;
-  if (job.replicas < 1 || job.workers() > flags.workers) {
+  if (counts.empty() && (job.replicas < 1 || job.workers() > flags.workers)) {
     return Fail(absl::StrCat("the job needs ", S, " x ", std::max(job.replicas, 1), " workers, the simulated cluster has ",
                              flags.workers, " (--workers, --replicas)"));
   }
@@ -142,6 +242,9 @@ int RunPlanSimulation(const PlanFlags& flags) {
   o.solve.seed = flags.seed;
   o.seed = flags.seed;
   o.random_placements = flags.random;
+  const bool links_emulated = spec->links().rate_mbit() > 0 || spec->links().delay_ms() > 0;
+  const std::string note = links_emulated ? "the spec's links: emulation is ignored (the simulated topology is the network)" : "";
+  if (!counts.empty()) return RunCountsSimulation(flags, *spec, job, counts, *topo, o, note);
   const pl::SimResult r = pl::SimulatePlan(job, topo->cluster, o);
   const pl::Placement& p = r.solution.placement;
   if (p.empty()) return Fail(r.solution.method);
@@ -156,8 +259,6 @@ int RunPlanSimulation(const PlanFlags& flags) {
   for (int rep = 0; rep < D; ++rep) {
     for (int s = 0; s + 1 < S; ++s) (region[p[rep * S + s]] == region[p[rep * S + s + 1]] ? inside : between)++;
   }
-  const bool links_emulated = spec->links().rate_mbit() > 0 || spec->links().delay_ms() > 0;
-  const std::string note = links_emulated ? "the spec's links: emulation is ignored (the simulated topology is the network)" : "";
   const pl::Cost& c = r.solution.cost;
 
   if (flags.json) {
@@ -229,17 +330,11 @@ int RunPlanSimulation(const PlanFlags& flags) {
               job.micro_batches - 1, Sec(c.period_s).c_str(), Sec(c.fill_drain_s).c_str(),
               D > 1 ? absl::StrCat(" + data-parallel sync ", Sec(c.dp_s)).c_str() : "");
   std::printf("  limited by %s\n", DescribeLimit(job, p, c, region).c_str());
-  std::printf("naive order (w0..w%d by id): %s (%.2fx the chosen placement's)\n", job.workers() - 1,
-              Sec(r.naive.step_s).c_str(), r.naive.step_s / c.step_s);
-  std::printf("random placements (%d, seed %llu): mean %s (%.2fx), best %s (%.2fx)\n", r.random_count,
-              static_cast<unsigned long long>(flags.seed), Sec(r.random_mean_s).c_str(), r.random_mean_s / c.step_s,
-              Sec(r.random_best_s).c_str(), r.random_best_s / c.step_s);
-  std::printf("per-group lower bound: %s (the chosen placement is %.2fx it; every stage, link and replica group\n"
-              "  on its own best workers, chosen independently: docs/placement.md)\n",
-              Sec(r.bound.step_s).c_str(), c.step_s / r.bound.step_s);
-  std::printf("solved in %.3f s\n", r.solve_seconds);
-  if (!note.empty()) std::printf("note: %s\n", note.c_str());
-  std::printf("nothing was started\n");
+  PrintComparisons(flags, r,
+                   absl::StrFormat("per-group lower bound: %s (the chosen placement is %.2fx it; every stage, link and "
+                                   "replica group\n  on its own best workers, chosen independently: docs/placement.md)\n",
+                                   Sec(r.bound.step_s), c.step_s / r.bound.step_s),
+                   note);
   return 0;
 }
 

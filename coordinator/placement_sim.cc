@@ -11,6 +11,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/replica_counts.h"
+#include "coordinator/placement_counts.h"
 
 namespace longhaul::coordinator::placement {
 namespace {
@@ -117,28 +119,51 @@ absl::StatusOr<SimTopology> SimulatedTopology(const std::string& name, int worke
   return out;
 }
 
-SimResult SimulatePlan(const JobShape& job, const Cluster& c, const SimOptions& o) {
+namespace {
+
+// Times `solve`, then costs the naive placement and o.random_placements random ones of `workers`
+// workers with `evaluate`.
+template <typename SolveFn, typename EvaluateFn>
+SimResult Simulate(int workers, const Cluster& c, const SimOptions& o, const Placement& naive, SolveFn solve,
+                   EvaluateFn evaluate) {
   SimResult r;
   const absl::Time t0 = absl::Now();
-  r.solution = Solve(job, c, o.solve);
+  r.solution = solve();
   r.solve_seconds = absl::ToDoubleSeconds(absl::Now() - t0);
-  r.naive = Evaluate(job, c, NaivePlacement(job));
+  r.naive = evaluate(naive);
   std::mt19937_64 rng(o.seed);
   std::vector<int> all(c.size());
   std::iota(all.begin(), all.end(), 0);
   double sum = 0;
   r.random_best_s = 0;
-  for (int i = 0; i < o.random_placements; ++i) {
+  for (int i = 0; i < o.random_placements && workers <= c.size(); ++i) {
     std::shuffle(all.begin(), all.end(), rng);
-    const Placement p(all.begin(), all.begin() + job.workers());
-    const double step = Evaluate(job, c, p).step_s;
+    const Placement p(all.begin(), all.begin() + workers);
+    const double step = evaluate(p).step_s;
     sum += step;
     r.random_best_s = i == 0 ? step : std::min(r.random_best_s, step);
     ++r.random_count;
   }
   if (r.random_count > 0) r.random_mean_s = sum / r.random_count;
+  return r;
+}
+
+}  // namespace
+
+SimResult SimulatePlan(const JobShape& job, const Cluster& c, const SimOptions& o) {
+  SimResult r = Simulate(
+      job.workers(), c, o, NaivePlacement(job), [&] { return Solve(job, c, o.solve); },
+      [&](const Placement& p) { return Evaluate(job, c, p); });
   r.bound = LowerBound(job, c);
   return r;
+}
+
+SimResult SimulatePlanCounts(const JobShape& job, const std::vector<int>& counts, const Cluster& c,
+                             const SimOptions& o) {
+  const int workers = static_cast<int>(ReplicaSlots(counts).size());
+  return Simulate(
+      workers, c, o, NaiveCountsPlacement(counts), [&] { return SolveCounts(job, counts, c, o.solve); },
+      [&](const Placement& p) { return EvaluateCounts(job, counts, c, p); });
 }
 
 // The per-group lower bound (placement.h), here beside the simulated plans that report it.

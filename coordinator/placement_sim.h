@@ -1,6 +1,7 @@
 // Simulated clusters for the placement (`longhaulctl plan --simulate`): DT-FM's geo-distributed
 // topologies, and one run of the solver on a job with what it is compared against -- the naive
-// order, random placements and the per-group lower bound (placement.h's LowerBound). Plain C++,
+// order, random placements and the per-group lower bound (placement.h's LowerBound; with
+// per-stage replica counts, placement_counts.h's solver and no bound). Plain C++,
 // no LibTorch and no coordinator.
 //
 //   absl::StatusOr<SimTopology> t = SimulatedTopology("8-cities", 64, 1e14);
@@ -62,6 +63,12 @@ struct SimResult {
 // ones (uniform ordered choices of job.workers() workers) and the lower bound. c.size() must be at
 // least job.workers().
 SimResult SimulatePlan(const JobShape& job, const Cluster& c, const SimOptions& o);
+
+// The same for a job whose stages have different replica counts (placement_counts.h: SolveCounts,
+// and EvaluateCounts for the naive order and the random placements of the sum of `counts`
+// workers). No lower bound (`bound` stays zero): placement.h's is for identical pipelines.
+SimResult SimulatePlanCounts(const JobShape& job, const std::vector<int>& counts, const Cluster& c,
+                             const SimOptions& o);
 
 }  // namespace longhaul::coordinator::placement
 

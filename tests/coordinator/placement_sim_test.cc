@@ -250,5 +250,50 @@ TEST_F(PlanSimulateCliTest, TextAndErrors) {
   EXPECT_NE(rc4, 0) << out4;
 }
 
+// A spec whose stages have different replica counts is planned with those counts (the slots'
+// solver), unless --replicas overrides them.
+TEST_F(PlanSimulateCliTest, PerStageReplicaCounts) {
+  const std::string spec = dir_ + "/counts.yaml";
+  std::ofstream(spec) << "name: counts\n"
+                         "model: {layers: 4, hidden: 256, heads: 4, context: 128, vocab: 256}\n"
+                         "stages: 3\nreplicas: [2, 4, 1]\nmicro_batches: 8\n";
+  auto [rc, out] = Plan(absl::StrCat(spec, " --json --random 50 --workers 16 --time-limit 0.5"));
+  ASSERT_EQ(rc, 0) << out;
+  const nlohmann::json j = nlohmann::json::parse(out);
+  EXPECT_EQ(j["stage_replicas"], nlohmann::json::array({2, 4, 1}));
+  ASSERT_EQ(j["stage_workers"].size(), 3u);
+  std::vector<char> seen(16, 0);
+  for (size_t s = 0; s < 3; ++s) {
+    EXPECT_EQ(j["stage_workers"][s].size(), std::vector<size_t>({2, 4, 1})[s]);
+    for (const auto& w : j["stage_workers"][s]) {
+      const int id = w["worker"];
+      ASSERT_TRUE(id >= 0 && id < 16 && !seen[id]) << id;
+      seen[id] = 1;
+    }
+  }
+  const double step = j["predicted_step_seconds"], naive = j["naive_step_seconds"];
+  EXPECT_GT(step, 0);
+  EXPECT_LE(step, naive);
+  EXPECT_LE(step, j["random"]["best_step_seconds"].get<double>());
+  EXPECT_GT(j["dp_seconds"].get<double>(), 0);  // stages 0 and 1 have replica groups
+  EXPECT_TRUE(j["lower_bound"].is_null());
+
+  auto [rc2, out2] = Plan(absl::StrCat(spec, " --random 10 --workers 16 --time-limit 0.2"));
+  ASSERT_EQ(rc2, 0) << out2;
+  for (const char* want : {"3 stages with replicas [2, 4, 1]", "stage 1 (2 micro-batch(es) a replica): w",
+                           "predicted step time: ", "no per-group lower bound", "nothing was started"}) {
+    EXPECT_NE(out2.find(want), std::string::npos) << "missing \"" << want << "\" in:\n" << out2;
+  }
+  auto [rc3, out3] = Plan(absl::StrCat(spec, " --workers 6"));
+  EXPECT_EQ(rc3, 1) << out3;
+  EXPECT_NE(out3.find("the job needs 7 workers (3 stages with replicas [2, 4, 1]), the simulated cluster has 6"),
+            std::string::npos)
+      << out3;
+  // --replicas: every stage that many, as before.
+  auto [rc4, out4] = Plan(absl::StrCat(spec, " --json --replicas 2 --workers 16 --random 10 --time-limit 0.2"));
+  ASSERT_EQ(rc4, 0) << out4;
+  EXPECT_EQ(nlohmann::json::parse(out4)["replicas"], 2);
+}
+
 }  // namespace
 }  // namespace longhaul::coordinator::placement
