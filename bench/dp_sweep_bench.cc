@@ -32,26 +32,26 @@ struct DpSample {
   std::vector<double> sync_s;
   std::vector<double> update_s;  // of sync_s, the slowest replica's update (optimizer, norm exchange)
   std::vector<int64_t> busiest_link_bytes;
-  // The replica whose sync started last (ReplicatedPipeline::StageDp): when, after the first's
-  // start (the skew), its sync's wall time and its busiest link's bytes.
-  std::vector<double> last_start_s, skew_s, last_sync_s;
-  std::vector<int64_t> last_link_bytes;
+  // Per stage and replica (ReplicatedPipeline::ReplicaDp): its sync's start after the step's, its
+  // sync's wall time, its busiest link's bytes.
+  std::vector<std::vector<double>> start_s, replica_sync_s;
+  std::vector<std::vector<int64_t>> link_bytes;
   int64_t bytes = 0, raw_bytes = 0;  // every replica and stage, per step
 };
 
 }  // namespace
 
 // --data-parallel: every cell is a fresh ReplicatedPipeline (same seed) trained 1 + --steps steps;
-// the first (warm-up) is not timed. Bounds, per stage s (the sync follows the stage's backward
-// pass, and the step ends when every stage's sync has): the replica of stage s whose backward pass
-// ends last starts its sync when it does unshaped (the data-parallel links do not carry the
-// pipeline's traffic), and no byte it sends can leave before; its sync then takes at least the
-// larger of its unshaped sync and its bytes to its busiest peer in another region, at the rate
-// (each directed pair of regions' replicas has the rate to itself, as longhaul-netem's
+// the first (warm-up) is not timed. Bounds, per replica r of stage s (the step ends when every
+// sync has): r starts its sync when its backward pass ends, as unshaped (the data-parallel links do
+// not carry the pipeline's traffic), and no byte it sends can leave before; its sync then takes at
+// least the larger of its unshaped sync and its bytes to its busiest peer in another region, at
+// the rate (each directed pair of regions' replicas has the rate to itself, as longhaul-netem's
 // between_regions, so messages to different peers may overlap). The step bound is the largest
-// stage's sum; the sync columns are that replica's. fraction = bound / measured (1 = at the bound).
-// (Until this bound, the first replica's start and the slowest sync: that assumed the link time
-// could pass while the first replica waited for the last, before the last had anything to send.)
+// replica's sum; the sync columns are that replica's. fraction = bound / measured (1 = at the
+// bound). (Until 2026-11-27: the stage's first start, its slowest sync and its busiest replica's
+// bytes, which let one replica's link time pass before another replica, the one with the bytes,
+// had started: this bound is never lower.)
 int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
   const std::vector<double> rates = cmd.count("--rates") ? f.rates : std::vector<double>{10, 100};
   const int stages = static_cast<int>(f.stages > 0 ? f.stages : 2);
@@ -96,31 +96,35 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
         x.sync_s.push_back(absl::ToDoubleSeconds(st.wall));
         x.update_s.push_back(absl::ToDoubleSeconds(st.update));
         x.busiest_link_bytes.push_back(st.busiest_link);
-        x.last_start_s.push_back(absl::ToDoubleSeconds(st.last_start));
-        x.skew_s.push_back(absl::ToDoubleSeconds(st.last_start - st.first_start));
-        x.last_sync_s.push_back(absl::ToDoubleSeconds(st.last_wall));
-        x.last_link_bytes.push_back(st.last_busiest_link);
+        x.start_s.emplace_back(), x.replica_sync_s.emplace_back(), x.link_bytes.emplace_back();
+        for (const ReplicatedPipeline::ReplicaDp& r : st.replicas) {
+          x.start_s.back().push_back(absl::ToDoubleSeconds(r.start));
+          x.replica_sync_s.back().push_back(absl::ToDoubleSeconds(r.wall));
+          x.link_bytes.back().push_back(r.busiest_link);
+        }
       }
       x.bytes = (*p)->last_dp().bytes_sent, x.raw_bytes = (*p)->last_dp().bytes_sent_uncompressed;
       steps.push_back(std::move(x));
     }
     DpSample mean;
-    for (auto* v : {&mean.sync_s, &mean.update_s, &mean.last_start_s, &mean.skew_s, &mean.last_sync_s}) {
-      v->assign(static_cast<size_t>(stages), 0.0);
-    }
+    for (auto* v : {&mean.sync_s, &mean.update_s}) v->assign(static_cast<size_t>(stages), 0.0);
     mean.busiest_link_bytes.assign(static_cast<size_t>(stages), 0);
-    mean.last_link_bytes.assign(static_cast<size_t>(stages), 0);
+    const std::vector<double> zeros(static_cast<size_t>(R), 0.0);
+    mean.start_s.assign(static_cast<size_t>(stages), zeros);
+    mean.replica_sync_s.assign(static_cast<size_t>(stages), zeros);
+    mean.link_bytes.assign(static_cast<size_t>(stages), std::vector<int64_t>(static_cast<size_t>(R), 0));
     for (const DpSample& x : steps) {
       const double w = 1.0 / static_cast<double>(steps.size());
       mean.step_s += x.step_s * w;
       for (int s = 0; s < stages; ++s) {
         mean.sync_s[s] += x.sync_s[s] * w;
         mean.update_s[s] += x.update_s[s] * w;
-        mean.last_start_s[s] += x.last_start_s[s] * w;
-        mean.skew_s[s] += x.skew_s[s] * w;
-        mean.last_sync_s[s] += x.last_sync_s[s] * w;
         mean.busiest_link_bytes[s] = std::max(mean.busiest_link_bytes[s], x.busiest_link_bytes[s]);
-        mean.last_link_bytes[s] = std::max(mean.last_link_bytes[s], x.last_link_bytes[s]);
+        for (int r = 0; r < R; ++r) {
+          mean.start_s[s][r] += x.start_s[s][r] * w;
+          mean.replica_sync_s[s][r] += x.replica_sync_s[s][r] * w;
+          mean.link_bytes[s][r] = std::max(mean.link_bytes[s][r], x.link_bytes[s][r]);
+        }
       }
       mean.bytes = x.bytes, mean.raw_bytes = x.raw_bytes;
     }
@@ -144,11 +148,12 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
             // (fp32 syncs through Group::AllReduceFp32 and the executor's optimizer: no update time)
             const std::string update =
                 x->update_s[s] > 0 ? absl::StrFormat("%.3f s in the update; ", x->update_s[s]) : std::string();
+            const auto [first, last] = std::minmax_element(x->start_s[s].begin(), x->start_s[s].end());
             absl::StrAppendFormat(&per_stage,
-                                  "%s stage %d %.3f s (%s%lld bytes on its busiest link between regions; its last "
-                                  "replica started %.3f s after its first, its sync %.3f s)",
+                                  "%s stage %d %.3f s (%s%lld bytes on its busiest link between regions; its "
+                                  "replicas' syncs started within %.3f s)",
                                   s ? "," : "", s, x->sync_s[s], update, static_cast<long long>(x->busiest_link_bytes[s]),
-                                  x->skew_s[s], x->last_sync_s[s]);
+                                  *last - *first);
           }
           std::fprintf(stderr, "round %lld: %s, %s: step %.3f s, sync:%s\n", static_cast<long long>(rep + 1),
                        rate > 0 ? absl::StrCat(rate, " Mbit/s").c_str() : "unshaped", c.c_str(), x->step_s,
@@ -166,13 +171,13 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
     return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
   };
   auto step_of = [](const DpSample& x) { return x.step_s; };
-  auto of = [](std::vector<double> DpSample::*field, int s) {
-    return [field, s](const DpSample& x) { return (x.*field)[s]; };
+  auto of = [](std::vector<std::vector<double>> DpSample::*field, int s, int r) {
+    return [field, s, r](const DpSample& x) { return (x.*field)[s][r]; };
   };
   std::string md = absl::StrFormat(
       "| between regions Mbit/s | data-parallel codec | step s | step bound s | step fraction of bound | "
-      "bounding stage | its replicas' skew s (unshaped) | its last replica's sync s | that sync's bound s | "
-      "that sync's fraction of bound | slowest sync s (any stage) | "
+      "bounding stage, replica | its sync's start after its stage's first s (unshaped) | its sync s | its sync bound s | "
+      "its sync's fraction of bound | slowest sync s (any stage) | "
       "KB on the busiest link between regions, per step | data-parallel KB per step, all replicas / as fp32 | "
       "sync speed-up vs fp32 | step speed-up vs fp32 |\n"
       "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
@@ -183,32 +188,40 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
     for (const std::string& c : f.dp_codecs) {
       const DpSample& any = samples.at({rate, c}).front();
       const double step = median(rate, c, step_of), slowest = median(rate, c, slowest_sync);
-      int bounding = 0;
-      double step_bound = 0, sync_bound = 0;
+      int bounding = 0, bounding_replica = 0;
+      double step_bound = 0, sync_bound = 0, after_first = 0;
       for (int s = 0; s < stages; ++s) {
-        const double link_s = static_cast<double>(any.last_link_bytes[s]) / (rate * 1e6 / 8);
-        const double sync_s = std::max(median(0, c, of(&DpSample::last_sync_s, s)), link_s);
-        const double bound = median(0, c, of(&DpSample::last_start_s, s)) + sync_s;
-        if (bound > step_bound) bounding = s, step_bound = bound, sync_bound = sync_s;
+        std::vector<double> start(static_cast<size_t>(R));
+        for (int r = 0; r < R; ++r) start[r] = median(0, c, of(&DpSample::start_s, s, r));
+        const double first = *std::min_element(start.begin(), start.end());
+        for (int r = 0; r < R; ++r) {
+          const double link_s = static_cast<double>(any.link_bytes[s][r]) / (rate * 1e6 / 8);
+          const double sync_s = std::max(median(0, c, of(&DpSample::replica_sync_s, s, r)), link_s);
+          if (start[r] + sync_s > step_bound) {
+            bounding = s, bounding_replica = r, step_bound = start[r] + sync_s, sync_bound = sync_s;
+            after_first = start[r] - first;
+          }
+        }
       }
-      const double sync = median(rate, c, of(&DpSample::last_sync_s, bounding));
-      const double skew = median(0, c, of(&DpSample::skew_s, bounding));
+      const double sync = median(rate, c, of(&DpSample::replica_sync_s, bounding, bounding_replica));
       const int64_t busiest = *std::max_element(any.busiest_link_bytes.begin(), any.busiest_link_bytes.end());
       const bool has_fp32 = samples.count({rate, "fp32"}) > 0;
       const double fp32_step = has_fp32 ? median(rate, "fp32", step_of) : 0;
       const double fp32_slowest = has_fp32 ? median(rate, "fp32", slowest_sync) : 0;
       absl::StrAppendFormat(
-          &md, "| %g | %s | %.3f | %.3f | %.2f | %d | %.3f | %.3f | %.3f | %.2f | %.3f | %.1f | %.0f / %.0f | %s | %s |\n",
-          rate, c, step, step_bound, step_bound / step, bounding, skew, sync, sync_bound, sync_bound / sync, slowest,
+          &md, "| %g | %s | %.3f | %.3f | %.2f | %d, %d | %.3f | %.3f | %.3f | %.2f | %.3f | %.1f | %.0f / %.0f | %s | %s |\n",
+          rate, c, step, step_bound, step_bound / step, bounding, bounding_replica, after_first, sync, sync_bound,
+          sync_bound / sync, slowest,
           busiest / 1e3, any.bytes / 1e3, any.raw_bytes / 1e3,
           has_fp32 ? absl::StrFormat("%.2fx", fp32_slowest / slowest) : "-",
           has_fp32 ? absl::StrFormat("%.2fx", fp32_step / step) : "-");
       rows.push_back({{"rate_mbit", rate}, {"dp_codec", c}, {"step_s", Round(step, 4)},
                       {"step_bound_s", Round(step_bound, 4)}, {"step_fraction", Round(step_bound / step, 3)},
-                      {"bounding_stage", bounding}, {"bounding_stage_skew_s", Round(skew, 4)},
-                      {"bounding_stage_last_sync_s", Round(sync, 4)},
-                      {"bounding_stage_last_sync_bound_s", Round(sync_bound, 4)},
-                      {"bounding_stage_last_sync_fraction", Round(sync_bound / sync, 3)},
+                      {"bounding_stage", bounding}, {"bounding_replica", bounding_replica},
+                      {"bounding_replica_start_after_first_s", Round(after_first, 4)},
+                      {"bounding_replica_sync_s", Round(sync, 4)},
+                      {"bounding_replica_sync_bound_s", Round(sync_bound, 4)},
+                      {"bounding_replica_sync_fraction", Round(sync_bound / sync, 3)},
                       {"slowest_sync_s", Round(slowest, 4)},
                       {"busiest_link_bytes", busiest}, {"stage_busiest_link_bytes", any.busiest_link_bytes},
                       {"dp_bytes_per_step", any.bytes}, {"dp_raw_bytes_per_step", any.raw_bytes},

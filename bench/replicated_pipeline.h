@@ -153,12 +153,7 @@ class ReplicatedPipeline {
         if (c.wall >= d.wall) d.update = c.update;  // the slowest replica's
         d.wall = std::max(d.wall, c.wall);
         d.busiest_link = std::max(d.busiest_link, c.busiest_inter_region_link());
-        d.first_start = std::min(d.first_start, c.start - started);
-        if (c.start - started >= d.last_start) {
-          d.last_start = c.start - started;
-          d.last_wall = c.wall;
-          d.last_busiest_link = c.busiest_inter_region_link();
-        }
+        d.replicas.push_back({c.start - started, c.wall, c.busiest_inter_region_link()});
       }
     }
     return *results[static_cast<size_t>(S - 1)];  // replica 0's last stage: the replicas' mean loss
@@ -196,15 +191,17 @@ class ReplicatedPipeline {
   // for the other stages) and the most bytes one replica sent to one replica in another region (each
   // directed link between regions is shaped on its own: a replica's messages to two such peers may
   // overlap, as BitDP's bit planes and fp32 ring do).
-  // The replica that started its sync last (its backward pass ended last) cannot have sent a byte
-  // before: from the step's start to its sync's start, its sync's wall time and its busiest link.
+  // Each replica's (index: replica): from the step's start to its sync's start (the end of its
+  // backward pass; it cannot send a byte before), its sync's wall time and its busiest link's bytes.
+  struct ReplicaDp {
+    absl::Duration start, wall;
+    int64_t busiest_link = 0;
+  };
   struct StageDp {
     absl::Duration wall = absl::ZeroDuration();
     absl::Duration update = absl::ZeroDuration();  // of that wall, the slowest replica's update
     int64_t busiest_link = 0;
-    absl::Duration first_start = absl::InfiniteDuration();  // the first replica's
-    absl::Duration last_start = absl::ZeroDuration(), last_wall = absl::ZeroDuration();
-    int64_t last_busiest_link = 0;
+    std::vector<ReplicaDp> replicas;
   };
   const std::vector<StageDp>& last_stage_dp() const { return last_stage_dp_; }
   absl::Duration last_dp_wall() const {  // the slowest replica's of any stage
