@@ -3,18 +3,23 @@
 // compressed links can be compared with an uncompressed run. Small byte-level models on the CPU by
 // default; GPT-2 presets, token files, bf16 and GPUs by flags.
 //
-// --replicas=N (docs/replicated-stages.md): N pipelines in this process, every stage's N replicas
-// synchronised after the backward pass by the workers' own worker::ReplicaSync with --dp-codec,
-// over collective::InProcessHub transports instead of gRPC (the same collective algorithms, codecs
-// and optimizer code; only the bytes' carrier differs). Replica r takes micro-batches r*M/N ..
-// (r+1)*M/N-1 of the step, as a job's replicas do, so the global batch does not change with N.
+// --replicas=N or N0,N1,... (docs/replicated-stages.md): every stage N replicas, or stage s N_s,
+// in this process (bench/replicated_pipeline.h), every stage's replicas synchronised after the
+// backward pass by the workers' own worker::ReplicaSync with --dp-codec, over
+// collective::InProcessHub transports instead of gRPC (the same collective algorithms, codecs and
+// optimizer code; only the bytes' carrier differs). Replica r of stage s takes micro-batches
+// r*M/N_s .. (r+1)*M/N_s-1 of the step, as a job's replicas do, so the global batch does not
+// change with the counts.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "bench/benchmarks.h"
+#include "absl/strings/str_join.h"
 #include "bench/replicated_pipeline.h"
 #include "common/flags.h"
 #include "stage_runtime/model_presets.h"
@@ -28,7 +33,8 @@ struct Flags {
   int64_t micro_batches = 4, micro_batch_size = 8, seed = 1, eval_every = 50;
   double lr = 3e-3;
   int64_t vocab = 256, val_batches = 16, codec_threads = 1;
-  int64_t replicas = 1, dp_regions = 0, dp_weight_bits = 4;
+  std::vector<int> replicas = {1};  // one count for every stage, or one per stage
+  int64_t dp_regions = 0, dp_weight_bits = 4;
   std::string codec = "fp32", bwd_codec, schedule = "1f1b", dp_codec = "fp32";
   std::string preset, data_format = "text", corpus = stage_runtime::kDefaultCorpusDir;
   std::string device = "cpu", precision = "fp32";
@@ -82,11 +88,19 @@ int Run(const Flags& f, const CLI::App& cmd) {
   std::unique_ptr<ReplicatedPipeline> replicated;
   auto dp_codec = collective::ParseDpCodec(f.dp_codec);
   if (!dp_codec.ok()) return common::FlagError(cmd, "--dp-codec: " + std::string(dp_codec.status().message()));
-  if (f.replicas < 1 || f.replicas > 64) return common::FlagError(cmd, "--replicas must be in [1, 64]");
-  const int regions = static_cast<int>(f.dp_regions > 0 ? f.dp_regions : f.replicas);
-  if (f.replicas > 1) {
-    auto p = ReplicatedPipeline::Create(o, static_cast<int>(f.replicas), *dp_codec, regions,
-                                        static_cast<int>(f.dp_weight_bits));
+  if (f.replicas.size() != 1 && f.replicas.size() != static_cast<size_t>(o.stages)) {
+    return common::FlagError(cmd, absl::StrCat("--replicas: ", f.replicas.size(), " counts for ", o.stages,
+                                               " stages (one for every stage, or one each)"));
+  }
+  for (int n : f.replicas) {
+    if (n < 1 || n > 64) return common::FlagError(cmd, "--replicas: every count must be in [1, 64]");
+  }
+  const std::vector<int> counts =
+      f.replicas.size() == 1 ? std::vector<int>(static_cast<size_t>(o.stages), f.replicas[0]) : f.replicas;
+  const int most = *std::max_element(counts.begin(), counts.end());
+  const int regions = static_cast<int>(f.dp_regions > 0 ? f.dp_regions : most);
+  if (most > 1) {
+    auto p = ReplicatedPipeline::Create(o, counts, *dp_codec, regions, static_cast<int>(f.dp_weight_bits));
     if (!p.ok()) return fail(p.status());
     replicated = std::move(*p);
   } else {
@@ -165,9 +179,10 @@ int Run(const Flags& f, const CLI::App& cmd) {
       {"fwd_raw_bytes", raw},
       {"fwd_wire_bytes", wire},
       {"fwd_mean_rel_error", Round(nl ? err / nl : 0.0, 5)},
-      {"replicas", f.replicas},
-      {"dp_codec", f.replicas > 1 ? f.dp_codec : "none"},
-      {"dp_regions", f.replicas > 1 ? regions : 0},
+      {"replicas", f.replicas.size() == 1 ? nlohmann::ordered_json(f.replicas[0]) : nlohmann::ordered_json()},
+      {"stage_replicas", counts},  // "replicas" is null for a per-stage list
+      {"dp_codec", most > 1 ? f.dp_codec : "none"},
+      {"dp_regions", most > 1 ? regions : 0},
       {"dp_bytes_per_step", Round(static_cast<double>(dp_bytes) / steps, 0)},
       {"dp_wire_bytes_per_step", Round(static_cast<double>(dp_wire) / steps, 0)},
       {"dp_raw_bytes_per_step", Round(static_cast<double>(dp_raw) / steps, 0)},
@@ -182,9 +197,9 @@ int Run(const Flags& f, const CLI::App& cmd) {
                 o.forward_codec.c_str(), o.backward_codec.c_str(), tail_sum / tail_n, val_loss,
                 tokens_per_step * (steps) / train_seconds, wire ? static_cast<double>(raw) / wire : 0.0);
     if (replicated) {
-      std::printf("%lld replicas per stage in %d region(s), data-parallel %s: %.0f bytes per step (all replicas; "
+      std::printf("replicas per stage [%s] in %d region(s), data-parallel %s: %.0f bytes per step (all replicas; "
                   "%.2fx smaller than fp32), %.3f s per step synchronising\n",
-                  static_cast<long long>(f.replicas), regions, f.dp_codec.c_str(), static_cast<double>(dp_bytes) / steps,
+                  absl::StrJoin(counts, ", ").c_str(), regions, f.dp_codec.c_str(), static_cast<double>(dp_bytes) / steps,
                   dp_bytes ? static_cast<double>(dp_raw) / dp_bytes : 0.0, dp_seconds / steps);
     }
   }
@@ -227,8 +242,11 @@ BenchmarkRun AddConvergenceBench(CLI::App& app) {
   cmd->add_option("--val-batches", f->val_batches, "fixed validation micro-batches for the validation loss")
       ->type_name("N");
   cmd->add_option("--replicas", f->replicas,
-                  "replicas per stage (1: one pipeline; N: N pipelines synchronised by --dp-codec)")
-      ->type_name("N");
+                  "replicas per stage (1: one pipeline; N: every stage N, synchronised by --dp-codec; "
+                  "N0,N1,...: stage s N_s)")
+      ->type_name("N|N0,N1,...")
+      ->delimiter(',')
+      ->default_str("1");
   cmd->add_option("--dp-codec", f->dp_codec, "data-parallel sync of the replicas: fp32, sdp4bit, bitdp1, bitdp2, zeropp")
       ->type_name("NAME");
   cmd->add_option("--dp-regions", f->dp_regions,
@@ -243,8 +261,9 @@ BenchmarkRun AddConvergenceBench(CLI::App& app) {
       "Reports final_train_loss (mean of the last 10 steps), final_val_loss (--val-batches fixed\n"
       "validation batches, through the same forward codec), initial_train_loss and tokens_per_s.\n"
       "--replicas=N runs N pipelines in this process, each on micro-batches r*M/N..(r+1)*M/N-1 of the\n"
-      "step (the global batch stays M x --micro-batch-size), every stage's replicas synchronised by the\n"
-      "workers' ReplicaSync (worker/replica_sync.h) over in-process transports; the validation loss is\n"
+      "step (the global batch stays M x --micro-batch-size); --replicas=2,1 gives stage 0 two replicas,\n"
+      "both streaming to stage 1's one (every count must divide M). Each stage's replicas synchronise by\n"
+      "the workers' ReplicaSync (worker/replica_sync.h) over in-process transports; the validation loss is\n"
       "replica 0's model (the replicas' are bit-identical). Adds dp_bytes_per_step (all replicas),\n"
       "dp_raw_bytes_per_step (the same messages as fp32) and dp_seconds_per_step (slowest replica).");
   return [f, cmd] { return Run(*f, *cmd); };

@@ -42,16 +42,19 @@ struct DpSample {
 }  // namespace
 
 // --data-parallel: every cell is a fresh ReplicatedPipeline (same seed) trained 1 + --steps steps;
-// the first (warm-up) is not timed. Bounds, per replica r of stage s (the step ends when every
-// sync has): r starts its sync when its backward pass ends, as unshaped (the data-parallel links do
-// not carry the pipeline's traffic), and no byte it sends can leave before; its sync then takes at
-// least the larger of its unshaped sync and its bytes to its busiest peer in another region, at
-// the rate (each directed pair of regions' replicas has the rate to itself, as longhaul-netem's
-// between_regions, so messages to different peers may overlap). The step bound is the largest
-// replica's sum; the sync columns are that replica's. fraction = bound / measured (1 = at the
-// bound). (Until 2026-11-27: the stage's first start, its slowest sync and its busiest replica's
-// bytes, which let one replica's link time pass before another replica, the one with the bytes,
-// had started: this bound is never lower.)
+// the first (warm-up) is not timed. The step ends when every stage's sync has (and what follows
+// it: the optimizer, for fp32 and BitDP); the data-parallel links carry none of the pipeline's
+// traffic, so the backward passes end when they do unshaped. Two bounds, the larger taken:
+// - per stage s: its backward pass ends at the unshaped step minus its slowest unshaped sync
+//   (which includes what follows the sync call); the sync then takes at least the larger of that
+//   sync and the most bytes one of its replicas sends to one replica of another region, at the
+//   rate (each directed pair of regions' replicas has the rate to itself, as longhaul-netem's
+//   between_regions, so messages to different peers may overlap);
+// - per replica r of stage s: no byte it sends can leave before its own sync starts, and its sync
+//   call takes at least the larger of its unshaped one and its own busiest link's bytes at the rate
+//   (the stage's bound lets a replica's link time pass while the first replica waits for it).
+// The step bound is the largest of all; the sync columns are its stage's (slowest replica) or
+// replica's. fraction = bound / measured (1 = at the bound).
 int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
   const std::vector<double> rates = cmd.count("--rates") ? f.rates : std::vector<double>{10, 100};
   const int stages = static_cast<int>(f.stages > 0 ? f.stages : 2);
@@ -78,7 +81,7 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
     if (!c.ok()) return c.status();
     netem::LinkProfile between;
     between.rate_bytes_per_s = rate * 1e6 / 8;
-    auto p = ReplicatedPipeline::Create(o, R, *c, Y, 4, between);
+    auto p = ReplicatedPipeline::Create(o, std::vector<int>(static_cast<size_t>(stages), R), *c, Y, 4, between);
     if (!p.ok()) return p.status();
     std::vector<DpSample> steps;
     for (int64_t step = 0; step <= f.steps; ++step) {
@@ -174,6 +177,9 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
   auto of = [](std::vector<std::vector<double>> DpSample::*field, int s, int r) {
     return [field, s, r](const DpSample& x) { return (x.*field)[s][r]; };
   };
+  auto of_stage = [](std::vector<double> DpSample::*field, int s) {
+    return [field, s](const DpSample& x) { return (x.*field)[s]; };
+  };
   std::string md = absl::StrFormat(
       "| between regions Mbit/s | data-parallel codec | step s | step bound s | step fraction of bound | "
       "bounding stage, replica | its sync's start after its stage's first s (unshaped) | its sync s | its sync bound s | "
@@ -188,40 +194,56 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
     for (const std::string& c : f.dp_codecs) {
       const DpSample& any = samples.at({rate, c}).front();
       const double step = median(rate, c, step_of), slowest = median(rate, c, slowest_sync);
-      int bounding = 0, bounding_replica = 0;
-      double step_bound = 0, sync_bound = 0, after_first = 0;
+      // The largest bound of any stage (replica -1: the stage's, from its slowest sync) or replica.
+      struct Bounding {
+        double step_bound = 0, sync_bound = 0, sync = 0, after_first = 0;
+        int stage = 0, replica = -1;
+      } b;
+      auto consider = [&](Bounding x) {
+        if (x.step_bound > b.step_bound) b = x;
+      };
+      const double unshaped_step = median(0, c, step_of);
       for (int s = 0; s < stages; ++s) {
+        // The stage's: its backward pass ends at the unshaped step minus its slowest unshaped sync,
+        // which also counts what follows the sync call in the step.
+        const double slowest_unshaped = median(0, c, of_stage(&DpSample::sync_s, s));
+        const double stage_link_s = static_cast<double>(any.busiest_link_bytes[s]) / (rate * 1e6 / 8);
+        const double stage_sync = std::max(slowest_unshaped, stage_link_s);
+        consider({unshaped_step - slowest_unshaped + stage_sync, stage_sync, median(rate, c, of_stage(&DpSample::sync_s, s)),
+                  0, s, -1});
+        // Each replica's: from its own start, which none of its bytes can precede.
         std::vector<double> start(static_cast<size_t>(R));
         for (int r = 0; r < R; ++r) start[r] = median(0, c, of(&DpSample::start_s, s, r));
         const double first = *std::min_element(start.begin(), start.end());
         for (int r = 0; r < R; ++r) {
           const double link_s = static_cast<double>(any.link_bytes[s][r]) / (rate * 1e6 / 8);
           const double sync_s = std::max(median(0, c, of(&DpSample::replica_sync_s, s, r)), link_s);
-          if (start[r] + sync_s > step_bound) {
-            bounding = s, bounding_replica = r, step_bound = start[r] + sync_s, sync_bound = sync_s;
-            after_first = start[r] - first;
-          }
+          consider({start[r] + sync_s, sync_s, median(rate, c, of(&DpSample::replica_sync_s, s, r)), start[r] - first, s, r});
         }
       }
-      const double sync = median(rate, c, of(&DpSample::replica_sync_s, bounding, bounding_replica));
+      const double step_bound = b.step_bound, sync_bound = b.sync_bound, sync = b.sync;
       const int64_t busiest = *std::max_element(any.busiest_link_bytes.begin(), any.busiest_link_bytes.end());
       const bool has_fp32 = samples.count({rate, "fp32"}) > 0;
       const double fp32_step = has_fp32 ? median(rate, "fp32", step_of) : 0;
       const double fp32_slowest = has_fp32 ? median(rate, "fp32", slowest_sync) : 0;
       absl::StrAppendFormat(
-          &md, "| %g | %s | %.3f | %.3f | %.2f | %d, %d | %.3f | %.3f | %.3f | %.2f | %.3f | %.1f | %.0f / %.0f | %s | %s |\n",
-          rate, c, step, step_bound, step_bound / step, bounding, bounding_replica, after_first, sync, sync_bound,
-          sync_bound / sync, slowest,
+          &md, "| %g | %s | %.3f | %.3f | %.2f | %d, %s | %s | %.3f | %.3f | %.2f | %.3f | %.1f | %.0f / %.0f | %s | %s |\n",
+          rate, c, step, step_bound, step_bound / step, b.stage,
+          b.replica < 0 ? std::string("slowest") : absl::StrCat(b.replica),
+          b.replica < 0 ? std::string("-") : absl::StrFormat("%.3f", b.after_first), sync, sync_bound, sync_bound / sync,
+          slowest,
           busiest / 1e3, any.bytes / 1e3, any.raw_bytes / 1e3,
           has_fp32 ? absl::StrFormat("%.2fx", fp32_slowest / slowest) : "-",
           has_fp32 ? absl::StrFormat("%.2fx", fp32_step / step) : "-");
       rows.push_back({{"rate_mbit", rate}, {"dp_codec", c}, {"step_s", Round(step, 4)},
                       {"step_bound_s", Round(step_bound, 4)}, {"step_fraction", Round(step_bound / step, 3)},
-                      {"bounding_stage", bounding}, {"bounding_replica", bounding_replica},
-                      {"bounding_replica_start_after_first_s", Round(after_first, 4)},
-                      {"bounding_replica_sync_s", Round(sync, 4)},
-                      {"bounding_replica_sync_bound_s", Round(sync_bound, 4)},
-                      {"bounding_replica_sync_fraction", Round(sync_bound / sync, 3)},
+                      {"bounding_stage", b.stage},
+                      {"bounding_replica", b.replica < 0 ? nlohmann::ordered_json() : nlohmann::ordered_json(b.replica)},
+                      {"bounding_replica_start_after_first_s",
+                       b.replica < 0 ? nlohmann::ordered_json() : nlohmann::ordered_json(Round(b.after_first, 4))},
+                      {"bounding_sync_s", Round(sync, 4)},
+                      {"bounding_sync_bound_s", Round(sync_bound, 4)},
+                      {"bounding_sync_fraction", Round(sync_bound / sync, 3)},
                       {"slowest_sync_s", Round(slowest, 4)},
                       {"busiest_link_bytes", busiest}, {"stage_busiest_link_bytes", any.busiest_link_bytes},
                       {"dp_bytes_per_step", any.bytes}, {"dp_raw_bytes_per_step", any.raw_bytes},

@@ -186,7 +186,7 @@ void AddPlanSimulationFlags(CLI::App* plan, PlanFlags* flags) {
       ->needs(sim)
       ->capture_default_str();
   plan->add_option("--replicas", flags->replicas,
-                   "with --simulate: data-parallel pipelines (0: a spec's per-stage list of differing\n"
+                   "with --simulate: data-parallel pipelines (0: a spec's per-stage list of differing "
                    "replica counts, else workers / stages, the whole cluster)")
       ->check(CLI::Range(0, 512))
       ->needs(sim)

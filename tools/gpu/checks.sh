@@ -103,8 +103,14 @@ PY
       if ! { ip netns add lhprobe && ip netns del lhprobe; } >"$OUT/netns-probe.log" 2>&1; then
         shaper=inprocess; echo "sweep: no network namespaces here ($(head -c 200 "$OUT/netns-probe.log")); in-process shaper"
       fi
-      # One GPU per worker where there are enough; nvidia-smi lists them.
-      devices="${SWEEP_DEVICES:-$({ nvidia-smi -L 2>/dev/null || true; } | awk 'NR <= 4 {printf "%scuda:%d", sep, NR - 1; sep = ","}')}"
+      # One GPU per worker where there are enough: the visible GPUs (CUDA_VISIBLE_DEVICES, else
+      # nvidia-smi's list of physical GPUs), numbered from 0 as the workers' CUDA sees them.
+      if [[ -n "${CUDA_VISIBLE_DEVICES:-}" ]]; then
+        gpus=$(tr ',' '\n' <<<"$CUDA_VISIBLE_DEVICES" | grep -c .)
+      else
+        gpus=$({ nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null || true; } | grep -c '^[0-9]' || true)
+      fi
+      devices="${SWEEP_DEVICES:-$(awk -v n="${gpus:-0}" 'BEGIN {for (i = 0; i < n && i < 4; ++i) printf "%scuda:%d", (i ? "," : ""), i}')}"
       devices="${devices:-cuda:0}"
       echo "sweep: workers on $devices"
       mkdir -p /var/tmp/longhaul
