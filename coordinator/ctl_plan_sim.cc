@@ -78,6 +78,27 @@ std::string DescribeLimit(const pl::JobShape& job, const pl::Placement& p, const
   return absl::StrCat(out, " (replica ", c.limit_replica, ", stage ", s, ")");
 }
 
+// The JSON output's keys that both kinds of plan have.
+nlohmann::json CommonJson(const PlanFlags& flags, const pl::SimTopology& topo, const pl::JobShape& job,
+                          const pl::SimResult& r, const std::string& note) {
+  return {{"topology", topo.name},
+          {"topology_description", topo.description},
+          {"workers", flags.workers},
+          {"worker_regions", topo.region},
+          {"gflops", flags.gflops},
+          {"stages", job.stages},
+          {"micro_batches", job.micro_batches},
+          {"schedule", pl::ScheduleName(job.schedule)},
+          {"placement", r.solution.method},
+          {"predicted_step_seconds", r.solution.cost.step_s},
+          {"dp_seconds", r.solution.cost.dp_s},
+          {"naive_step_seconds", r.naive.step_s},
+          {"random", {{"count", r.random_count}, {"seed", flags.seed}, {"mean_step_seconds", r.random_mean_s},
+                      {"best_step_seconds", r.random_best_s}}},
+          {"solve_seconds", r.solve_seconds},
+          {"note", note}};
+}
+
 // The text output's end: the naive order, the random placements, `bound_line`, the solver's time.
 void PrintComparisons(const PlanFlags& flags, const pl::SimResult& r, const std::string& bound_line,
                       const std::string& note) {
@@ -129,26 +150,11 @@ int RunCountsSimulation(const PlanFlags& flags, const v1::JobSpec& spec, const p
       for (int w : group(s)) ws.push_back({{"worker", w}, {"region", region[w]}});
       stages.push_back(ws);
     }
-    nlohmann::json out = {{"topology", topo.name},
-                          {"topology_description", topo.description},
-                          {"workers", flags.workers},
-                          {"worker_regions", region},
-                          {"gflops", flags.gflops},
-                          {"stages", S},
-                          {"stage_replicas", counts},
-                          {"micro_batches", job.micro_batches},
-                          {"schedule", pl::ScheduleName(job.schedule)},
-                          {"placement", r.solution.method},
-                          {"stage_workers", stages},
-                          {"predicted_step_seconds", c.step_s},
-                          {"dp_seconds", c.dp_s},
-                          {"bottleneck", DescribeCountsLimit(counts, p, c, region)},
-                          {"naive_step_seconds", r.naive.step_s},
-                          {"random", {{"count", r.random_count}, {"seed", flags.seed},
-                                      {"mean_step_seconds", r.random_mean_s}, {"best_step_seconds", r.random_best_s}}},
-                          {"lower_bound", nullptr},
-                          {"solve_seconds", r.solve_seconds},
-                          {"note", note}};
+    nlohmann::json out = CommonJson(flags, topo, job, r, note);
+    out["stage_replicas"] = counts;
+    out["stage_workers"] = stages;
+    out["bottleneck"] = DescribeCountsLimit(counts, p, c, region);
+    out["lower_bound"] = nullptr;
     std::printf("%s\n", out.dump(2).c_str());
     return 0;
   }
@@ -268,32 +274,16 @@ int RunPlanSimulation(const PlanFlags& flags) {
       for (int s = 0; s < S; ++s) ws.push_back({{"worker", p[rep * S + s]}, {"region", region[p[rep * S + s]]}});
       pipelines.push_back(ws);
     }
-    nlohmann::json out = {
-        {"topology", topo->name},
-        {"topology_description", topo->description},
-        {"workers", flags.workers},
-        {"worker_regions", region},
-        {"gflops", flags.gflops},
-        {"stages", S},
-        {"replicas", D},
-        {"micro_batches", job.micro_batches},
-        {"schedule", pl::ScheduleName(job.schedule)},
-        {"placement", r.solution.method},
-        {"pipelines", pipelines},
-        {"pipeline_links_inside_regions", inside},
-        {"pipeline_links_between_regions", between},
-        {"predicted_step_seconds", c.step_s},
-        {"period_seconds", c.period_s},
-        {"fill_drain_seconds", c.fill_drain_s},
-        {"dp_seconds", c.dp_s},
-        {"bottleneck", DescribeLimit(job, p, c, region)},
-        {"naive_step_seconds", r.naive.step_s},
-        {"random", {{"count", r.random_count}, {"seed", flags.seed}, {"mean_step_seconds", r.random_mean_s},
-                    {"best_step_seconds", r.random_best_s}}},
-        {"lower_bound", {{"step_seconds", r.bound.step_s}, {"period_seconds", r.bound.period_s},
-                         {"fill_drain_seconds", r.bound.fill_drain_s}, {"dp_seconds", r.bound.dp_s}}},
-        {"solve_seconds", r.solve_seconds},
-        {"note", note}};
+    nlohmann::json out = CommonJson(flags, *topo, job, r, note);
+    out["replicas"] = D;
+    out["pipelines"] = pipelines;
+    out["pipeline_links_inside_regions"] = inside;
+    out["pipeline_links_between_regions"] = between;
+    out["period_seconds"] = c.period_s;
+    out["fill_drain_seconds"] = c.fill_drain_s;
+    out["bottleneck"] = DescribeLimit(job, p, c, region);
+    out["lower_bound"] = {{"step_seconds", r.bound.step_s}, {"period_seconds", r.bound.period_s},
+                          {"fill_drain_seconds", r.bound.fill_drain_s}, {"dp_seconds", r.bound.dp_s}};
     std::printf("%s\n", out.dump(2).c_str());
     return 0;
   }
