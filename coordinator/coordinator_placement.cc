@@ -284,11 +284,14 @@ grpc::Status CoordinatorService::PlanJob(grpc::ServerContext* ctx, const v1::Pla
   const Decision d = Decide(*spec, cands, link, opt_.placement.min_gain, opt_.placement.solve);
   auto fill = [&](const placement::Placement& p, google::protobuf::RepeatedPtrField<v1::PlannedStage>* out)
                   ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    // Every slot in order (proto/replica_layout.h, as JobStatus.stages). Modelled placements have
-    // one replica count for every stage: replica r's pipeline is slots r * S .. r * S + S - 1.
+    // Every slot in order (proto/replica_layout.h, as JobStatus.stages). With one replica count
+    // for every stage replica r's pipeline is slots r * S .. r * S + S - 1 and its link goes to
+    // the next slot; with counts that differ, to the slowest of the slot's fan (SlotCosts).
     const int S = spec->stages();
     const std::vector<ReplicaSlot> slots = ReplicaSlots(*spec);
     std::vector<placement::StageCost> costs;
+    std::vector<placement::SlotCost> slot_costs;
+    if (d.modelled && !d.counts.empty()) slot_costs = placement::SlotCosts(d.job, d.counts, d.cluster, p);
     for (size_t k = 0; k < slots.size(); ++k) {
       const int s = slots[k].stage, r = slots[k].replica, i = p[k];
       v1::PlannedStage* ps = out->Add();
@@ -300,14 +303,22 @@ grpc::Status CoordinatorService::PlanJob(grpc::ServerContext* ctx, const v1::Pla
       ps->set_region(c.region);
       ps->set_layer_begin((*parts)[s].begin);
       ps->set_layer_end((*parts)[s].end);
-      if (!d.modelled || !d.counts.empty()) continue;  // per-stage costs: D identical pipelines only
-      if (s == 0) costs = placement::StageCosts(d.job, d.cluster, p, r);
-      ps->set_compute_seconds(costs[s].compute_s);
+      if (!d.modelled) continue;
+      int next = static_cast<int>(k) + 1;  // the slot the link's figures are to
+      placement::StageCost cost;
+      if (d.counts.empty()) {
+        if (s == 0) costs = placement::StageCosts(d.job, d.cluster, p, r);
+        cost = costs[s];
+      } else {
+        cost = slot_costs[k].cost;
+        next = slot_costs[k].next;
+      }
+      ps->set_compute_seconds(cost.compute_s);
       if (s + 1 == S) continue;
-      ps->set_forward_seconds(costs[s].forward_s);
-      ps->set_backward_seconds(costs[s].backward_s);
-      const v1::LinkMeasurement* m = link(i, p[k + 1]);
-      if (m == nullptr) m = link(p[k + 1], i);
+      ps->set_forward_seconds(cost.forward_s);
+      ps->set_backward_seconds(cost.backward_s);
+      const v1::LinkMeasurement* m = link(i, p[next]);
+      if (m == nullptr) m = link(p[next], i);
       if (m != nullptr) {
         ps->set_mbit_per_s(m->mbit_per_s());
         ps->set_rtt_ms(m->rtt_ms());

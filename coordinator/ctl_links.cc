@@ -187,31 +187,39 @@ int RunPlan(const std::string& coordinator, const PlanFlags& flags) {
   for (const v1::PlannedStage& p : r.stages()) last_layer = std::max(last_layer, p.layer_end());
   const bool replicated = std::any_of(r.stages().begin(), r.stages().end(),
                                       [](const v1::PlannedStage& p) { return p.replica() > 0; });
-  // Replica counts that differ between stages: slots, not pipelines (no per-stage costs).
+  // Replica counts that differ between stages: slots, not pipelines; each slot's link figures are
+  // the slowest of those to the next stage's replicas it streams to (SlotCosts).
   const bool by_counts = spec.ok() && ReplicaCountsDiffer(*spec);
   for (int i = 0; i < r.stages_size(); ++i) {
     const v1::PlannedStage& p = r.stages(i);
+    const std::string where = p.region().empty() ? "" : absl::StrCat(" (", p.region(), ")");
+    std::string indent = "  ";
     if (by_counts) {
-      std::printf("  stage %d replica %d: %s%s, layers %d..%d\n", p.stage(), p.replica(), p.worker_name().c_str(),
-                  p.region().empty() ? "" : absl::StrCat(" (", p.region(), ")").c_str(), p.layer_begin(),
-                  p.layer_end() - 1);
-      continue;
+      std::printf("  stage %d replica %d: %s%s, layers %d..%d", p.stage(), p.replica(), p.worker_name().c_str(),
+                  where.c_str(), p.layer_begin(), p.layer_end() - 1);
+    } else {
+      if (replicated && p.stage() == 0) std::printf("  replica %d:\n", p.replica());
+      if (replicated) indent = "    ";
+      std::printf("%sstage %d: %s%s, layers %d..%d", indent.c_str(), p.stage(), p.worker_name().c_str(), where.c_str(),
+                  p.layer_begin(), p.layer_end() - 1);
     }
-    if (replicated && p.stage() == 0) std::printf("  replica %d:\n", p.replica());
-    std::printf("  %sstage %d: %s%s, layers %d..%d", replicated ? "  " : "", p.stage(), p.worker_name().c_str(),
-                p.region().empty() ? "" : absl::StrCat(" (", p.region(), ")").c_str(), p.layer_begin(),
-                p.layer_end() - 1);
     if (modelled) std::printf(", compute %s per micro-batch", Ms(p.compute_seconds()).c_str());
     std::printf("\n");
-    if (modelled && p.layer_end() < last_layer && i + 1 < r.stages_size()) {
-      const double emulated =
-          spec.ok() ? LinkSpecBetween(spec->links(), p.region(), r.stages(i + 1).region()).rate_mbit() : 0;
-      std::printf("%s      link to stage %d: %.1f Mbit/s%s, RTT %.3f ms; activations %s, gradients %s per micro-batch\n",
-                  replicated ? "  " : "", p.stage() + 1, p.mbit_per_s(),
-                  emulated > 0 ? absl::StrFormat(" measured, emulated at %g", emulated).c_str() : "", p.rtt_ms(),
-                  Ms(p.forward_seconds()).c_str(),
-                  Ms(p.backward_seconds()).c_str());
+    // (With equal counts the next slot is the next stage of the same replica.)
+    if (!modelled || p.layer_end() >= last_layer || (!by_counts && i + 1 >= r.stages_size())) continue;
+    std::string to = absl::StrCat("stage ", p.stage() + 1);
+    double emulated = 0;
+    if (by_counts) {
+      const size_t fan = ExchangingReplicas(ReplicaCounts(*spec), spec->micro_batches(), p.stage(), p.replica(),
+                                            p.stage() + 1).size();
+      if (fan > 1) absl::StrAppend(&to, " (the slowest of ", fan, ")");
+    } else if (spec.ok()) {
+      emulated = LinkSpecBetween(spec->links(), p.region(), r.stages(i + 1).region()).rate_mbit();
     }
+    std::printf("%s    link to %s: %.1f Mbit/s%s, RTT %.3f ms; activations %s, gradients %s per micro-batch\n",
+                indent.c_str(), to.c_str(), p.mbit_per_s(),
+                emulated > 0 ? absl::StrFormat(" measured, emulated at %g", emulated).c_str() : "", p.rtt_ms(),
+                Ms(p.forward_seconds()).c_str(), Ms(p.backward_seconds()).c_str());
   }
   if (modelled) {
     std::printf("predicted step time: %.3f s\n", r.predicted_step_seconds());

@@ -170,6 +170,26 @@ Cost EvaluateCounts(const JobShape& job, const std::vector<int>& counts, const C
   return out;
 }
 
+std::vector<SlotCost> SlotCosts(const JobShape& job, const std::vector<int>& counts, const Cluster& c,
+                                const Placement& p) {
+  const std::vector<ReplicaSlot> slots = ReplicaSlots(counts);
+  std::vector<SlotCost> out(slots.size());
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const int s = slots[i].stage, w = p[i];
+    out[i].cost.compute_s = c.flops_per_s[w] > 0 ? job.stage_flops[s] / c.flops_per_s[w] : kInf;
+    if (s + 1 == job.stages) continue;
+    for (const int q : ExchangingReplicas(counts, job.micro_batches, s, slots[i].replica, s + 1)) {
+      const int k = SlotOf(counts, s + 1, q), v = p[k];
+      const double f = c.links[w][v].latency_s + Transfer(c.links[w][v], job.activation_bytes);
+      const double b = c.links[v][w].latency_s + Transfer(c.links[v][w], job.gradient_bytes);
+      if (out[i].next < 0 || f + b > out[i].cost.forward_s + out[i].cost.backward_s) {
+        out[i].cost.forward_s = f, out[i].cost.backward_s = b, out[i].next = k;
+      }
+    }
+  }
+  return out;
+}
+
 Solution SolveCounts(const JobShape& job, const std::vector<int>& counts, const Cluster& c, const SolveOptions& o) {
   const int K = static_cast<int>(ReplicaSlots(counts).size()), N = c.size();
   if (N < K) {

@@ -34,6 +34,16 @@ namespace longhaul::coordinator::placement {
 // resource's slot (its worker for kCompute, the sender of the link otherwise).
 Cost EvaluateCounts(const JobShape& job, const std::vector<int>& counts, const Cluster& c, const Placement& p);
 
+// Per slot, for display (placement.h's StageCost): its compute per micro-batch, and the slowest
+// (by forward plus backward time) of its links to the replicas of the next stage it streams to,
+// `next`: that replica's slot (-1 on the last stage, whose links are left at 0).
+struct SlotCost {
+  StageCost cost;
+  int next = -1;
+};
+std::vector<SlotCost> SlotCosts(const JobShape& job, const std::vector<int>& counts, const Cluster& c,
+                                const Placement& p);
+
 // The slots in order on workers 0 .. K-1.
 Placement NaiveCountsPlacement(const std::vector<int>& counts);
 

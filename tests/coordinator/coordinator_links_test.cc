@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <map>
 #include <set>
 #include <thread>
 
@@ -209,6 +210,37 @@ TEST_F(LinksTest, PlanJobListsEveryReplicasPipeline) {
   const v1::JobStatus st = Job(job);
   ASSERT_EQ(st.stages_size(), 4);
   for (int i = 0; i < 4; ++i) EXPECT_EQ(st.stages(i).worker_id(), plan.stages(i).worker_id()) << "slot " << i;
+}
+
+// Replica counts that differ: every slot's compute, and each stage-0 slot's link is the slowest of
+// those to the stage-1 replicas it streams to (here its one; w1 and w3 are in one region, w2 and
+// w4 in the other, so whichever workers the plan picks, a slot's figures are its own link's).
+TEST_F(LinksTest, PlanJobCostsEverySlotOfPerStageReplicaCounts) {
+  for (const char* n : {"w1", "w2", "w3", "w4"}) Add(n);
+  const std::set<uint64_t> region = {workers_[0]->id(), workers_[2]->id()};
+  ReportAll(region, 1000, 10);
+  v1::PlanJobRequest req;
+  req.set_spec_yaml(Spec(2) + "replicas: [2, 1]\n");
+  v1::PlanJobResponse plan;
+  ASSERT_TRUE(svc_->PlanJob(nullptr, &req, &plan).ok());
+  ASSERT_GT(plan.predicted_step_seconds(), 0);
+  ASSERT_EQ(plan.stages_size(), 3);
+  std::map<uint64_t, bool> in_region;
+  for (auto& w : workers_) in_region[w->id()] = region.count(w->id()) > 0;
+  const v1::PlannedStage& last = plan.stages(2);  // slots: (0, 0), (1, 0), (0, 1)
+  ASSERT_EQ(last.stage(), 0);
+  ASSERT_EQ(plan.stages(1).stage(), 1);
+  for (const v1::PlannedStage& p : plan.stages()) {
+    EXPECT_GT(p.compute_seconds(), 0) << "stage " << p.stage() << " replica " << p.replica();
+    if (p.stage() == 1) {
+      EXPECT_EQ(p.mbit_per_s(), 0);  // the last stage has no link to a next one
+      continue;
+    }
+    EXPECT_GT(p.forward_seconds(), 0);
+    EXPECT_GT(p.backward_seconds(), 0);
+    const bool same = in_region[p.worker_id()] == in_region[plan.stages(1).worker_id()];
+    EXPECT_DOUBLE_EQ(p.mbit_per_s(), same ? 1000 : 10) << p.worker_name() << " -> " << plan.stages(1).worker_name();
+  }
 }
 
 TEST_F(LinksTest, AnUnmeasuredLinkMeansTheNaiveOrderAndSaysWhich) {

@@ -88,6 +88,21 @@ TEST_F(LinksTest, EveryPairIsMeasuredListedAndUsedForPlacement) {
   EXPECT_NE(plan.find("naive order (w"), std::string::npos) << plan;
   EXPECT_NE(plan.find("nothing was started"), std::string::npos) << plan;
   for (int s = 0; s < 3; ++s) EXPECT_NE(plan.find(absl::StrCat("stage ", s, ": w")), std::string::npos) << plan;
+  // Replica counts that differ: every slot with its compute, and a link line for each of stage 0's.
+  const std::string counts = absl::StrCat(c_.dir(), "/counts.yaml");
+  std::ofstream(counts) << "name: counts\nmodel: {layers: 2, hidden: 64, heads: 4, context: 32}\nstages: 2\n"
+                           "replicas: [2, 1]\nmicro_batches: 2\nmicro_batch_size: 2\nsteps: 2\n";
+  auto [crc, cplan] = Ctl(absl::StrCat("plan ", counts));
+  ASSERT_EQ(crc, 0) << cplan;
+  for (const char* want : {"stage 0 replica 0: w", "stage 0 replica 1: w", "stage 1 replica 0: w",
+                           "compute ", "link to stage 1: ", "predicted step time: "}) {
+    EXPECT_NE(cplan.find(want), std::string::npos) << "missing \"" << want << "\" in:\n" << cplan;
+  }
+  size_t links_listed = 0;
+  for (size_t at = cplan.find("link to stage 1: "); at != std::string::npos; at = cplan.find("link to stage 1: ", at + 1)) {
+    ++links_listed;
+  }
+  EXPECT_EQ(links_listed, 2u) << cplan;
   auto [jrc, jobs] = Ctl("status --json");
   ASSERT_EQ(jrc, 0) << jobs;
   EXPECT_TRUE(nlohmann::json::parse(jobs).empty()) << jobs;
