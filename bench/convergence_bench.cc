@@ -18,8 +18,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "bench/benchmarks.h"
 #include "absl/strings/str_join.h"
+#include "bench/benchmarks.h"
 #include "bench/replicated_pipeline.h"
 #include "common/flags.h"
 #include "stage_runtime/model_presets.h"
@@ -153,11 +153,14 @@ int Run(const Flags& f, const CLI::App& cmd) {
       }
     }
   }
-  int64_t raw = 0, wire = 0;
+  // The forward links' bytes, and their codec error over every frame measured (a replica that
+  // streams to several measures on one of them: a mean over links would count the others as 0).
+  int64_t raw = 0, wire = 0, measured = 0;
   double err = 0;
   const std::vector<stage_runtime::LinkStats> links = replicated ? replicated->forward_links() : single->forward_links();
-  for (const auto& l : links) raw += l.raw_bytes, wire += l.wire_bytes, err += l.mean_rel_error();
-  const size_t nl = links.size();
+  for (const auto& l : links) {
+    raw += l.raw_bytes, wire += l.wire_bytes, err += l.sum_rel_error, measured += l.error_samples;
+  }
   const nlohmann::ordered_json out = {
       {"codec", o.forward_codec},
       {"model", f.preset.empty() ? "custom" : f.preset},
@@ -178,7 +181,7 @@ int Run(const Flags& f, const CLI::App& cmd) {
       {"tokens_per_s", Round(tokens_per_step * steps / train_seconds, 1)},
       {"fwd_raw_bytes", raw},
       {"fwd_wire_bytes", wire},
-      {"fwd_mean_rel_error", Round(nl ? err / nl : 0.0, 5)},
+      {"fwd_mean_rel_error", Round(measured ? err / static_cast<double>(measured) : 0.0, 5)},
       {"replicas", f.replicas.size() == 1 ? nlohmann::ordered_json(f.replicas[0]) : nlohmann::ordered_json()},
       {"stage_replicas", counts},  // "replicas" is null for a per-stage list
       {"dp_codec", most > 1 ? f.dp_codec : "none"},

@@ -4,8 +4,8 @@
 // executor and step loop; replica r takes micro-batches r*M/N_s .. (r+1)*M/N_s-1 of the step, so
 // the global batch does not depend on the counts, and its in-process links (as
 // stage_runtime::InProcessPipeline builds them) go to the replicas of the neighbouring stages that
-// take the same micro-batches, as a LinkFan where the counts differ. Every stage's replicas
-// synchronise after the backward pass with the workers' own worker::ReplicaSync over
+// take the same micro-batches, as a LinkFan where the counts differ. The replicas of every stage
+// that has several synchronise after the backward pass with the workers' own worker::ReplicaSync over
 // collective::InProcessHub transports instead of gRPC: the same collective algorithms, codecs and
 // sharded optimizer, only the bytes' carrier differs.
 //
@@ -32,8 +32,8 @@
 
 namespace longhaul::bench {
 
-// N replicas of an S-stage pipeline in one process: each replica its own executors, links and
-// step loops (as InProcessPipeline builds them), each stage's replicas joined by a ReplicaSync.
+// Stage s on counts[s] replicas in one process, each with its own executor and step loop; the
+// replicas of a stage with more than one are joined by a ReplicaSync.
 class ReplicatedPipeline {
  public:
   // `o.micro_batches` is the step's (all replicas'); replica r of stage s runs its share

@@ -188,7 +188,8 @@ int RunPlan(const std::string& coordinator, const PlanFlags& flags) {
   const bool replicated = std::any_of(r.stages().begin(), r.stages().end(),
                                       [](const v1::PlannedStage& p) { return p.replica() > 0; });
   // Replica counts that differ between stages: slots, not pipelines; each slot's link figures are
-  // the slowest of those to the next stage's replicas it streams to (SlotCosts).
+  // the slowest of those to the next stage's replicas it streams to (SlotCosts), which the response
+  // does not name, so no emulated rate is shown for them.
   const bool by_counts = spec.ok() && ReplicaCountsDiffer(*spec);
   for (int i = 0; i < r.stages_size(); ++i) {
     const v1::PlannedStage& p = r.stages(i);

@@ -43,7 +43,8 @@ std::vector<stage_runtime::Batch> Batches(int step, const stage_runtime::Pipelin
 
 constexpr int kSteps = 6;
 
-// The largest relative difference of a step's loss from the single pipeline's, over kSteps steps.
+// The largest relative difference of a step's loss or gradient norm from the single pipeline's,
+// over kSteps steps.
 double LargestDifference(const std::vector<int>& counts) {
   const stage_runtime::PipelineOptions o = Options(static_cast<int>(counts.size()));
   auto single = stage_runtime::InProcessPipeline::Create(o);
@@ -59,6 +60,8 @@ double LargestDifference(const std::vector<int>& counts) {
     EXPECT_TRUE(a.ok() && r.ok()) << (a.ok() ? r.status() : a.status());
     if (!a.ok() || !r.ok()) return INFINITY;
     worst = std::max(worst, std::abs(r->loss - a->loss) / std::abs(a->loss));
+    // The global norm before clipping: a wrong gradient scale shows from the first step.
+    worst = std::max(worst, std::abs(r->grad_norm - a->grad_norm) / std::abs(a->grad_norm));
   }
   return worst;
 }

@@ -241,6 +241,15 @@ TEST_F(LinksTest, PlanJobCostsEverySlotOfPerStageReplicaCounts) {
     const bool same = in_region[p.worker_id()] == in_region[plan.stages(1).worker_id()];
     EXPECT_DOUBLE_EQ(p.mbit_per_s(), same ? 1000 : 10) << p.worker_name() << " -> " << plan.stages(1).worker_name();
   }
+  // [1, 2]: stage 0's one slot streams to both of stage 1's; each region has two workers, so one
+  // of the three slots is in the other region, and stage 0's figures are its slowest link's.
+  req.set_spec_yaml(Spec(2) + "replicas: [1, 2]\n");
+  plan.Clear();
+  ASSERT_TRUE(svc_->PlanJob(nullptr, &req, &plan).ok());
+  ASSERT_EQ(plan.stages_size(), 3);
+  ASSERT_EQ(plan.stages(0).stage(), 0);
+  EXPECT_DOUBLE_EQ(plan.stages(0).mbit_per_s(), 10);
+  EXPECT_GT(plan.stages(0).forward_seconds(), 0);
 }
 
 TEST_F(LinksTest, AnUnmeasuredLinkMeansTheNaiveOrderAndSaysWhich) {

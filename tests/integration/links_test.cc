@@ -94,10 +94,12 @@ TEST_F(LinksTest, EveryPairIsMeasuredListedAndUsedForPlacement) {
                            "replicas: [2, 1]\nmicro_batches: 2\nmicro_batch_size: 2\nsteps: 2\n";
   auto [crc, cplan] = Ctl(absl::StrCat("plan ", counts));
   ASSERT_EQ(crc, 0) << cplan;
-  for (const char* want : {"stage 0 replica 0: w", "stage 0 replica 1: w", "stage 1 replica 0: w",
-                           "compute ", "link to stage 1: ", "predicted step time: "}) {
+  for (const char* want : {"stage 0 replica 0: w", "stage 0 replica 1: w", "stage 1 replica 0: w", "link to stage 1: ",
+                           "predicted step time: "}) {
     EXPECT_NE(cplan.find(want), std::string::npos) << "missing \"" << want << "\" in:\n" << cplan;
   }
+  const std::regex slot_line("stage 0 replica 1: w[0-9]+ \\(local\\), layers 0\\.\\.0, compute [0-9.e+-]+ ms per micro-batch\n");
+  EXPECT_TRUE(std::regex_search(cplan, slot_line)) << cplan;
   size_t links_listed = 0;
   for (size_t at = cplan.find("link to stage 1: "); at != std::string::npos; at = cplan.find("link to stage 1: ", at + 1)) {
     ++links_listed;
