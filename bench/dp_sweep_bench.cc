@@ -60,9 +60,19 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
   const int stages = static_cast<int>(f.stages > 0 ? f.stages : 2);
   const int64_t mbs = cmd.count("--micro-batches") ? f.micro_batches : 8;
   const int64_t mbsize = cmd.count("--micro-batch-size") ? f.micro_batch_size : 4;
-  const int R = static_cast<int>(f.dp_replicas), Y = static_cast<int>(f.dp_regions);
-  if (R < 2 || Y < 1 || Y > R) return common::FlagError(cmd, "--dp-replicas must be >= 2 and --dp-regions in [1, replicas]");
-  if (mbs % R != 0) return common::FlagError(cmd, "--micro-batches must be a multiple of --dp-replicas");
+  if (f.dp_replicas.size() != 1 && f.dp_replicas.size() != static_cast<size_t>(stages)) {
+    return common::FlagError(cmd, absl::StrCat("--dp-replicas: ", f.dp_replicas.size(), " counts for ", stages,
+                                               " stages (one for every stage, or one each)"));
+  }
+  const std::vector<int> counts =
+      f.dp_replicas.size() == 1 ? std::vector<int>(static_cast<size_t>(stages), f.dp_replicas[0]) : f.dp_replicas;
+  const int R = *std::min_element(counts.begin(), counts.end()), Y = static_cast<int>(f.dp_regions);
+  if (R < 2 || *std::max_element(counts.begin(), counts.end()) > 64 || Y < 1 || Y > R) {
+    return common::FlagError(cmd, "--dp-replicas: every count in [2, 64], and --dp-regions in [1, the fewest]");
+  }
+  for (int n : counts) {
+    if (mbs % n != 0) return common::FlagError(cmd, "--micro-batches must be a multiple of every --dp-replicas count");
+  }
   for (double r : rates) {
     if (!(r > 0)) return common::FlagError(cmd, absl::StrCat("bad rate \"", r, "\" (rates are Mbit/s > 0)"));
   }
@@ -81,7 +91,7 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
     if (!c.ok()) return c.status();
     netem::LinkProfile between;
     between.rate_bytes_per_s = rate * 1e6 / 8;
-    auto p = ReplicatedPipeline::Create(o, std::vector<int>(static_cast<size_t>(stages), R), *c, Y, 4, between);
+    auto p = ReplicatedPipeline::Create(o, counts, *c, Y, 4, between);
     if (!p.ok()) return p.status();
     std::vector<DpSample> steps;
     for (int64_t step = 0; step <= f.steps; ++step) {
@@ -112,10 +122,11 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
     DpSample mean;
     for (auto* v : {&mean.sync_s, &mean.update_s}) v->assign(static_cast<size_t>(stages), 0.0);
     mean.busiest_link_bytes.assign(static_cast<size_t>(stages), 0);
-    const std::vector<double> zeros(static_cast<size_t>(R), 0.0);
-    mean.start_s.assign(static_cast<size_t>(stages), zeros);
-    mean.replica_sync_s.assign(static_cast<size_t>(stages), zeros);
-    mean.link_bytes.assign(static_cast<size_t>(stages), std::vector<int64_t>(static_cast<size_t>(R), 0));
+    for (int s = 0; s < stages; ++s) {
+      mean.start_s.emplace_back(static_cast<size_t>(counts[s]), 0.0);
+      mean.replica_sync_s.emplace_back(static_cast<size_t>(counts[s]), 0.0);
+      mean.link_bytes.emplace_back(static_cast<size_t>(counts[s]), 0);
+    }
     for (const DpSample& x : steps) {
       const double w = 1.0 / static_cast<double>(steps.size());
       mean.step_s += x.step_s * w;
@@ -123,7 +134,7 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
         mean.sync_s[s] += x.sync_s[s] * w;
         mean.update_s[s] += x.update_s[s] * w;
         mean.busiest_link_bytes[s] = std::max(mean.busiest_link_bytes[s], x.busiest_link_bytes[s]);
-        for (int r = 0; r < R; ++r) {
+        for (int r = 0; r < counts[s]; ++r) {
           mean.start_s[s][r] += x.start_s[s][r] * w;
           mean.replica_sync_s[s][r] += x.replica_sync_s[s][r] * w;
           mean.link_bytes[s][r] = std::max(mean.link_bytes[s][r], x.link_bytes[s][r]);
@@ -212,10 +223,10 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
         consider({unshaped_step - slowest_unshaped + stage_sync, stage_sync, median(rate, c, of_stage(&DpSample::sync_s, s)),
                   0, s, -1});
         // Each replica's: from its own start, which none of its bytes can precede.
-        std::vector<double> start(static_cast<size_t>(R));
-        for (int r = 0; r < R; ++r) start[r] = median(0, c, of(&DpSample::start_s, s, r));
+        std::vector<double> start(static_cast<size_t>(counts[s]));
+        for (int r = 0; r < counts[s]; ++r) start[r] = median(0, c, of(&DpSample::start_s, s, r));
         const double first = *std::min_element(start.begin(), start.end());
-        for (int r = 0; r < R; ++r) {
+        for (int r = 0; r < counts[s]; ++r) {
           const double link_s = static_cast<double>(any.link_bytes[s][r]) / (rate * 1e6 / 8);
           const double sync_s = std::max(median(0, c, of(&DpSample::replica_sync_s, s, r)), link_s);
           consider({start[r] + sync_s, sync_s, median(rate, c, of(&DpSample::replica_sync_s, s, r)), start[r] - first, s, r});

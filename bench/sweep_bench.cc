@@ -469,7 +469,10 @@ BenchmarkRun AddSweepBench(CLI::App& app) {
       ->type_name("C,...")
       ->delimiter(',')
       ->default_str("fp32,sdp4bit,bitdp2");
-  cmd->add_option("--dp-replicas", f->dp_replicas, "--data-parallel: replicas per stage")->type_name("N");
+  cmd->add_option("--dp-replicas", f->dp_replicas, "--data-parallel: replicas of every stage, or of each")
+      ->type_name("N|N0,N1,...")
+      ->delimiter(',')
+      ->default_str("4");
   cmd->add_option("--dp-regions", f->dp_regions, "--data-parallel: regions the replicas are dealt to in turn")
       ->type_name("N");
   cmd->footer(
@@ -492,15 +495,17 @@ BenchmarkRun AddSweepBench(CLI::App& app) {
       "bytes per step the busiest link direction carried according to its qdisc (frames plus every\n"
       "header, ACK and window update) next to the frame bytes the bounds count, packets dropped, and\n"
       "how busy that link was (its bytes at the rate / step time).\n"
-      "--data-parallel: --dp-replicas replicas of every stage (default 4 = 2 regions x 2) train in this\n"
-      "process (the workers' ReplicaSync over in-process transports; default 2 stages, 8 micro-batches\n"
-      "of 4), every link between replicas of different regions shaped at each of --rates (default\n"
-      "10,100; within a region and along the pipeline unshaped), plus unshaped. Per cell: the step time\n"
-      "and its bound, the largest over the stages of (the unshaped step minus the stage's unshaped\n"
-      "sync, i.e. when its backward pass ends) + (the larger of its unshaped sync and the most bytes one\n"
-      "of its replicas sends to one replica of another region / rate: each such directed link is\n"
-      "shaped on its own), bound / measured, that stage's sync against its\n"
-      "bound, the slowest replica's sync of any stage, and the speed-ups over fp32.");
+      "--data-parallel: --dp-replicas replicas of every stage (default 4 = 2 regions x 2; a list: per\n"
+      "stage) train in this process (the workers' ReplicaSync over in-process transports; default 2\n"
+      "stages, 8 micro-batches of 4), replica r of a stage in region r % --dp-regions, every link\n"
+      "between replicas of different regions shaped at each of --rates (default 10,100; within a region\n"
+      "and along the pipeline unshaped), plus unshaped. Per cell: the step time and its bound, the\n"
+      "largest over the stages of (the unshaped step minus the stage's slowest unshaped sync) + (the\n"
+      "larger of that sync and the most bytes one of its replicas sends to one replica of another\n"
+      "region / rate: each such directed link is shaped on its own), and over every replica of\n"
+      "(its unshaped sync's start) + (the larger of its unshaped sync and its own busiest link's bytes /\n"
+      "rate); bound / measured, the bounding stage's or replica's sync against its bound, the slowest\n"
+      "replica's sync of any stage, and the speed-ups over fp32.");
   return [f, cmd] { return RunSweep(*f, *cmd); };
 }
 

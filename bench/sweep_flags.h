@@ -26,7 +26,8 @@ struct SweepFlags {
   // --data-parallel
   bool data_parallel = false;
   std::vector<std::string> dp_codecs = {"fp32", "sdp4bit", "bitdp2"};
-  int64_t dp_replicas = 4, dp_regions = 2;
+  std::vector<int> dp_replicas = {4};  // every stage's, or one per stage
+  int64_t dp_regions = 2;
 };
 
 // --data-parallel: the data-parallel cells (dp_sweep_bench.cc). `cmd` says which flags were given
