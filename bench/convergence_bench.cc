@@ -88,15 +88,9 @@ int Run(const Flags& f, const CLI::App& cmd) {
   std::unique_ptr<ReplicatedPipeline> replicated;
   auto dp_codec = collective::ParseDpCodec(f.dp_codec);
   if (!dp_codec.ok()) return common::FlagError(cmd, "--dp-codec: " + std::string(dp_codec.status().message()));
-  if (f.replicas.size() != 1 && f.replicas.size() != static_cast<size_t>(o.stages)) {
-    return common::FlagError(cmd, absl::StrCat("--replicas: ", f.replicas.size(), " counts for ", o.stages,
-                                               " stages (one for every stage, or one each)"));
-  }
-  for (int n : f.replicas) {
-    if (n < 1 || n > 64) return common::FlagError(cmd, "--replicas: every count must be in [1, 64]");
-  }
-  const std::vector<int> counts =
-      f.replicas.size() == 1 ? std::vector<int>(static_cast<size_t>(o.stages), f.replicas[0]) : f.replicas;
+  absl::StatusOr<std::vector<int>> per_stage = CountsPerStage(f.replicas, o.stages);
+  if (!per_stage.ok()) return common::FlagError(cmd, absl::StrCat("--replicas: ", per_stage.status().message()));
+  const std::vector<int>& counts = *per_stage;
   const int most = *std::max_element(counts.begin(), counts.end());
   const int regions = static_cast<int>(f.dp_regions > 0 ? f.dp_regions : most);
   if (most > 1) {

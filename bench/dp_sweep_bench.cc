@@ -60,15 +60,13 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
   const int stages = static_cast<int>(f.stages > 0 ? f.stages : 2);
   const int64_t mbs = cmd.count("--micro-batches") ? f.micro_batches : 8;
   const int64_t mbsize = cmd.count("--micro-batch-size") ? f.micro_batch_size : 4;
-  if (f.dp_replicas.size() != 1 && f.dp_replicas.size() != static_cast<size_t>(stages)) {
-    return common::FlagError(cmd, absl::StrCat("--dp-replicas: ", f.dp_replicas.size(), " counts for ", stages,
-                                               " stages (one for every stage, or one each)"));
-  }
-  const std::vector<int> counts =
-      f.dp_replicas.size() == 1 ? std::vector<int>(static_cast<size_t>(stages), f.dp_replicas[0]) : f.dp_replicas;
+  absl::StatusOr<std::vector<int>> per_stage = CountsPerStage(f.dp_replicas, stages);
+  if (!per_stage.ok()) return common::FlagError(cmd, absl::StrCat("--dp-replicas: ", per_stage.status().message()));
+  const std::vector<int>& counts = *per_stage;
   const int R = *std::min_element(counts.begin(), counts.end()), Y = static_cast<int>(f.dp_regions);
-  if (R < 2 || *std::max_element(counts.begin(), counts.end()) > 64 || Y < 1 || Y > R) {
-    return common::FlagError(cmd, "--dp-replicas: every count in [2, 64], and --dp-regions in [1, the fewest]");
+  if (R < 2 || Y < 1 || Y > R) {
+    return common::FlagError(cmd, "--dp-replicas: every count at least 2 (a stage of one has no sync), and "
+                                  "--dp-regions in [1, the fewest]");
   }
   for (int n : counts) {
     if (mbs % n != 0) return common::FlagError(cmd, "--micro-batches must be a multiple of every --dp-replicas count");

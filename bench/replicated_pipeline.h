@@ -34,6 +34,21 @@ namespace longhaul::bench {
 
 // Stage s on counts[s] replicas in one process, each with its own executor and step loop; the
 // replicas of a stage with more than one are joined by a ReplicaSync.
+// A benchmark flag's replica counts (`--replicas 2` or `2,1`) as one count per stage: one value
+// for every stage, or one per stage, each in [1, kMaxReplicas]. The error names no flag.
+inline absl::StatusOr<std::vector<int>> CountsPerStage(const std::vector<int>& given, int stages) {
+  if (given.size() != 1 && given.size() != static_cast<size_t>(stages)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(given.size(), " counts for ", stages, " stages (one for every stage, or one each)"));
+  }
+  for (int n : given) {
+    if (n < 1 || n > kMaxReplicas) {
+      return absl::InvalidArgumentError(absl::StrCat("every count must be in [1, ", kMaxReplicas, "], not ", n));
+    }
+  }
+  return given.size() == 1 ? std::vector<int>(static_cast<size_t>(stages), given[0]) : given;
+}
+
 class ReplicatedPipeline {
  public:
   // `o.micro_batches` is the step's (all replicas'); replica r of stage s runs its share
@@ -89,22 +104,17 @@ class ReplicatedPipeline {
         for (int q : ExchangingReplicas(counts, M, s, r, s + 1)) {
           p->links_.push_back(stage_runtime::InProcessLink::Pair(s, p->fwd_codec_.get(), p->bwd_codec_.get(),
                                                                  stage_runtime::LinkCapacity(o), o.codec_threads));
-          p->slots_[s][r].next.push_back({p->links_.back().first.get(), q * ShareOf(counts, M, s + 1),
-                                          ShareOf(counts, M, s + 1)});
-          p->slots_[s + 1][q].prev.push_back({p->links_.back().second.get(), r * ShareOf(counts, M, s),
-                                              ShareOf(counts, M, s)});
+          p->slots_[s][r].next.emplace_back(q, p->links_.back().first.get());
+          p->slots_[s + 1][q].prev.emplace_back(r, p->links_.back().second.get());
         }
       }
     }
     for (int s = 0; s < S; ++s) {
       for (int r = 0; r < counts[s]; ++r) {
         Slot& x = p->slots_[s][r];
-        const int first = r * x.options.micro_batches;
-        // The gradients received from stage s + 1 are scaled by N_s / N_s+1 (link_fan.h).
-        stage_runtime::LinkFan prev(x.prev, first, s > 0 ? static_cast<double>(counts[s]) / counts[s - 1] : 1.0);
-        stage_runtime::LinkFan next(x.next, first, s + 1 < S ? static_cast<double>(counts[s]) / counts[s + 1] : 1.0);
-        x.loop = std::make_unique<stage_runtime::StageLoop>(x.options, s, x.executor.get(), std::move(prev),
-                                                            std::move(next));
+        x.loop = std::make_unique<stage_runtime::StageLoop>(
+            x.options, s, x.executor.get(), stage_runtime::LinkFan::ForReplica(counts, M, s, r, s - 1, x.prev),
+            stage_runtime::LinkFan::ForReplica(counts, M, s, r, s + 1, x.next));
       }
     }
     regions = std::max(1, regions);
@@ -255,7 +265,7 @@ class ReplicatedPipeline {
   struct Slot {
     std::unique_ptr<stage_runtime::StageExecutor> executor;
     stage_runtime::PipelineOptions options;                // micro_batches: its share
-    std::vector<stage_runtime::LinkFan::Member> prev, next;  // its fans' members (links_)
+    std::vector<std::pair<int, stage_runtime::Link*>> prev, next;  // neighbour replica -> link (links_)
     std::unique_ptr<stage_runtime::StageLoop> loop;
     std::unique_ptr<worker::ReplicaSync> sync;  // null for a stage of one; before the hubs go
   };

@@ -19,6 +19,9 @@
 
 namespace longhaul {
 
+// The most replicas a stage may have (job specs, the benchmarks' flags).
+inline constexpr int kMaxReplicas = 64;
+
 struct ReplicaSlot {
   int stage = 0;
   int replica = 0;

@@ -377,7 +377,7 @@ void CoordinatorService::Reattach(Worker& w, const v1::RunningStage& r) {
 absl::Status CoordinatorService::CheckResumable(const v1::JobStatus& job) {
   const int stages = job.spec().stages();
   if (stages < 1) return absl::DataLossError(absl::StrCat("its spec has ", stages, " stages"));
-  // Bounded before the slots are listed: every stage has a placement, at most 64 replicas each.
+  // Bounded before the slots are listed: every stage has a placement, at most kMaxReplicas each.
   if (stages > job.stages_size()) {
     return absl::DataLossError(absl::StrCat("its spec has ", stages, " stages but it has ", job.stages_size(),
                                             " placements"));
@@ -389,7 +389,7 @@ absl::Status CoordinatorService::CheckResumable(const v1::JobStatus& job) {
   }
   for (int s = 0; s < stages; ++s) {
     const int n = spec.stage_replicas_size() > 0 ? spec.stage_replicas(s) : std::max(1, spec.replicas());
-    if (n < 1 || n > 64) return absl::DataLossError(absl::StrCat("its spec has ", n, " replicas of stage ", s));
+    if (n < 1 || n > kMaxReplicas) return absl::DataLossError(absl::StrCat("its spec has ", n, " replicas of stage ", s));
   }
   const std::vector<ReplicaSlot> slots = ReplicaSlots(spec);
   if (slots.size() != static_cast<size_t>(job.stages_size())) {

@@ -211,8 +211,7 @@ int RunPlan(const std::string& coordinator, const PlanFlags& flags) {
     std::string to = absl::StrCat("stage ", p.stage() + 1);
     double emulated = 0;
     if (by_counts) {
-      const size_t fan = ExchangingReplicas(ReplicaCounts(*spec), spec->micro_batches(), p.stage(), p.replica(),
-                                            p.stage() + 1).size();
+      const size_t fan = ExchangingReplicas(*spec, p.stage(), p.replica(), p.stage() + 1).size();
       if (fan > 1) absl::StrAppend(&to, " (the slowest of ", fan, ")");
     } else if (spec.ok()) {
       emulated = LinkSpecBetween(spec->links(), p.region(), r.stages(i + 1).region()).rate_mbit();

@@ -455,15 +455,15 @@ absl::Status ValidateJobSpec(const v1::JobSpec& s) {
     }
     for (int i = 0; i < s.stage_replicas_size(); ++i) {
       const int n = s.stage_replicas(i);
-      if (n < 1 || n > 64) {
-        p.push_back(absl::StrCat("replicas[", i, "]: ", n, " is out of range [1, 64]"));
+      if (n < 1 || n > kMaxReplicas) {
+        p.push_back(absl::StrCat("replicas[", i, "]: ", n, " is out of range [1, ", kMaxReplicas, "]"));
       } else if (s.micro_batches() >= 1 && s.micro_batches() % n != 0) {
         p.push_back(absl::StrCat("micro_batches: ", s.micro_batches(), " is not a multiple of replicas[", i, "] (", n,
                                  "): each replica of stage ", i, " takes micro_batches / ", n, " of every step"));
       }
     }
   } else {
-    if (s.replicas() != 0) range("replicas", s.replicas(), 1, 64);
+    if (s.replicas() != 0) range("replicas", s.replicas(), 1, kMaxReplicas);
     if (s.replicas() > 1 && s.micro_batches() >= 1 && s.micro_batches() % s.replicas() != 0) {
       p.push_back(absl::StrCat("micro_batches: ", s.micro_batches(), " is not a multiple of replicas (", s.replicas(),
                                "): each replica takes micro_batches / replicas of every step"));

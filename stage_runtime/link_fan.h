@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/replica_counts.h"
 #include "stage_runtime/link.h"
 
 namespace longhaul::stage_runtime {
@@ -46,6 +47,21 @@ class LinkFan {
   // StageLoop::Step).
   LinkFan(std::vector<Member> members, int first, double gradient_scale)
       : members_(std::move(members)), first_(first), gradient_scale_(gradient_scale) {}
+
+  // The fan of replica `replica` of `stage` to the replicas of stage `neighbour`, laid out by the
+  // stages' replica counts and the step's micro-batches (common/replica_counts.h): `links` pairs a
+  // replica of `neighbour` with the link to it; each member takes that replica's share of the step,
+  // this replica starts at its own, and the gradients received are scaled by N_stage / N_neighbour.
+  // Empty when `links` is.
+  static LinkFan ForReplica(const std::vector<int>& counts, int micro_batches, int stage, int replica, int neighbour,
+                            const std::vector<std::pair<int, Link*>>& links) {
+    if (links.empty()) return {};
+    const int m = ShareOf(counts, micro_batches, neighbour);
+    std::vector<Member> members;
+    for (const auto& [q, link] : links) members.push_back({link, q * m, m});
+    return LinkFan(std::move(members), replica * ShareOf(counts, micro_batches, stage),
+                   static_cast<double>(counts[stage]) / counts[neighbour]);
+  }
 
   bool empty() const { return members_.empty(); }
   const std::vector<Member>& members() const { return members_; }

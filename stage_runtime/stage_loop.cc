@@ -38,22 +38,26 @@ absl::Status StageLoop::Cancelled() {
   return cancelled_;
 }
 
-absl::StatusOr<LinkMessage> StageLoop::Receive(const LinkFan& from, uint64_t step, int micro_batch, MessageKind kind) {
-  const LinkFan::Route r = from.For(micro_batch);
+absl::StatusOr<LinkFan::Route> StageLoop::RouteOf(const LinkFan& fan, int micro_batch) const {
+  const LinkFan::Route r = fan.For(micro_batch);
   if (r.link == nullptr) {
     return absl::InternalError(absl::StrCat("stage ", stage_, ": no neighbour takes micro-batch ", micro_batch));
   }
+  return r;
+}
+
+absl::StatusOr<LinkMessage> StageLoop::Receive(const LinkFan& from, uint64_t step, int micro_batch, MessageKind kind) {
+  absl::StatusOr<LinkFan::Route> r = RouteOf(from, micro_batch);
+  if (!r.ok()) return r.status();
   // The sender numbered it as this replica does (its own fan's Route).
-  return Expect(*r.link, step, micro_batch, kind);
+  return Expect(*r->link, step, micro_batch, kind);
 }
 
 absl::Status StageLoop::Send(const LinkFan& to, uint64_t step, int micro_batch, MessageKind kind, torch::Tensor t,
                              bool measure) {
-  const LinkFan::Route r = to.For(micro_batch);
-  if (r.link == nullptr) {
-    return absl::InternalError(absl::StrCat("stage ", stage_, ": no neighbour takes micro-batch ", micro_batch));
-  }
-  return r.link->Send(TensorMessage(step, r.micro_batch, kind, std::move(t)), measure);
+  absl::StatusOr<LinkFan::Route> r = RouteOf(to, micro_batch);
+  if (!r.ok()) return r.status();
+  return r->link->Send(TensorMessage(step, r->micro_batch, kind, std::move(t)), measure);
 }
 
 absl::StatusOr<LinkMessage> StageLoop::Expect(Link& from, uint64_t step, int micro_batch, MessageKind kind) {

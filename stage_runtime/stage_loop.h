@@ -133,6 +133,7 @@ class StageLoop {
  private:
   // A tensor of this replica's micro-batch `micro_batch` from / to the fan's member that takes it
   // (sent under the member's number for it; received under this replica's).
+  absl::StatusOr<LinkFan::Route> RouteOf(const LinkFan& fan, int micro_batch) const;  // an error for no member
   absl::StatusOr<LinkMessage> Receive(const LinkFan& from, uint64_t step, int micro_batch, MessageKind kind);
   absl::Status Send(const LinkFan& to, uint64_t step, int micro_batch, MessageKind kind, torch::Tensor t, bool measure);
   absl::StatusOr<LinkMessage> Expect(Link& from, uint64_t step, int micro_batch, MessageKind kind);

@@ -284,12 +284,10 @@ absl::StatusOr<std::unique_ptr<GrpcLink>> StageRunner::Connect(Neighbour& n, boo
 
 stage_runtime::LinkFan StageRunner::Fan(const std::vector<Neighbour>& ns) const {
   if (ns.empty()) return {};
-  const v1::JobSpec& spec = a_.spec();
-  const int other = ns.front().stage, m = ReplicaMicroBatches(spec, other);
-  std::vector<stage_runtime::LinkFan::Member> members;
-  for (const Neighbour& n : ns) members.push_back({n.watched.get(), n.replica * m, m});
-  return stage_runtime::LinkFan(std::move(members), a_.replica_index() * opt_.micro_batches,
-                                static_cast<double>(replicas_) / StageReplicas(spec, other));
+  std::vector<std::pair<int, stage_runtime::Link*>> links;
+  for (const Neighbour& n : ns) links.emplace_back(n.replica, n.watched.get());
+  return stage_runtime::LinkFan::ForReplica(ReplicaCounts(a_.spec()), a_.spec().micro_batches(), a_.stage(),
+                                            a_.replica_index(), ns.front().stage, links);
 }
 
 absl::Status StageRunner::Setup() {
