@@ -19,6 +19,7 @@
 #include "bench/replicated_pipeline.h"
 #include "bench/sweep_flags.h"
 #include "common/flags.h"
+#include "stage_runtime/compute_threads.h"
 #include "stage_runtime/data.h"
 
 namespace longhaul::bench {
@@ -83,7 +84,7 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
   o.optimizer.total_steps = static_cast<int>(f.steps + 1);
   auto data = stage_runtime::OpenDataset({"text", stage_runtime::kDefaultCorpusDir, 256, 0.1}, o.model.context);
   if (!data.ok()) return common::FlagError(cmd, std::string(data.status().message()));
-  torch::set_num_threads(1);  // one compute thread per replica and stage already fill this machine
+  stage_runtime::SetComputeThreads(1);  // one compute thread per replica and stage already fill this machine
   auto cell = [&](const std::string& codec, double rate) -> absl::StatusOr<DpSample> {
     absl::StatusOr<collective::DpCodec> c = collective::ParseDpCodec(codec);
     if (!c.ok()) return c.status();

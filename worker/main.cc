@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <thread>
 
 #include <torch/torch.h>
@@ -12,6 +13,7 @@
 #include "common/flags.h"
 #include "common/log.h"
 #include "common/signals.h"
+#include "stage_runtime/compute_threads.h"
 #include "stage_runtime/executor.h"
 #include "security/tls.h"
 #include "worker/identity.h"
@@ -47,7 +49,7 @@ int main(int argc, char** argv) {
                  "name (comma-separated or repeated); any other path from a spec is refused")
       ->type_name("DIR[,DIR...]")
       ->delimiter(',');
-  app.add_option("--threads", threads, "LibTorch intra-op threads (0: all cores)")->type_name("N");
+  app.add_option("--threads", threads, "CPU compute threads: LibTorch's intra-op pool and OpenBLAS's (0: all cores)")->type_name("N");
   double replica_gib = static_cast<double>(o.replica_max_bytes) / (int64_t{1} << 30);
   app.add_option("--replica-max-gib", replica_gib,
                  "largest stage checkpoint this worker keeps a copy of for another worker, or fetches to\n"
@@ -113,8 +115,9 @@ int main(int argc, char** argv) {
   if (!(replica_gib > 0)) return longhaul::common::FlagError(app, "--replica-max-gib must be positive");
   o.replica_max_bytes = static_cast<int64_t>(replica_gib * static_cast<double>(int64_t{1} << 30));
   longhaul::common::TuneAllocatorForLargeFrames();
+  std::optional<longhaul::stage_runtime::ComputeThreads> compute;
   if (threads > 0) {
-    torch::set_num_threads(static_cast<int>(threads));
+    compute = longhaul::stage_runtime::SetComputeThreads(static_cast<int>(threads));
     torch::set_num_interop_threads(1);
   }
 
@@ -170,6 +173,11 @@ int main(int argc, char** argv) {
     return 1;
   }
   longhaul::worker::Worker* worker = w->get();
+  if (compute) {
+    longhaul::common::Log(absl::StrCat("worker ", worker->name()),
+                          absl::StrCat("compute threads: ", compute->threads,
+                                       compute->openblas ? " (LibTorch's and OpenBLAS's pools)" : " (LibTorch's pool)"));
+  }
   std::thread signals([worker] {
     const int sig = longhaul::common::WaitForTerminationSignal();
     longhaul::common::Log(absl::StrCat("worker ", worker->name()),

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "coordinator/job_spec.h"
+#include "stage_runtime/compute_threads.h"
 #include "stage_runtime/pipeline.h"
 #include "tools/cluster/local_cluster.h"
 #include "worker/stage_runner.h"
@@ -60,7 +61,7 @@ TEST_F(ClusterTest, Fp32JobMatchesInProcessPipeline) {
   ASSERT_TRUE(spec.ok());
   absl::StatusOr<stage_runtime::PipelineOptions> o = worker::ToPipelineOptions(*spec);
   ASSERT_TRUE(o.ok());
-  torch::set_num_threads(1);  // as the workers run
+  stage_runtime::SetComputeThreads(1);  // as the workers run
   auto pipe = stage_runtime::InProcessPipeline::Create(*o);
   ASSERT_TRUE(pipe.ok());
   auto data = stage_runtime::TextDataset::DefaultCorpus();
