@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "bench/benchmarks.h"
 #include "bench/replicated_pipeline.h"
 #include "bench/sweep_flags.h"
@@ -32,6 +33,7 @@ struct DpSample {
   double step_s = 0;
   std::vector<double> sync_s;
   std::vector<double> update_s;  // of sync_s, the slowest replica's update (optimizer, norm exchange)
+  std::vector<std::vector<double>> phase_starts_s;  // the slowest replica's sync's phases' starts
   std::vector<int64_t> busiest_link_bytes;
   // Per stage and replica (ReplicatedPipeline::ReplicaDp): its sync's start after the step's, its
   // sync's wall time, its busiest link's bytes.
@@ -107,6 +109,8 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
       for (const auto& st : (*p)->last_stage_dp()) {
         x.sync_s.push_back(absl::ToDoubleSeconds(st.wall));
         x.update_s.push_back(absl::ToDoubleSeconds(st.update));
+        x.phase_starts_s.emplace_back();
+        for (absl::Duration d : st.phase_starts) x.phase_starts_s.back().push_back(absl::ToDoubleSeconds(d));
         x.busiest_link_bytes.push_back(st.busiest_link);
         x.start_s.emplace_back(), x.replica_sync_s.emplace_back(), x.link_bytes.emplace_back();
         for (const ReplicatedPipeline::ReplicaDp& r : st.replicas) {
@@ -120,6 +124,7 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
     }
     DpSample mean;
     for (auto* v : {&mean.sync_s, &mean.update_s}) v->assign(static_cast<size_t>(stages), 0.0);
+    mean.phase_starts_s.assign(static_cast<size_t>(stages), {});
     mean.busiest_link_bytes.assign(static_cast<size_t>(stages), 0);
     for (int s = 0; s < stages; ++s) {
       mean.start_s.emplace_back(static_cast<size_t>(counts[s]), 0.0);
@@ -132,6 +137,9 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
       for (int s = 0; s < stages; ++s) {
         mean.sync_s[s] += x.sync_s[s] * w;
         mean.update_s[s] += x.update_s[s] * w;
+        std::vector<double>& ph = mean.phase_starts_s[s];
+        ph.resize(std::max(ph.size(), x.phase_starts_s[s].size()), 0.0);
+        for (size_t i = 0; i < x.phase_starts_s[s].size(); ++i) ph[i] += x.phase_starts_s[s][i] * w;
         mean.busiest_link_bytes[s] = std::max(mean.busiest_link_bytes[s], x.busiest_link_bytes[s]);
         for (int r = 0; r < counts[s]; ++r) {
           mean.start_s[s][r] += x.start_s[s][r] * w;
@@ -159,8 +167,14 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
           std::string per_stage;
           for (int s = 0; s < stages; ++s) {
             // (fp32 syncs through Group::AllReduceFp32 and the executor's optimizer: no update time)
-            const std::string update =
+            std::string update =
                 x->update_s[s] > 0 ? absl::StrFormat("%.3f s in the update; ", x->update_s[s]) : std::string();
+            if (!x->phase_starts_s[s].empty()) {
+              absl::StrAppend(&update, "its phases began at ",
+                              absl::StrJoin(x->phase_starts_s[s], "/",
+                                            [](std::string* o, double v) { absl::StrAppendFormat(o, "%.4f", v); }),
+                              " s; ");
+            }
             const auto [first, last] = std::minmax_element(x->start_s[s].begin(), x->start_s[s].end());
             absl::StrAppendFormat(&per_stage,
                                   "%s stage %d %.3f s (%s%lld bytes on its busiest link between regions; its "

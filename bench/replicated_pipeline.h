@@ -194,7 +194,10 @@ class ReplicatedPipeline {
         const collective::CallStats& c = x.sync->last();
         last_dp_.Add(c);
         StageDp& d = last_stage_dp_[s];
-        if (c.wall >= d.wall) d.update = c.update;  // the slowest replica's
+        if (c.wall >= d.wall) {  // the slowest replica's
+          d.update = c.update;
+          d.phase_starts = c.phase_starts;
+        }
         d.wall = std::max(d.wall, c.wall);
         d.busiest_link = std::max(d.busiest_link, c.busiest_inter_region_link());
         d.replicas.push_back({c.start - started, c.wall, c.busiest_inter_region_link()});
@@ -245,6 +248,7 @@ class ReplicatedPipeline {
   struct StageDp {
     absl::Duration wall = absl::ZeroDuration();
     absl::Duration update = absl::ZeroDuration();  // of that wall, the slowest replica's update
+    std::vector<absl::Duration> phase_starts;      // and when its sync's phases began (CallStats)
     int64_t busiest_link = 0;
     std::vector<ReplicaDp> replicas;
   };

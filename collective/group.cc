@@ -62,6 +62,7 @@ void CallStats::Add(const CallStats& o) {
   send += o.send;
   recv_wait += o.recv_wait;
   update += o.update;
+  if (phase_starts.empty()) phase_starts = o.phase_starts;
 }
 
 int64_t CallStats::busiest_inter_region_link() const {
@@ -84,6 +85,11 @@ uint64_t Op::Tag(uint32_t index) const {
   return (seq_ << kSeqShift) | (uint64_t{phase_ & 0xff} << kPhaseShift) | (index & 0xffff);
 }
 
+void Op::NextPhase() {
+  ++phase_;
+  stats_.phase_starts.push_back(absl::Now() - start_);
+}
+
 std::string Op::PeerName(int peer) const { return g_->t_->PeerName(peer); }
 
 Op Op::Fork(uint32_t first_phase) const {
@@ -98,6 +104,7 @@ void Op::Absorb(const Op& fork) {
   s.elements = 0;  // the call's, counted once
   s.wall = absl::ZeroDuration();
   s.wire_bytes_sent = 0;  // Finish takes the transport's counter, which has both parts
+  s.phase_starts.clear();  // the call's own
   stats_.Add(s);
 }
 int Op::rank() const { return g_->rank(); }

@@ -95,6 +95,10 @@ struct CallStats {
   // DataParallelSync::Step: inside the caller's update (the optimizer and, in a job, the clipping
   // norm's exchange along the pipeline, which waits for the other stages).
   absl::Duration update = absl::ZeroDuration();
+  // When each of the call's phases (Op::NextPhase) began, after the call's start: where a step's
+  // time goes between its transfers and its own work (the parts run by Op::Fork not included). Add
+  // keeps the first call's.
+  std::vector<absl::Duration> phase_starts;
   int64_t busiest_inter_region_link() const;  // the largest of inter_region_bytes_to (0 if none)
   double compression() const {
     return bytes_sent > 0 ? static_cast<double>(bytes_sent_uncompressed) / static_cast<double>(bytes_sent) : 1.0;
@@ -113,7 +117,7 @@ class Group;
 class Op {
  public:
   // A new phase of the call: messages of different phases never match each other.
-  void NextPhase() { ++phase_; }
+  void NextPhase();
   // `raw_bytes`: the message's contents as fp32 (for the compression figures).
   absl::Status Send(int peer, uint32_t index, absl::string_view data, int64_t raw_bytes);
   // `expected_bytes` >= 0: any other length is an error naming the peer.
