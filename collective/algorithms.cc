@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "codec/sym_quant.h"
 
 namespace longhaul::collective {
@@ -128,47 +129,70 @@ absl::Status TwoLevelAllGather(Op& op, const Topology& topo, std::vector<std::st
   return absl::OkStatus();
 }
 
-absl::Status TwoLevelReduceScatter(Op& op, const Topology& topo, const ShardLayout& layout, const float* padded,
-                                   const codec::TwoLevelConfig& c, uint64_t seed, float* shard_sum) {
+namespace {
+
+// Elements [begin, begin + length) of every shard's chunk: a bucket of the two-level
+// reduce-scatter.
+struct Bucket {
+  int64_t begin, length;
+};
+
+// Level 1 of one bucket, inside the region: this rank sends member m the bucket's part of each
+// shard m carries (CarriedShards), each part quantised on its own at c.fast_bits with the draws of
+// its elements' places in the unbucketed slice (so the pieces' payloads, concatenated, decode to
+// what the whole slice's would), and sums what it carries in the Hadamard domain, in member order,
+// into acc (carried shard i at acc + i * len).
+absl::Status ReduceInsideRegion(Op& op, const Topology& topo, int64_t len, const float* padded,
+                                const codec::TwoLevelConfig& c, uint64_t seed, Bucket b, uint32_t index,
+                                float* acc) {
   const int P = topo.size(), me = op.rank(), y = topo.region(me);
-  const int64_t len = layout.chunk;
   const std::vector<int>& members = topo.members(y);
-  // Level 1, inside the region.
-  op.NextPhase();
-  std::vector<float> slice;
-  auto gather = [&](const std::vector<int>& shards) {
-    slice.resize(shards.size() * static_cast<size_t>(len));
-    for (size_t i = 0; i < shards.size(); ++i) {
-      std::memcpy(slice.data() + i * len, padded + shards[i] * len, static_cast<size_t>(len) * sizeof(float));
-    }
-  };
   for (int m : members) {
     if (m == me) continue;
     const std::vector<int> shards = CarriedShards(topo, y, m);
-    gather(shards);
-    const int64_t n = static_cast<int64_t>(slice.size());
-    const std::string q = codec::QuantiseFast(slice.data(), n, c, StreamSeed(seed, 0, me, m, P));
-    if (absl::Status s = op.Send(m, 0, q, n * 4); !s.ok()) return s;
+    std::string q;
+    for (size_t i = 0; i < shards.size(); ++i) {
+      codec::SymQuantEncode(padded + shards[i] * len + b.begin, b.length, c.Fast(), StreamSeed(seed, 0, me, m, P), &q,
+                            static_cast<int64_t>(i) * len + b.begin);
+    }
+    if (absl::Status s = op.Send(m, index, q, static_cast<int64_t>(shards.size()) * b.length * 4); !s.ok()) return s;
   }
   const std::vector<int> carried = CarriedShards(topo, y, me);
-  const int64_t n1 = static_cast<int64_t>(carried.size()) * len;
-  std::vector<float> acc(static_cast<size_t>(n1), 0.0f);
+  const size_t piece = static_cast<size_t>(codec::SymQuantPayloadBytes(b.length, c.Fast()));
+  for (size_t i = 0; i < carried.size(); ++i) std::fill_n(acc + i * len + b.begin, b.length, 0.0f);
+  std::vector<float> own(static_cast<size_t>(b.length));
   for (int m : members) {
     if (m == me) {
       // This rank's own contribution does not cross a wire: transformed, not quantised.
-      gather(carried);
-      if (c.hadamard) codec::Hadamard32(slice.data(), n1);
-      for (int64_t i = 0; i < n1; ++i) acc[i] += slice[i];
+      for (size_t i = 0; i < carried.size(); ++i) {
+        std::copy_n(padded + carried[i] * len + b.begin, b.length, own.data());
+        if (c.hadamard) codec::Hadamard32(own.data(), b.length);
+        float* dst = acc + i * len + b.begin;
+        for (int64_t j = 0; j < b.length; ++j) dst[j] += own[j];
+      }
       continue;
     }
-    absl::StatusOr<std::string> q = op.Recv(m, 0, static_cast<int64_t>(codec::SymQuantPayloadBytes(n1, c.Fast())));
+    absl::StatusOr<std::string> q = op.Recv(m, index, static_cast<int64_t>(carried.size() * piece));
     if (!q.ok()) return q.status();
-    if (absl::Status s = codec::AccumulateFast(*q, n1, c, acc.data()); !s.ok()) {
-      return BadPayload(op, m, "level-1 gradient payload", s);
+    for (size_t i = 0; i < carried.size(); ++i) {
+      if (absl::Status s = codec::AccumulateFast(absl::string_view(*q).substr(i * piece, piece), b.length, c,
+                                                 acc + i * len + b.begin);
+          !s.ok()) {
+        return BadPayload(op, m, "level-1 gradient payload", s);
+      }
     }
   }
-  // Level 2, across regions: each carried partial to its shard's owner.
-  op.NextPhase();
+  return absl::OkStatus();
+}
+
+// Level 2 of one bucket, across regions: each carried partial's part (acc, as ReduceInsideRegion
+// left it) to its shard's owner at c.slow_bits; this rank sums the regions' parts of its own shard
+// in region order into shard_sum[b.begin, b.begin + b.length) and transforms them back.
+absl::Status ReduceAcrossRegions(Op& op, const Topology& topo, int64_t len, const float* acc,
+                                 const codec::TwoLevelConfig& c, uint64_t seed, Bucket b, uint32_t index,
+                                 float* shard_sum) {
+  const int P = topo.size(), me = op.rank(), y = topo.region(me);
+  const std::vector<int> carried = CarriedShards(topo, y, me);
   int own_index = -1;
   for (size_t i = 0; i < carried.size(); ++i) {
     const int k = carried[i];
@@ -176,25 +200,93 @@ absl::Status TwoLevelReduceScatter(Op& op, const Topology& topo, const ShardLayo
       own_index = static_cast<int>(i);
       continue;
     }
-    const std::string q = codec::QuantiseSlow(acc.data() + i * len, len, c, StreamSeed(seed, 1, me, k, P));
-    if (absl::Status s = op.Send(k, 0, q, len * 4); !s.ok()) return s;
+    const std::string q = codec::QuantiseSlow(acc + i * len + b.begin, b.length, c, StreamSeed(seed, 1, me, k, P), b.begin);
+    if (absl::Status s = op.Send(k, index, q, b.length * 4); !s.ok()) return s;
   }
-  std::fill(shard_sum, shard_sum + len, 0.0f);
+  float* sum = shard_sum + b.begin;
+  std::fill_n(sum, b.length, 0.0f);
   for (int yy = 0; yy < topo.num_regions(); ++yy) {
     const int f = topo.Partner(yy, me);
     if (f == me) {
-      const float* own = acc.data() + own_index * len;
-      for (int64_t i = 0; i < len; ++i) shard_sum[i] += own[i];
+      const float* own = acc + own_index * len + b.begin;
+      for (int64_t i = 0; i < b.length; ++i) sum[i] += own[i];
       continue;
     }
-    absl::StatusOr<std::string> q = op.Recv(f, 0, static_cast<int64_t>(codec::SymQuantPayloadBytes(len, c.Slow())));
+    absl::StatusOr<std::string> q =
+        op.Recv(f, index, static_cast<int64_t>(codec::SymQuantPayloadBytes(b.length, c.Slow())));
     if (!q.ok()) return q.status();
-    if (absl::Status s = codec::AccumulateSlow(*q, len, c, shard_sum); !s.ok()) {
+    if (absl::Status s = codec::AccumulateSlow(*q, b.length, c, sum); !s.ok()) {
       return BadPayload(op, f, "level-2 gradient payload", s);
     }
   }
-  codec::FinishShard(shard_sum, len, c);
+  codec::FinishShard(sum, b.length, c);
   return absl::OkStatus();
+}
+
+}  // namespace
+
+int ReduceScatterBuckets(int64_t chunk, const codec::TwoLevelConfig& c, int wanted) {
+  const int64_t g = c.group_size;
+  if (wanted <= 1 || chunk % g != 0) return 1;
+  return static_cast<int>(std::clamp<int64_t>(chunk / std::max(g, kMinBucketElements), 1, wanted));
+}
+
+absl::Status TwoLevelReduceScatter(Op& op, const Topology& topo, const ShardLayout& layout, const float* padded,
+                                   const codec::TwoLevelConfig& c, uint64_t seed, float* shard_sum, int buckets) {
+  const int me = op.rank();
+  const int64_t len = layout.chunk;
+  const size_t carried = CarriedShards(topo, topo.region(me), me).size();
+  std::vector<float> acc(carried * static_cast<size_t>(len));
+  buckets = ReduceScatterBuckets(len, c, buckets);
+  if (buckets == 1) {
+    op.NextPhase();
+    const Bucket all{0, len};
+    if (absl::Status s = ReduceInsideRegion(op, topo, len, padded, c, seed, all, 0, acc.data()); !s.ok()) return s;
+    op.NextPhase();
+    return ReduceAcrossRegions(op, topo, len, acc.data(), c, seed, all, 0, shard_sum);
+  }
+  // Whole groups per bucket, the remainder spread over the first ones.
+  const int64_t groups = len / c.group_size;
+  std::vector<Bucket> parts;
+  for (int k = 0, at = 0; k < buckets; ++k) {
+    const int64_t n = groups / buckets + (k < groups % buckets ? 1 : 0);
+    parts.push_back({at * c.group_size, n * c.group_size});
+    at += static_cast<int>(n);
+  }
+  // Level 1 bucket after bucket on this thread; level 2 of each on a second one as soon as its
+  // level 1 is summed, so the slow link carries one bucket while the next is quantised and summed.
+  absl::Mutex mu;
+  int summed = 0;        // buckets whose level 1 is done
+  bool stopped = false;  // level 1 failed: its error is the call's
+  return op.RunConcurrently(
+      2,
+      [&](int part, Op& pop) -> absl::Status {
+        for (int k = 0; k < buckets; ++k) {
+          const uint32_t index = static_cast<uint32_t>(k);
+          if (part == 0) {
+            absl::Status s = ReduceInsideRegion(pop, topo, len, padded, c, seed, parts[k], index, acc.data());
+            absl::MutexLock l(&mu);
+            if (!s.ok()) {
+              stopped = true;
+              return s;
+            }
+            summed = k + 1;
+            continue;
+          }
+          {
+            absl::MutexLock l(&mu);
+            const auto ready = [&] { return stopped || summed > k; };
+            mu.Await(absl::Condition(&ready));
+            if (summed <= k) return absl::OkStatus();  // level 1 failed: its error is the call's
+          }
+          if (absl::Status s = ReduceAcrossRegions(pop, topo, len, acc.data(), c, seed, parts[k], index, shard_sum);
+              !s.ok()) {
+            return s;
+          }
+        }
+        return absl::OkStatus();
+      },
+      [](int part) { return part == 0 ? "its level 1 (inside the region)" : "its level 2 (across regions)"; });
 }
 
 }  // namespace longhaul::collective

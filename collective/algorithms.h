@@ -5,8 +5,9 @@
 // Bytes each rank sends (P ranks, c = layout.chunk, b(m, k) = SymQuantPayloadBytes(m) at k bits):
 //   RingReduceScatter, RingAllGather:   (P - 1) * c * 4 each
 //   TwoLevelReduceScatter with X ranks in each of Y regions (P = X * Y):
-//     level 1, inside the region:  (X - 1) messages of b(Y * c, fast bits)
+//     level 1, inside the region:  (X - 1) messages of Y pieces of b(c, fast bits)
 //     level 2, across regions:     (Y - 1) messages of b(c, slow bits)
+//   (in buckets, as many messages per bucket, of the bucket's elements: the same bytes in all)
 //   TwoLevelAllGather of blobs of B bytes:
 //     across regions (Y - 1) * B; inside the region (X - 1) * Y * B (own blob + the Y - 1 blobs
 //     this rank received from its partners in the other regions)
@@ -49,15 +50,27 @@ absl::Status TwoLevelAllGather(Op& op, const Topology& topo, std::vector<std::st
 
 // The two-level quantised gradient reduce-scatter of SDP4Bit's TLq-HS (c = codec::TlqHs()) and
 // ZeRO++'s qgZ (c = codec::Ulq()). Level 1 inside each region: rank r sends member m the shards m
-// carries for the slow level (Topology::Partner), quantised at c.fast_bits with the fused forward
-// Hadamard; each carrier sums what it receives in the Hadamard domain (its own contribution
+// carries for the slow level (Topology::Partner), each shard quantised on its own at c.fast_bits
+// with the fused forward Hadamard; each carrier sums what it receives in the Hadamard domain (its own contribution
 // transformed but not quantised, additions in member order). Level 2 across regions: the carrier
 // sends each partial to the shard's owner at c.slow_bits; the owner sums the regions' partials in
 // region order and applies the inverse Hadamard once. Uneven regions work the same way (a region
 // with fewer ranks carries several shards per rank). `seed` keys stochastic rounding.
 // On return shard_sum[0, layout.chunk) approximates the sum of shard rank() over all ranks.
+//
+// `buckets` > 1 (ReduceScatterBuckets decides how many the chunk takes) pipelines the two levels:
+// the chunk's groups are cut into that many buckets, level 1 runs bucket after bucket on this
+// thread and level 2 of each on a second thread as soon as its level 1 is summed (Op::
+// RunConcurrently), so one bucket crosses the slow link while the next is quantised and summed
+// inside the region. Every piece is quantised with its own groups and its elements' draws, so the
+// result is bit for bit the unbucketed one, and the bytes are the same. Every rank must pass the
+// same `buckets`.
 absl::Status TwoLevelReduceScatter(Op& op, const Topology& topo, const ShardLayout& layout, const float* padded,
-                                   const codec::TwoLevelConfig& c, uint64_t seed, float* shard_sum);
+                                   const codec::TwoLevelConfig& c, uint64_t seed, float* shard_sum, int buckets = 1);
+// How many of `wanted` buckets TwoLevelReduceScatter cuts a chunk into: 1 unless the chunk is whole
+// groups, and no bucket under kMinBucketElements (a message's fixed costs).
+inline constexpr int64_t kMinBucketElements = 16384;
+int ReduceScatterBuckets(int64_t chunk, const codec::TwoLevelConfig& c, int wanted);
 
 }  // namespace longhaul::collective
 

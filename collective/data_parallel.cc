@@ -2,11 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
-#include <functional>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "codec/bitdp.h"
 #include "codec/sym_quant.h"
@@ -23,54 +20,6 @@ absl::Status BadPayload(const Op& op, int peer, absl::string_view what, const ab
 // BitDP's full-precision segments (biases, norms) are small and never quantised: their ring
 // shards need no group alignment, only whole cache lines.
 constexpr int64_t kPlainAlign = 16;
-// Parts of a step that run at the same time (RunConcurrently) number their phases from here, 16
-// apart: above any phase a step reaches on its own Op.
-constexpr uint32_t kForkPhases = 32;
-constexpr uint32_t kPhasesPerFork = 16;
-constexpr int kMaxParts = 8;
-static_assert(kForkPhases + kMaxParts * kPhasesPerFork <= 256, "Op tags keep 8 bits of phase");
-
-// Runs task(i, op_i) for i in [0, n) (1 <= n <= kMaxParts) at the same time, task 0 on this thread
-// and the others on threads of their own, each op_i a fork of `op` (its own phases and counters,
-// absorbed back). A task that fails aborts the transport, so the others stop at once rather than
-// at their deadline; the first failure in time (the cause, not the others' aborts) is returned,
-// named by `part`. n == 1 runs task 0 on `op` itself.
-absl::Status RunConcurrently(Group* g, Op& op, int n, const std::function<absl::Status(int, Op&)>& task,
-                             const std::function<std::string(int)>& part) {
-  if (n == 1) return task(0, op);
-  if (n < 1 || n > kMaxParts) return absl::InternalError(absl::StrCat(n, " concurrent parts of a step"));
-  const std::string who = absl::StrCat(op.stats().op, " on rank ", g->rank(), ": ");
-  std::vector<Op> forks;
-  for (int i = 0; i < n; ++i) forks.push_back(op.Fork(kForkPhases + static_cast<uint32_t>(i) * kPhasesPerFork));
-  absl::Mutex mu;
-  absl::Status first;  // guarded by mu
-  auto run = [&](int i) {
-    absl::Status s = task(i, forks[i]);
-    if (s.ok()) return;
-    s = absl::Status(s.code(), absl::StrCat(part(i), ": ", s.message()));
-    {
-      absl::MutexLock l(&mu);
-      if (!first.ok()) return;  // a consequence of the first failure's abort
-      first = s;  // Group::Finish adds the unreachable peers to what the step returns
-    }
-    // The peers' view of it: said before the others' aborts can say less.
-    g->transport()->Abort(absl::Status(s.code(), absl::StrCat(who, s.message(), g->UnreachableNote(s))));
-  };
-  {
-    std::vector<std::thread> threads;
-    struct JoinAll {
-      std::vector<std::thread>& t;
-      ~JoinAll() {
-        for (std::thread& x : t) x.join();
-      }
-    } join{threads};
-    for (int i = 1; i < n; ++i) threads.emplace_back(run, i);
-    run(0);
-  }
-  for (const Op& f : forks) op.Absorb(f);
-  return first;
-}
-
 int Bits(DpCodec c) { return c == DpCodec::kBitDp1 ? 1 : 2; }
 bool IsBitDp(DpCodec c) { return c == DpCodec::kBitDp1 || c == DpCodec::kBitDp2; }
 
@@ -196,8 +145,8 @@ int64_t DataParallelSync::ExpectedBytesSent() const {
   int64_t bytes = 0;
   for (int m : topo.members(y)) {
     if (m == me) continue;
-    const int64_t len = static_cast<int64_t>(CarriedShards(topo, y, m).size()) * c;
-    bytes += static_cast<int64_t>(codec::SymQuantPayloadBytes(len, o_.grad.Fast()));
+    const int64_t pieces = static_cast<int64_t>(CarriedShards(topo, y, m).size());
+    bytes += pieces * static_cast<int64_t>(codec::SymQuantPayloadBytes(c, o_.grad.Fast()));
   }
   const int64_t slow_msgs = static_cast<int64_t>(CarriedShards(topo, y, me).size()) - 1;
   bytes += slow_msgs * static_cast<int64_t>(codec::SymQuantPayloadBytes(c, o_.grad.Slow()));
@@ -260,7 +209,8 @@ absl::Status DataParallelSync::StepQuantised(Op& op, absl::Span<const float> gra
   padded_.assign(static_cast<size_t>(layout_.padded()), 0.0f);
   std::memcpy(padded_.data(), grad.data(), grad.size() * sizeof(float));
   shard_.resize(static_cast<size_t>(layout_.chunk));
-  if (absl::Status s = TwoLevelReduceScatter(op, topo, layout_, padded_.data(), o_.grad, seed, shard_.data());
+  if (absl::Status s = TwoLevelReduceScatter(op, topo, layout_, padded_.data(), o_.grad, seed, shard_.data(),
+                                             o_.reduce_scatter_buckets);
       !s.ok()) {
     return s;
   }
@@ -332,8 +282,8 @@ absl::Status DataParallelSync::StepBitDp(Op& op, absl::Span<const float> grad, a
     absl::Status s = RingReduceScatter(rop, topo, l, plain.data());
     return s.ok() ? RingAllGather(rop, topo, l, plain.data()) : s;
   };
-  if (absl::Status s = RunConcurrently(
-          g_, op, plain.empty() ? 1 : 2, [&](int i, Op& part) { return i == 0 ? planes(part) : ring(part); },
+  if (absl::Status s = op.RunConcurrently(
+          plain.empty() ? 1 : 2, [&](int i, Op& part) { return i == 0 ? planes(part) : ring(part); },
           [](int i) { return i == 0 ? "its bit planes" : "its fp32 ring"; });
       !s.ok()) {
     return s;

@@ -76,6 +76,10 @@ struct DpOptions {
   // BitDP only: the buffer's segments in order (their sizes must add up to n); empty: one row.
   std::vector<BitDpSegment> bitdp_layout;
   uint64_t seed = 1;  // stochastic rounding, when the configs ask for it (mixed with the step)
+  // sdp4bit / zeropp: the gradient reduce-scatter's two levels pipelined over this many buckets
+  // (TwoLevelReduceScatter; fewer where the shard is small), so that the link between regions
+  // carries one bucket while the next is summed inside the region. The result does not depend on it.
+  int reduce_scatter_buckets = 4;
 };
 // The paper's settings per codec: TLq-HS + qWD INT4/2048 (sdp4bit), ULq + qwZ INT4/2048 (zeropp).
 DpOptions DefaultDpOptions(DpCodec c);

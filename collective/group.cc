@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cstring>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "collective/algorithms.h"
 
 namespace longhaul::collective {
@@ -92,8 +94,56 @@ void Op::NextPhase() {
 
 std::string Op::PeerName(int peer) const { return g_->t_->PeerName(peer); }
 
+namespace {
+// The parts of a call that run at the same time (Op::RunConcurrently) number their phases from
+// here, 16 apart: above any phase a call reaches on its own Op.
+constexpr uint32_t kForkPhases = 32;
+constexpr uint32_t kPhasesPerFork = 16;
+constexpr int kMaxParts = 8;
+static_assert(kForkPhases + kMaxParts * kPhasesPerFork <= 256, "Op tags keep 8 bits of phase");
+}  // namespace
+
+absl::Status Op::RunConcurrently(int n, const std::function<absl::Status(int, Op&)>& task,
+                                 const std::function<std::string(int)>& part) {
+  if (n == 1) return task(0, *this);
+  if (n < 1 || n > kMaxParts || forked_) {
+    return absl::InternalError(absl::StrCat(n, " concurrent parts of a call", forked_ ? " inside another's part" : ""));
+  }
+  const std::string who = absl::StrCat(stats_.op, " on rank ", g_->rank(), ": ");
+  std::vector<Op> forks;
+  for (int i = 0; i < n; ++i) forks.push_back(Fork(kForkPhases + static_cast<uint32_t>(i) * kPhasesPerFork));
+  absl::Mutex mu;
+  absl::Status first;  // guarded by mu
+  auto run = [&](int i) {
+    absl::Status s = task(i, forks[i]);
+    if (s.ok()) return;
+    s = absl::Status(s.code(), absl::StrCat(part(i), ": ", s.message()));
+    {
+      absl::MutexLock l(&mu);
+      if (!first.ok()) return;  // a consequence of the first failure's abort
+      first = s;  // Group::Finish adds the unreachable peers to what the call returns
+    }
+    // The peers' view of it: said before the others' aborts can say less.
+    g_->transport()->Abort(absl::Status(s.code(), absl::StrCat(who, s.message(), g_->UnreachableNote(s))));
+  };
+  {
+    std::vector<std::thread> threads;
+    struct JoinAll {
+      std::vector<std::thread>& t;
+      ~JoinAll() {
+        for (std::thread& x : t) x.join();
+      }
+    } join{threads};
+    for (int i = 1; i < n; ++i) threads.emplace_back(run, i);
+    run(0);
+  }
+  for (const Op& f : forks) Absorb(f);
+  return first;
+}
+
 Op Op::Fork(uint32_t first_phase) const {
   Op f(g_, seq_, start_, deadline_);
+  f.forked_ = true;
   f.phase_ = first_phase;
   f.stats_.op = stats_.op;
   return f;

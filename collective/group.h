@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -127,20 +128,29 @@ class Op {
   // "rank 2 (host:port)", for errors about what a peer sent.
   std::string PeerName(int peer) const;
   int rank() const;
-  // A part of this call that runs on another thread at the same time: the same call and deadline,
-  // its own phases from `first_phase` on (above any the rest of the call reaches, so their
-  // messages never match) and its own counters, which Absorb adds back once that thread is done.
-  Op Fork(uint32_t first_phase) const;
-  void Absorb(const Op& fork);
+  // Runs task(i, part_i) for i in [0, n) (1 <= n <= 8) at the same time, task 0 on this thread and
+  // the others on threads of their own. Each part_i is this call on another thread: the same
+  // deadline, its own phases (above any the rest of the call reaches, so their messages never
+  // match) and its own counters, added back at the end. A task that fails aborts the transport, so
+  // the others stop at once rather than at their deadline; the first failure in time (the cause,
+  // not the others' aborts) is returned, prefixed with part(i). n == 1 runs task 0 on this Op.
+  // Every rank must run the same parts in the same order (their phases are numbered by i).
+  absl::Status RunConcurrently(int n, const std::function<absl::Status(int, Op&)>& task,
+                               const std::function<std::string(int)>& part);
 
  private:
   friend class Group;
+  // A part of this call for another thread (RunConcurrently): phases from `first_phase` on, its
+  // own counters, which Absorb adds back once that thread is done.
+  Op Fork(uint32_t first_phase) const;
+  void Absorb(const Op& fork);
   Op(Group* g, uint64_t seq, absl::Time start, absl::Time deadline)
       : g_(g), seq_(seq), start_(start), deadline_(deadline) {}
   uint64_t Tag(uint32_t index) const;
   Group* g_;
   uint64_t seq_;
   uint32_t phase_ = 0;
+  bool forked_ = false;  // a part of RunConcurrently's
   absl::Time start_, deadline_;
   int64_t wire_start_ = 0;  // the transport's wire byte counter when the call began
   CallStats stats_;

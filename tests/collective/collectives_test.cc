@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <random>
 
@@ -16,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "codec/bitdp.h"
 #include "codec/sym_quant.h"
+#include "collective/algorithms.h"
 #include "collective/data_parallel.h"
 #include "tests/collective/harness.h"
 
@@ -117,7 +119,8 @@ struct StepResult {
 };
 
 // Runs `steps` steps of plain SGD with codec `codec` on every rank.
-StepResult RunSteps(Cluster& c, DpCodec codec, int64_t n, int steps, std::vector<BitDpSegment> layout = {}) {
+StepResult RunSteps(Cluster& c, DpCodec codec, int64_t n, int steps, std::vector<BitDpSegment> layout = {},
+                    const std::function<void(DpOptions*)>& tweak = nullptr) {
   const int P = c.size();
   StepResult out;
   out.weights.assign(P, std::vector<float>(static_cast<size_t>(n)));
@@ -130,6 +133,7 @@ StepResult RunSteps(Cluster& c, DpCodec codec, int64_t n, int steps, std::vector
   c.Run([&](int r) {
     DpOptions o = DefaultDpOptions(codec);
     o.bitdp_layout = layout;
+    if (tweak) tweak(&o);
     auto dp = DataParallelSync::Create(&c.group(r), n, o);
     ASSERT_TRUE(dp.ok()) << dp.status();
     out.weights[r] = w0;
@@ -213,6 +217,35 @@ TEST_P(CollectivesTest, Sdp4BitStepKeepsReplicasIdenticalWithinTheCodecsError) {
   std::printf("sdp4bit: reduced-gradient error %.4f, model-vs-main %.4f, %s\n", err, res.weight_error,
               res.stats[0].ToString().c_str());
   EXPECT_GT(res.stats[0].compression(), 3.5) << res.stats[0].ToString();
+}
+
+TEST_P(CollectivesTest, TheReduceScattersBucketsChangeNoBitOfTheStep) {
+  Cluster c(GetParam().kind, GetParam().regions);
+  const int P = c.size();
+  // Chunks of at least 4 x kMinBucketElements: 4 buckets.
+  const int64_t n = 4 * kMinBucketElements * P + 77;
+  for (codec::Rounding rounding : {codec::Rounding::kNearest, codec::Rounding::kStochastic}) {
+    std::vector<StepResult> res;
+    for (int buckets : {1, 4}) {
+      res.push_back(RunSteps(c, DpCodec::kSdp4Bit, n, 2, {}, [&](DpOptions* o) {
+        o->grad.rounding = rounding;
+        o->reduce_scatter_buckets = buckets;
+      }));
+    }
+    const char* what = rounding == codec::Rounding::kNearest ? "nearest" : "stochastic";
+    EXPECT_EQ(ReduceScatterBuckets(c.group(0).Shards(n).chunk, codec::TlqHs(), 4), 4);
+    ExpectBitIdentical(res[1]);
+    ExpectBytes(res[1], GetParam().kind);
+    ASSERT_EQ(std::memcmp(res[1].reduced.data(), res[0].reduced.data(), res[0].reduced.size() * sizeof(float)), 0)
+        << what << ": the summed gradient differs from the unbucketed one's";
+    for (int r = 0; r < P; ++r) {
+      EXPECT_EQ(std::memcmp(res[1].weights[r].data(), res[0].weights[r].data(), n * sizeof(float)), 0)
+          << what << ": rank " << r << "'s weights";
+      EXPECT_EQ(res[1].stats[r].bytes_sent, res[0].stats[r].bytes_sent) << "rank " << r;
+      // Every level-1 and level-2 message once per bucket.
+      EXPECT_GT(res[1].stats[r].messages_sent, res[0].stats[r].messages_sent) << "rank " << r;
+    }
+  }
 }
 
 TEST_P(CollectivesTest, ZeroPPStepKeepsReplicasIdenticalWithinTheCodecsError) {
