@@ -28,8 +28,8 @@
 //            leaves alone (biases, norms, embeddings: BitDpSegment::quantise = false) are summed
 //            with the fp32 ring.
 // Memory: the padded gradient (P * chunk floats) plus the main shard.
-// Threading: as Group (one rank's thread; a BitDP step runs its fp32 ring on a second thread of
-// its own, joined before the step returns).
+// Threading: as Group (one rank's thread; a BitDP step runs its fp32 ring, and a bucketed
+// reduce-scatter its level 2, on a second thread of its own, joined before the step returns).
 #ifndef LONGHAUL_COLLECTIVE_DATA_PARALLEL_H_
 #define LONGHAUL_COLLECTIVE_DATA_PARALLEL_H_
 

@@ -19,7 +19,8 @@
 //     Send and Recv calls fail too (a send waiting for a dead peer included). A group is not usable
 //     after an abort; the caller builds a new one (a new group id on the gRPC transport).
 // Threading: Send/Recv/Abort/counters may be called from any thread; the collectives use one
-// thread per rank (two during a BitDP step: its fp32 ring runs beside the all-gather).
+// thread per rank (two where a step runs parts at the same time, Op::RunConcurrently: a BitDP
+// step's fp32 ring beside its all-gather, a bucketed reduce-scatter's two levels).
 #ifndef LONGHAUL_COLLECTIVE_TRANSPORT_H_
 #define LONGHAUL_COLLECTIVE_TRANSPORT_H_
 
