@@ -7,11 +7,12 @@
 
 namespace longhaul::codec {
 
-std::string QwdEncodeShard(const float* main, const float* model, int64_t n, const SymQuantParams& p) {
+std::string QwdEncodeShard(const float* main, const float* model, int64_t n, const SymQuantParams& p,
+                           int64_t index_offset) {
   std::vector<float> d(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) d[i] = main[i] - model[i];
   std::string out;
-  SymQuantEncode(d.data(), n, p, /*seed=*/0, &out);
+  SymQuantEncode(d.data(), n, p, /*seed=*/0, &out, index_offset);
   return out;
 }
 

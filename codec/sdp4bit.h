@@ -33,7 +33,8 @@ namespace longhaul::codec {
 inline SymQuantParams QwdParams(int group_size = 2048) { return {4, group_size, false, Rounding::kNearest}; }
 
 // Quantised main - model for one shard (the bytes to all-gather).
-std::string QwdEncodeShard(const float* main, const float* model, int64_t n, const SymQuantParams& p = QwdParams());
+std::string QwdEncodeShard(const float* main, const float* model, int64_t n, const SymQuantParams& p = QwdParams(),
+                           int64_t index_offset = 0);
 // model += dequant(payload). Validates first; the model is untouched on error.
 absl::Status QwdApplyShard(absl::string_view payload, int64_t n, float* model, const SymQuantParams& p = QwdParams());
 // One replica, whole tensor: model += dequant(quant(main - model)).

@@ -84,6 +84,9 @@ absl::StatusOr<std::unique_ptr<DataParallelSync>> DataParallelSync::Create(Group
     for (const codec::SymQuantParams& p : {o.grad.Fast(), o.grad.Slow(), o.weights}) {
       if (absl::Status s = p.Validate(); !s.ok()) return s;
     }
+    if (o.buckets < 1 || o.buckets > kMaxBuckets) {
+      return absl::InvalidArgumentError(absl::StrCat(o.buckets, " buckets (1 to ", kMaxBuckets, ")"));
+    }
   }
   if (IsBitDp(o.codec)) {
     if (o.bitdp_layout.empty()) o.bitdp_layout.push_back({1, n, true});
@@ -202,47 +205,105 @@ absl::Status DataParallelSync::StepFp32(Op& op, absl::Span<const float> grad, ab
 absl::Status DataParallelSync::StepQuantised(Op& op, absl::Span<const float> grad, absl::Span<float> weights,
                                              const UpdateFn& update) {
   const Topology& topo = g_->topology();
-  const int P = topo.size(), me = g_->rank();
+  const int me = g_->rank();
   const int64_t b = layout_.begin(me), len = layout_.length(me);
-  const bool qwd = o_.codec == DpCodec::kSdp4Bit;
   const uint64_t seed = o_.seed * 0x9e3779b97f4a7c15ull + steps_;
   padded_.assign(static_cast<size_t>(layout_.padded()), 0.0f);
   std::memcpy(padded_.data(), grad.data(), grad.size() * sizeof(float));
   shard_.resize(static_cast<size_t>(layout_.chunk));
   if (absl::Status s = TwoLevelReduceScatter(op, topo, layout_, padded_.data(), o_.grad, seed, shard_.data(),
-                                             o_.reduce_scatter_buckets);
+                                             o_.buckets);
       !s.ok()) {
     return s;
   }
   if (main_.empty()) main_.assign(weights.begin() + b, weights.begin() + b + len);
   update(b, absl::MakeConstSpan(shard_.data(), static_cast<size_t>(len)), absl::MakeSpan(main_));
+  return GatherWeights(op, weights, seed);
+}
+
+absl::Status DataParallelSync::GatherWeights(Op& op, absl::Span<float> weights, uint64_t seed) {
   // Weights: qWD sends the quantised difference main - model (the model keeps what earlier steps
-  // could not express, so the error does not accumulate); qwZ the quantised main weights.
-  std::vector<std::string> blobs(static_cast<size_t>(P));
-  if (qwd) {
-    blobs[me] = codec::QwdEncodeShard(main_.data(), weights.data() + b, len, o_.weights);
-  } else {
-    codec::SymQuantEncode(main_.data(), len, o_.weights, seed, &blobs[me]);
-  }
-  std::vector<int64_t> expected(static_cast<size_t>(P)), raw(static_cast<size_t>(P));
-  for (int k = 0; k < P; ++k) {
-    expected[k] = WeightPayloadBytes(k);
-    raw[k] = layout_.length(k) * 4;
-  }
-  if (absl::Status s = TwoLevelAllGather(op, topo, &blobs, expected, raw); !s.ok()) return s;
-  // Validate every shard before changing any weight, so a bad payload leaves the model as it was.
-  for (int k = 0; k < P; ++k) {
-    if (absl::Status s = codec::SymQuantValidate(blobs[k], layout_.length(k), o_.weights); !s.ok()) {
-      return BadPayload(op, k, qwd ? "weight-difference payload" : "weight payload", s);
+  // could not express, so the error does not accumulate); qwZ the quantised main weights. Every
+  // rank's shard is cut into the same number of pieces of whole groups, a bucket being every rank's
+  // piece j: this thread encodes its pieces, then validates and decodes each bucket as soon as it
+  // has arrived, while a second thread all-gathers the buckets one after another. Piece by piece
+  // the values are the whole shard's (the same groups and draws) and so are the bytes.
+  const Topology& topo = g_->topology();
+  const int P = topo.size(), me = g_->rank();
+  const bool qwd = o_.codec == DpCodec::kSdp4Bit;
+  const int64_t g = o_.weights.group_size;
+  const int K = static_cast<int>(std::clamp<int64_t>(layout_.chunk / std::max(g, kMinBucketElements), 1, o_.buckets));
+  // Piece j of shard k: elements [at(k, j), at(k, j + 1)) of it.
+  auto at = [&](int k, int j) {
+    const int64_t len = layout_.length(k), groups = (len + g - 1) / g;
+    return std::min(len, groups * j / K * g);
+  };
+  std::vector<std::vector<std::string>> pieces(static_cast<size_t>(K), std::vector<std::string>(static_cast<size_t>(P)));
+  std::vector<std::vector<int64_t>> expected(pieces.size()), raw(pieces.size());
+  for (int j = 0; j < K; ++j) {
+    for (int k = 0; k < P; ++k) {
+      const int64_t m = at(k, j + 1) - at(k, j);
+      expected[j].push_back(static_cast<int64_t>(codec::SymQuantPayloadBytes(m, o_.weights)));
+      raw[j].push_back(m * 4);
     }
   }
-  for (int k = 0; k < P; ++k) {
-    const int64_t lk = layout_.length(k);
-    if (lk == 0) continue;
-    const codec::SymDecodeOptions d{/*accumulate=*/qwd, /*hadamard_domain=*/false};
-    codec::SymQuantDecode(blobs[k], lk, o_.weights, d, weights.data() + layout_.begin(k));
-  }
-  return absl::OkStatus();
+  const int64_t b = layout_.begin(me);
+  absl::Mutex mu;
+  int encoded = 0, arrived = 0;  // buckets
+  bool stopped = false;          // a part failed: its error is the step's
+  auto wait = [&](const int& count, int j) {
+    absl::MutexLock l(&mu);
+    const auto ready = [&] { return stopped || count > j; };
+    mu.Await(absl::Condition(&ready));
+    return count > j;
+  };
+  auto fail = [&](absl::Status s) {
+    absl::MutexLock l(&mu);
+    stopped = true;
+    return s;
+  };
+  auto encode_and_apply = [&]() -> absl::Status {
+    for (int j = 0; j < K; ++j) {
+      const int64_t from = at(me, j), m = at(me, j + 1) - from;
+      std::string& mine = pieces[j][me];
+      if (qwd) {
+        mine = codec::QwdEncodeShard(main_.data() + from, weights.data() + b + from, m, o_.weights, from);
+      } else {
+        codec::SymQuantEncode(main_.data() + from, m, o_.weights, seed, &mine, from);
+      }
+      absl::MutexLock l(&mu);
+      encoded = j + 1;
+    }
+    for (int j = 0; j < K; ++j) {
+      if (!wait(arrived, j)) return absl::OkStatus();
+      // A bucket's pieces are all checked before any is applied (an earlier bucket's may already
+      // have been: on an error the weights may be half updated, as Step says).
+      for (int k = 0; k < P; ++k) {
+        if (absl::Status s = codec::SymQuantValidate(pieces[j][k], at(k, j + 1) - at(k, j), o_.weights); !s.ok()) {
+          return fail(BadPayload(op, k, qwd ? "weight-difference payload" : "weight payload", s));
+        }
+      }
+      for (int k = 0; k < P; ++k) {
+        const int64_t from = at(k, j), m = at(k, j + 1) - from;
+        if (m == 0) continue;
+        const codec::SymDecodeOptions d{/*accumulate=*/qwd, /*hadamard_domain=*/false};
+        codec::SymQuantDecode(pieces[j][k], m, o_.weights, d, weights.data() + layout_.begin(k) + from);
+      }
+    }
+    return absl::OkStatus();
+  };
+  auto gather = [&](Op& gop) -> absl::Status {
+    for (int j = 0; j < K; ++j) {
+      if (!wait(encoded, j)) return absl::OkStatus();
+      if (absl::Status s = TwoLevelAllGather(gop, topo, &pieces[j], expected[j], raw[j]); !s.ok()) return fail(s);
+      absl::MutexLock l(&mu);
+      arrived = j + 1;
+    }
+    return absl::OkStatus();
+  };
+  return op.RunConcurrently(
+      2, [&](int part, Op& pop) { return part == 0 ? encode_and_apply() : gather(pop); },
+      [](int part) { return part == 0 ? "its weights' encode and decode" : "its weights' all-gather"; });
 }
 
 absl::Status DataParallelSync::StepBitDp(Op& op, absl::Span<const float> grad, absl::Span<float> weights,

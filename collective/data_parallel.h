@@ -76,11 +76,16 @@ struct DpOptions {
   // BitDP only: the buffer's segments in order (their sizes must add up to n); empty: one row.
   std::vector<BitDpSegment> bitdp_layout;
   uint64_t seed = 1;  // stochastic rounding, when the configs ask for it (mixed with the step)
-  // sdp4bit / zeropp: the gradient reduce-scatter's two levels pipelined over this many buckets
-  // (TwoLevelReduceScatter; fewer where the shard is small), so that the link between regions
-  // carries one bucket while the next is summed inside the region. The result does not depend on it.
-  int reduce_scatter_buckets = 4;
+  // sdp4bit / zeropp: both collectives of a step pipelined over this many buckets (1..8; fewer
+  // where the shards are small, ReduceScatterBuckets): the gradients' two levels
+  // (TwoLevelReduceScatter) and the weights' all-gather against their encode and decode, so the
+  // link between regions carries one bucket while the next is summed, encoded or decoded. The
+  // result does not depend on it, nor do the bytes.
+  int buckets = 4;
 };
+// The most DpOptions::buckets: a part of a call has 16 phases (Op::RunConcurrently) and the
+// weights' all-gather takes two a bucket.
+inline constexpr int kMaxBuckets = 8;
 // The paper's settings per codec: TLq-HS + qWD INT4/2048 (sdp4bit), ULq + qwZ INT4/2048 (zeropp).
 DpOptions DefaultDpOptions(DpCodec c);
 
@@ -122,6 +127,7 @@ class DataParallelSync {
                              const UpdateFn& update);
   absl::Status StepBitDp(Op& op, absl::Span<const float> grad, absl::Span<float> weights, const UpdateFn& update);
   int64_t WeightPayloadBytes(int k) const;
+  absl::Status GatherWeights(Op& op, absl::Span<float> weights, uint64_t seed);
 
   Group* const g_;
   const int64_t n_;

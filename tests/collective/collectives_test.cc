@@ -219,32 +219,43 @@ TEST_P(CollectivesTest, Sdp4BitStepKeepsReplicasIdenticalWithinTheCodecsError) {
   EXPECT_GT(res.stats[0].compression(), 3.5) << res.stats[0].ToString();
 }
 
-TEST_P(CollectivesTest, TheReduceScattersBucketsChangeNoBitOfTheStep) {
+TEST_P(CollectivesTest, BucketsChangeNoBitOfTheQuantisedSteps) {
   Cluster c(GetParam().kind, GetParam().regions);
   const int P = c.size();
-  // Chunks of at least 4 x kMinBucketElements: 4 buckets.
+  // Chunks of at least 4 x kMinBucketElements: 4 buckets for both collectives; the last shard
+  // shorter than the others (its last piece too).
   const int64_t n = 4 * kMinBucketElements * P + 77;
-  for (codec::Rounding rounding : {codec::Rounding::kNearest, codec::Rounding::kStochastic}) {
-    std::vector<StepResult> res;
-    for (int buckets : {1, 4}) {
-      res.push_back(RunSteps(c, DpCodec::kSdp4Bit, n, 2, {}, [&](DpOptions* o) {
-        o->grad.rounding = rounding;
-        o->reduce_scatter_buckets = buckets;
-      }));
+  EXPECT_EQ(ReduceScatterBuckets(c.group(0).Shards(n).chunk, codec::TlqHs(), 4), 4);
+  for (DpCodec codec : {DpCodec::kSdp4Bit, DpCodec::kZeroPP}) {
+    for (codec::Rounding rounding : {codec::Rounding::kNearest, codec::Rounding::kStochastic}) {
+      const std::string what = absl::StrCat(DpCodecName(codec), rounding == codec::Rounding::kNearest ? ", nearest" : ", stochastic");
+      std::vector<StepResult> res;
+      for (int buckets : {1, 4}) {
+        res.push_back(RunSteps(c, codec, n, 2, {}, [&](DpOptions* o) {
+          o->grad.rounding = rounding;
+          o->weights.rounding = rounding;
+          o->buckets = buckets;
+        }));
+      }
+      ExpectBitIdentical(res[1]);
+      ExpectBytes(res[1], GetParam().kind);
+      ASSERT_EQ(std::memcmp(res[1].reduced.data(), res[0].reduced.data(), res[0].reduced.size() * sizeof(float)), 0)
+          << what << ": the summed gradient differs from the unbucketed one's";
+      for (int r = 0; r < P; ++r) {
+        EXPECT_EQ(std::memcmp(res[1].weights[r].data(), res[0].weights[r].data(), n * sizeof(float)), 0)
+            << what << ": rank " << r << "'s weights";
+        EXPECT_EQ(res[1].stats[r].bytes_sent, res[0].stats[r].bytes_sent) << what << ", rank " << r;
+        // Every message of both collectives once per bucket.
+        EXPECT_GT(res[1].stats[r].messages_sent, res[0].stats[r].messages_sent) << what << ", rank " << r;
+      }
     }
-    const char* what = rounding == codec::Rounding::kNearest ? "nearest" : "stochastic";
-    EXPECT_EQ(ReduceScatterBuckets(c.group(0).Shards(n).chunk, codec::TlqHs(), 4), 4);
-    ExpectBitIdentical(res[1]);
-    ExpectBytes(res[1], GetParam().kind);
-    ASSERT_EQ(std::memcmp(res[1].reduced.data(), res[0].reduced.data(), res[0].reduced.size() * sizeof(float)), 0)
-        << what << ": the summed gradient differs from the unbucketed one's";
-    for (int r = 0; r < P; ++r) {
-      EXPECT_EQ(std::memcmp(res[1].weights[r].data(), res[0].weights[r].data(), n * sizeof(float)), 0)
-          << what << ": rank " << r << "'s weights";
-      EXPECT_EQ(res[1].stats[r].bytes_sent, res[0].stats[r].bytes_sent) << "rank " << r;
-      // Every level-1 and level-2 message once per bucket.
-      EXPECT_GT(res[1].stats[r].messages_sent, res[0].stats[r].messages_sent) << "rank " << r;
-    }
+  }
+  for (int bad : {0, kMaxBuckets + 1}) {
+    DpOptions o = DefaultDpOptions(DpCodec::kSdp4Bit);
+    o.buckets = bad;
+    absl::StatusOr<std::unique_ptr<DataParallelSync>> dp = DataParallelSync::Create(&c.group(0), n, o);
+    ASSERT_FALSE(dp.ok());
+    EXPECT_TRUE(absl::StrContains(dp.status().message(), "buckets")) << dp.status();
   }
 }
 
