@@ -255,38 +255,67 @@ absl::Status TwoLevelReduceScatter(Op& op, const Topology& topo, const ShardLayo
   }
   // Level 1 bucket after bucket on this thread; level 2 of each on a second one as soon as its
   // level 1 is summed, so the slow link carries one bucket while the next is quantised and summed.
+  BucketPipeline p;
+  p.buckets = buckets;
+  p.produce = [&](Op& pop, int k) {
+    return ReduceInsideRegion(pop, topo, len, padded, c, seed, parts[k], static_cast<uint32_t>(k), acc.data());
+  };
+  p.produce_name = "its level 1 (inside the region)";
+  p.transfer = [&](Op& pop, int k) {
+    return ReduceAcrossRegions(pop, topo, len, acc.data(), c, seed, parts[k], static_cast<uint32_t>(k), shard_sum);
+  };
+  p.transfer_name = "its level 2 (across regions)";
+  return RunBucketPipeline(op, p);
+}
+
+absl::Status RunBucketPipeline(Op& op, const BucketPipeline& p) {
   absl::Mutex mu;
-  int summed = 0;        // buckets whose level 1 is done
-  bool stopped = false;  // level 1 failed: its error is the call's
+  int produced = 0, transferred = 0;  // buckets
+  bool stopped = false;               // a part failed: its error is the call's
+  // Waits until `count` passes bucket k; false when a part failed first (a part that fails
+  // aborts the transport, so any part blocked in a transfer fails too and none waits forever).
+  auto wait = [&](const int& count, int k) {
+    absl::MutexLock l(&mu);
+    const auto ready = [&] { return stopped || count > k; };
+    mu.Await(absl::Condition(&ready));
+    return count > k;
+  };
+  auto advance = [&](int* count, int k) {
+    absl::MutexLock l(&mu);
+    *count = k + 1;
+  };
+  auto fail = [&](absl::Status s) {
+    absl::MutexLock l(&mu);
+    stopped = true;
+    return s;
+  };
+  auto first = [&](Op& pop) -> absl::Status {
+    for (int k = 0; k < p.buckets; ++k) {
+      if (absl::Status s = p.produce(pop, k); !s.ok()) return fail(s);
+      advance(&produced, k);
+    }
+    for (int k = 0; p.consume && k < p.buckets; ++k) {
+      if (!wait(transferred, k)) return absl::OkStatus();
+      if (absl::Status s = p.consume(k); !s.ok()) return fail(s);
+    }
+    return absl::OkStatus();
+  };
+  auto second = [&](Op& pop) -> absl::Status {
+    for (int k = 0; k < p.buckets; ++k) {
+      if (!wait(produced, k)) return absl::OkStatus();
+      if (absl::Status s = p.transfer(pop, k); !s.ok()) return fail(s);
+      advance(&transferred, k);
+    }
+    return absl::OkStatus();
+  };
+  auto beside = [&](Op& pop) -> absl::Status {
+    absl::Status s = p.beside(pop);
+    return s.ok() ? s : fail(s);
+  };
   return op.RunConcurrently(
-      2,
-      [&](int part, Op& pop) -> absl::Status {
-        for (int k = 0; k < buckets; ++k) {
-          const uint32_t index = static_cast<uint32_t>(k);
-          if (part == 0) {
-            absl::Status s = ReduceInsideRegion(pop, topo, len, padded, c, seed, parts[k], index, acc.data());
-            absl::MutexLock l(&mu);
-            if (!s.ok()) {
-              stopped = true;
-              return s;
-            }
-            summed = k + 1;
-            continue;
-          }
-          {
-            absl::MutexLock l(&mu);
-            const auto ready = [&] { return stopped || summed > k; };
-            mu.Await(absl::Condition(&ready));
-            if (summed <= k) return absl::OkStatus();  // level 1 failed: its error is the call's
-          }
-          if (absl::Status s = ReduceAcrossRegions(pop, topo, len, acc.data(), c, seed, parts[k], index, shard_sum);
-              !s.ok()) {
-            return s;
-          }
-        }
-        return absl::OkStatus();
-      },
-      [](int part) { return part == 0 ? "its level 1 (inside the region)" : "its level 2 (across regions)"; });
+      p.beside ? 3 : 2,
+      [&](int part, Op& pop) { return part == 0 ? first(pop) : part == 1 ? second(pop) : beside(pop); },
+      [&](int part) { return part == 0 ? p.produce_name : part == 1 ? p.transfer_name : p.beside_name; });
 }
 
 }  // namespace longhaul::collective

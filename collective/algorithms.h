@@ -15,6 +15,7 @@
 #define LONGHAUL_COLLECTIVE_ALGORITHMS_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -67,6 +68,22 @@ absl::Status TwoLevelAllGather(Op& op, const Topology& topo, std::vector<std::st
 // same `buckets`.
 absl::Status TwoLevelReduceScatter(Op& op, const Topology& topo, const ShardLayout& layout, const float* padded,
                                    const codec::TwoLevelConfig& c, uint64_t seed, float* shard_sum, int buckets = 1);
+// A collective in buckets, pipelined (RunBucketPipeline): `produce` runs bucket after bucket on the
+// calling thread, `transfer` on a second thread each bucket as soon as it is produced, then
+// `consume` (if any) back on the calling thread each bucket as soon as it is transferred; `beside`
+// (if any) on a third thread at the same time. So a slow link carries one bucket while the next is
+// produced and the previous consumed. A part that fails stops the others (Op::RunConcurrently);
+// the first failure is returned, prefixed with its part's name. Every rank must run the same
+// buckets (1 to 8 when transfer takes two phases a bucket: a part has 16).
+struct BucketPipeline {
+  int buckets = 1;
+  std::function<absl::Status(Op&, int)> produce, transfer;
+  std::function<absl::Status(int)> consume;
+  std::function<absl::Status(Op&)> beside;
+  std::string produce_name, transfer_name, beside_name;  // produce_name: consume's too (its thread)
+};
+absl::Status RunBucketPipeline(Op& op, const BucketPipeline& p);
+
 // How many of `wanted` buckets TwoLevelReduceScatter cuts a chunk into: 1 unless the chunk is whole
 // groups, and no bucket under kMinBucketElements (a message's fixed costs).
 inline constexpr int64_t kMinBucketElements = 16384;

@@ -84,9 +84,9 @@ absl::StatusOr<std::unique_ptr<DataParallelSync>> DataParallelSync::Create(Group
     for (const codec::SymQuantParams& p : {o.grad.Fast(), o.grad.Slow(), o.weights}) {
       if (absl::Status s = p.Validate(); !s.ok()) return s;
     }
-    if (o.buckets < 1 || o.buckets > kMaxBuckets) {
-      return absl::InvalidArgumentError(absl::StrCat(o.buckets, " buckets (1 to ", kMaxBuckets, ")"));
-    }
+  }
+  if (o.buckets < 1 || o.buckets > kMaxBuckets) {
+    return absl::InvalidArgumentError(absl::StrCat(o.buckets, " buckets (1 to ", kMaxBuckets, ")"));
   }
   if (IsBitDp(o.codec)) {
     if (o.bitdp_layout.empty()) o.bitdp_layout.push_back({1, n, true});
@@ -248,129 +248,134 @@ absl::Status DataParallelSync::GatherWeights(Op& op, absl::Span<float> weights, 
     }
   }
   const int64_t b = layout_.begin(me);
-  absl::Mutex mu;
-  int encoded = 0, arrived = 0;  // buckets
-  bool stopped = false;          // a part failed: its error is the step's
-  auto wait = [&](const int& count, int j) {
-    absl::MutexLock l(&mu);
-    const auto ready = [&] { return stopped || count > j; };
-    mu.Await(absl::Condition(&ready));
-    return count > j;
-  };
-  auto fail = [&](absl::Status s) {
-    absl::MutexLock l(&mu);
-    stopped = true;
-    return s;
-  };
-  auto encode_and_apply = [&]() -> absl::Status {
-    for (int j = 0; j < K; ++j) {
-      const int64_t from = at(me, j), m = at(me, j + 1) - from;
-      std::string& mine = pieces[j][me];
-      if (qwd) {
-        mine = codec::QwdEncodeShard(main_.data() + from, weights.data() + b + from, m, o_.weights, from);
-      } else {
-        codec::SymQuantEncode(main_.data() + from, m, o_.weights, seed, &mine, from);
-      }
-      absl::MutexLock l(&mu);
-      encoded = j + 1;
-    }
-    for (int j = 0; j < K; ++j) {
-      if (!wait(arrived, j)) return absl::OkStatus();
-      // A bucket's pieces are all checked before any is applied (an earlier bucket's may already
-      // have been: on an error the weights may be half updated, as Step says).
-      for (int k = 0; k < P; ++k) {
-        if (absl::Status s = codec::SymQuantValidate(pieces[j][k], at(k, j + 1) - at(k, j), o_.weights); !s.ok()) {
-          return fail(BadPayload(op, k, qwd ? "weight-difference payload" : "weight payload", s));
-        }
-      }
-      for (int k = 0; k < P; ++k) {
-        const int64_t from = at(k, j), m = at(k, j + 1) - from;
-        if (m == 0) continue;
-        const codec::SymDecodeOptions d{/*accumulate=*/qwd, /*hadamard_domain=*/false};
-        codec::SymQuantDecode(pieces[j][k], m, o_.weights, d, weights.data() + layout_.begin(k) + from);
-      }
+  BucketPipeline p;
+  p.buckets = K;
+  p.produce = [&](Op&, int j) {
+    const int64_t from = at(me, j), m = at(me, j + 1) - from;
+    std::string& mine = pieces[j][me];
+    if (qwd) {
+      mine = codec::QwdEncodeShard(main_.data() + from, weights.data() + b + from, m, o_.weights, from);
+    } else {
+      codec::SymQuantEncode(main_.data() + from, m, o_.weights, seed, &mine, from);
     }
     return absl::OkStatus();
   };
-  auto gather = [&](Op& gop) -> absl::Status {
-    for (int j = 0; j < K; ++j) {
-      if (!wait(encoded, j)) return absl::OkStatus();
-      if (absl::Status s = TwoLevelAllGather(gop, topo, &pieces[j], expected[j], raw[j]); !s.ok()) return fail(s);
-      absl::MutexLock l(&mu);
-      arrived = j + 1;
+  p.produce_name = "its weights' encode and decode";  // consume runs on the same thread
+  p.transfer = [&](Op& gop, int j) { return TwoLevelAllGather(gop, topo, &pieces[j], expected[j], raw[j]); };
+  p.transfer_name = "its weights' all-gather";
+  p.consume = [&](int j) {
+    // A bucket's pieces are all checked before any is applied (an earlier bucket's may already
+    // have been: on an error the weights may be half updated, as Step says).
+    for (int k = 0; k < P; ++k) {
+      if (absl::Status s = codec::SymQuantValidate(pieces[j][k], at(k, j + 1) - at(k, j), o_.weights); !s.ok()) {
+        return BadPayload(op, k, qwd ? "weight-difference payload" : "weight payload", s);
+      }
+    }
+    for (int k = 0; k < P; ++k) {
+      const int64_t from = at(k, j), m = at(k, j + 1) - from;
+      if (m == 0) continue;
+      const codec::SymDecodeOptions d{/*accumulate=*/qwd, /*hadamard_domain=*/false};
+      codec::SymQuantDecode(pieces[j][k], m, o_.weights, d, weights.data() + layout_.begin(k) + from);
     }
     return absl::OkStatus();
   };
-  return op.RunConcurrently(
-      2, [&](int part, Op& pop) { return part == 0 ? encode_and_apply() : gather(pop); },
-      [](int part) { return part == 0 ? "its weights' encode and decode" : "its weights' all-gather"; });
+  return RunBucketPipeline(op, p);
 }
 
 absl::Status DataParallelSync::StepBitDp(Op& op, absl::Span<const float> grad, absl::Span<float> weights,
                                          const UpdateFn& update) {
   const Topology& topo = g_->topology();
-  const int P = topo.size(), me = g_->rank(), bits = Bits(o_.codec);
-  // The segments BitDP leaves alone (embeddings, biases, norms) go through the fp32 ring at the
-  // same time as the others' bit planes are encoded and all-gathered (RunConcurrently): the two
-  // need nothing from each other, and on a slow link the ring's transfers (most of the bytes
-  // across regions in a small model) would otherwise only start after the all-gather's.
-  std::vector<float> plain;
-  int64_t quantised = 0, off = 0;
+  const int P = topo.size(), bits = Bits(o_.codec);
+  // Row ranges of the quantised segments, dealt to buckets of about equal payload (rows are
+  // independent: one scale each). Every rank cuts the same layout the same way.
+  struct Rows {
+    int64_t at, rows, cols;  // at: the first element's offset in the flat buffer
+  };
+  std::vector<float> plain;  // the segments BitDP leaves alone (embeddings, biases, norms)
+  std::vector<Rows> quantised;
+  int64_t payload = 0, quantised_elements = 0, off = 0;
   for (const BitDpSegment& s : o_.bitdp_layout) {
     const int64_t m = s.rows * s.cols;
     if (s.quantise) {
-      quantised += m;
+      quantised.push_back({off, s.rows, s.cols});
+      payload += static_cast<int64_t>(codec::BitDpPayloadBytes(s.rows, s.cols, bits));
+      quantised_elements += m;
     } else {
       plain.insert(plain.end(), grad.begin() + off, grad.begin() + off + m);
     }
     off += m;
   }
-  // This rank's payload: every quantised segment's planes, in order.
-  std::vector<std::string> blobs(static_cast<size_t>(P));
-  auto planes = [&](Op& aop) {
-    int64_t at = 0;
-    for (const BitDpSegment& s : o_.bitdp_layout) {
-      if (s.quantise) codec::BitDpEncode(grad.data() + at, s.rows, s.cols, bits, &blobs[me]);
-      at += s.rows * s.cols;
+  const int K = static_cast<int>(std::clamp<int64_t>(quantised_elements / kMinBucketElements, 1, o_.buckets));
+  std::vector<std::vector<Rows>> buckets(static_cast<size_t>(K));
+  std::vector<int64_t> bucket_bytes(static_cast<size_t>(K), 0), bucket_elements(static_cast<size_t>(K), 0);
+  int64_t done = 0;  // payload bytes dealt so far
+  for (const Rows& q : quantised) {
+    const int64_t row_bytes = static_cast<int64_t>(codec::BitDpPayloadBytes(1, q.cols, bits));
+    for (int64_t r = 0; r < q.rows;) {
+      // The bucket this row starts in, and the rows that fit before the next bucket's share.
+      const int j = static_cast<int>(std::min<int64_t>(K - 1, done * K / std::max<int64_t>(payload, 1)));
+      const int64_t room = j == K - 1 ? q.rows - r : std::max<int64_t>(1, ((j + 1) * payload / K - done) / row_bytes);
+      const int64_t n = std::min(q.rows - r, room);
+      buckets[j].push_back({q.at + r * q.cols, n, q.cols});
+      bucket_bytes[j] += n * row_bytes;
+      bucket_elements[j] += n * q.cols;
+      done += n * row_bytes;
+      r += n;
     }
-    const int64_t payload = static_cast<int64_t>(blobs[me].size());
-    return TwoLevelAllGather(aop, topo, &blobs, std::vector<int64_t>(static_cast<size_t>(P), payload),
-                             std::vector<int64_t>(static_cast<size_t>(P), quantised * 4));
-  };
-  auto ring = [&](Op& rop) {
-    const ShardLayout l = MakeShards(static_cast<int64_t>(plain.size()), P, kPlainAlign);
-    plain.resize(static_cast<size_t>(l.padded()), 0.0f);
-    absl::Status s = RingReduceScatter(rop, topo, l, plain.data());
-    return s.ok() ? RingAllGather(rop, topo, l, plain.data()) : s;
-  };
-  if (absl::Status s = op.RunConcurrently(
-          plain.empty() ? 1 : 2, [&](int i, Op& part) { return i == 0 ? planes(part) : ring(part); },
-          [](int i) { return i == 0 ? "its bit planes" : "its fp32 ring"; });
-      !s.ok()) {
-    return s;
   }
+  std::vector<std::vector<std::string>> blobs(static_cast<size_t>(K), std::vector<std::string>(static_cast<size_t>(P)));
   // The exact reduction of the same bytes in rank order: the same sum on every rank.
   std::vector<float> sum(static_cast<size_t>(n_));
-  off = 0;
-  int64_t poff = 0, plain_off = 0;
-  std::vector<absl::string_view> views(static_cast<size_t>(P));
-  for (const BitDpSegment& s : o_.bitdp_layout) {
-    const int64_t m = s.rows * s.cols;
-    if (s.quantise) {
-      const size_t bytes = static_cast<size_t>(codec::BitDpPayloadBytes(s.rows, s.cols, bits));
+  BucketPipeline p;
+  p.buckets = K;
+  p.produce = [&](Op&, int j) {
+    for (const Rows& q : buckets[j]) codec::BitDpEncode(grad.data() + q.at, q.rows, q.cols, bits, &blobs[j][g_->rank()]);
+    return absl::OkStatus();
+  };
+  p.produce_name = "its bit planes' encode and reduction";  // consume runs on the same thread
+  p.transfer = [&](Op& aop, int j) {
+    return TwoLevelAllGather(aop, topo, &blobs[j], std::vector<int64_t>(static_cast<size_t>(P), bucket_bytes[j]),
+                             std::vector<int64_t>(static_cast<size_t>(P), bucket_elements[j] * 4));
+  };
+  p.transfer_name = "its bit planes' all-gather";
+  p.consume = [&](int j) {
+    std::vector<absl::string_view> views(static_cast<size_t>(P));
+    size_t poff = 0;
+    for (const Rows& q : buckets[j]) {
+      const size_t bytes = static_cast<size_t>(codec::BitDpPayloadBytes(q.rows, q.cols, bits));
       for (int k = 0; k < P; ++k) {
-        views[k] = absl::string_view(blobs[k]).substr(static_cast<size_t>(poff), bytes);
-        if (absl::Status v = codec::BitDpValidate(views[k], s.rows, s.cols, bits); !v.ok()) {
+        views[k] = absl::string_view(blobs[j][k]).substr(poff, bytes);
+        if (absl::Status v = codec::BitDpValidate(views[k], q.rows, q.cols, bits); !v.ok()) {
           return BadPayload(op, k, "BitDP gradient payload", v);
         }
       }
-      if (absl::Status r = codec::BitDpReduce(views, s.rows, s.cols, bits, codec::BitDpReduction::kExact,
-                                              sum.data() + off);
+      if (absl::Status r = codec::BitDpReduce(views, q.rows, q.cols, bits, codec::BitDpReduction::kExact,
+                                              sum.data() + q.at);
           !r.ok()) {
         return r;
       }
-      poff += static_cast<int64_t>(bytes);
-    } else {
+      poff += bytes;
+    }
+    return absl::OkStatus();
+  };
+  // The segments left alone go through the fp32 ring at the same time: it needs nothing from the
+  // planes, and on a slow link its transfers (most of the bytes across regions in a small model)
+  // would otherwise only start after theirs.
+  if (!plain.empty()) {
+    p.beside = [&](Op& rop) {
+      const ShardLayout l = MakeShards(static_cast<int64_t>(plain.size()), P, kPlainAlign);
+      plain.resize(static_cast<size_t>(l.padded()), 0.0f);
+      absl::Status s = RingReduceScatter(rop, topo, l, plain.data());
+      return s.ok() ? RingAllGather(rop, topo, l, plain.data()) : s;
+    };
+    p.beside_name = "its fp32 ring";
+  }
+  if (absl::Status s = RunBucketPipeline(op, p); !s.ok()) return s;
+  off = 0;
+  int64_t plain_off = 0;
+  for (const BitDpSegment& s : o_.bitdp_layout) {
+    const int64_t m = s.rows * s.cols;
+    if (!s.quantise) {
       std::copy(plain.begin() + plain_off, plain.begin() + plain_off + m, sum.begin() + off);
       plain_off += m;
     }

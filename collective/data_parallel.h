@@ -76,11 +76,12 @@ struct DpOptions {
   // BitDP only: the buffer's segments in order (their sizes must add up to n); empty: one row.
   std::vector<BitDpSegment> bitdp_layout;
   uint64_t seed = 1;  // stochastic rounding, when the configs ask for it (mixed with the step)
-  // sdp4bit / zeropp: both collectives of a step pipelined over this many buckets (1..8; fewer
-  // where the shards are small, ReduceScatterBuckets): the gradients' two levels
-  // (TwoLevelReduceScatter) and the weights' all-gather against their encode and decode, so the
-  // link between regions carries one bucket while the next is summed, encoded or decoded. The
-  // result does not depend on it, nor do the bytes.
+  // The quantised codecs' collectives pipelined over this many buckets (1..8; fewer where there is
+  // less than kMinBucketElements a bucket; RunBucketPipeline): sdp4bit's / zeropp's gradients' two
+  // levels (TwoLevelReduceScatter) and their weights' all-gather against its encode and decode,
+  // BitDP's bit planes' all-gather against their encode and reduction. So the link between regions
+  // carries one bucket while the next is summed, encoded or decoded. The result does not depend on
+  // it, nor do the bytes. (fp32's ring is not bucketed.)
   int buckets = 4;
 };
 // The most DpOptions::buckets: a part of a call has 16 phases (Op::RunConcurrently) and the

@@ -222,16 +222,23 @@ TEST_P(CollectivesTest, Sdp4BitStepKeepsReplicasIdenticalWithinTheCodecsError) {
 TEST_P(CollectivesTest, BucketsChangeNoBitOfTheQuantisedSteps) {
   Cluster c(GetParam().kind, GetParam().regions);
   const int P = c.size();
-  // Chunks of at least 4 x kMinBucketElements: 4 buckets for both collectives; the last shard
-  // shorter than the others (its last piece too).
-  const int64_t n = 4 * kMinBucketElements * P + 77;
-  EXPECT_EQ(ReduceScatterBuckets(c.group(0).Shards(n).chunk, codec::TlqHs(), 4), 4);
-  for (DpCodec codec : {DpCodec::kSdp4Bit, DpCodec::kZeroPP}) {
+  // sdp4bit / zeropp: chunks of at least 4 x kMinBucketElements, 4 buckets for both collectives;
+  // the last shard shorter than the others (its last piece too).
+  const int64_t quantised_n = 4 * kMinBucketElements * P + 77;
+  EXPECT_EQ(ReduceScatterBuckets(c.group(0).Shards(quantised_n).chunk, codec::TlqHs(), 4), 4);
+  // BitDP's: two matrices cut into row ranges (a bucket may hold parts of both) around an fp32
+  // bias, 100,960 quantised elements.
+  const std::vector<BitDpSegment> bitdp = {{200, 300, true}, {1, 300, false}, {160, 256, true}};
+  const int64_t bitdp_n = 200 * 300 + 300 + 160 * 256;
+  for (DpCodec codec : {DpCodec::kSdp4Bit, DpCodec::kZeroPP, DpCodec::kBitDp2}) {
+    const bool planes = codec == DpCodec::kBitDp2;
     for (codec::Rounding rounding : {codec::Rounding::kNearest, codec::Rounding::kStochastic}) {
+      if (planes && rounding == codec::Rounding::kStochastic) continue;  // BitDP does not round
       const std::string what = absl::StrCat(DpCodecName(codec), rounding == codec::Rounding::kNearest ? ", nearest" : ", stochastic");
+      const int64_t n = planes ? bitdp_n : quantised_n;
       std::vector<StepResult> res;
       for (int buckets : {1, 4}) {
-        res.push_back(RunSteps(c, codec, n, 2, {}, [&](DpOptions* o) {
+        res.push_back(RunSteps(c, codec, n, 2, planes ? bitdp : std::vector<BitDpSegment>{}, [&](DpOptions* o) {
           o->grad.rounding = rounding;
           o->weights.rounding = rounding;
           o->buckets = buckets;
@@ -253,7 +260,7 @@ TEST_P(CollectivesTest, BucketsChangeNoBitOfTheQuantisedSteps) {
   for (int bad : {0, kMaxBuckets + 1}) {
     DpOptions o = DefaultDpOptions(DpCodec::kSdp4Bit);
     o.buckets = bad;
-    absl::StatusOr<std::unique_ptr<DataParallelSync>> dp = DataParallelSync::Create(&c.group(0), n, o);
+    absl::StatusOr<std::unique_ptr<DataParallelSync>> dp = DataParallelSync::Create(&c.group(0), quantised_n, o);
     ASSERT_FALSE(dp.ok());
     EXPECT_TRUE(absl::StrContains(dp.status().message(), "buckets")) << dp.status();
   }
