@@ -64,9 +64,10 @@ inline TwoLevelConfig TlqHs(Rounding r = Rounding::kNearest) { return {8, 4, 128
 inline TwoLevelConfig Tlq(Rounding r = Rounding::kNearest) { return {8, 4, 128, false, r}; }
 inline TwoLevelConfig Ulq(Rounding r = Rounding::kNearest) { return {4, 4, 128, false, r}; }
 
-// The pieces a collective calls. A rank quantises the slice it sends to each peer (with the fused
-// forward Hadamard at the fast level), and accumulates what it receives without leaving the
-// Hadamard domain; the owner of a shard applies FinishShard once at the end.
+// The pieces a collective calls. A rank quantises what it sends to each peer (with the fused
+// forward Hadamard at the fast level; collective/algorithms.h quantises each shard's part on its
+// own, index_offset keeping its elements' draws), and accumulates what it receives without leaving
+// the Hadamard domain; the owner of a shard applies FinishShard once at the end.
 std::string QuantiseFast(const float* slice, int64_t n, const TwoLevelConfig& c, uint64_t seed, int64_t index_offset = 0);
 std::string QuantiseSlow(const float* partial, int64_t n, const TwoLevelConfig& c, uint64_t seed, int64_t index_offset = 0);
 absl::Status AccumulateFast(absl::string_view payload, int64_t n, const TwoLevelConfig& c, float* acc);

@@ -152,8 +152,8 @@ absl::Status ReduceInsideRegion(Op& op, const Topology& topo, int64_t len, const
     const std::vector<int> shards = CarriedShards(topo, y, m);
     std::string q;
     for (size_t i = 0; i < shards.size(); ++i) {
-      codec::SymQuantEncode(padded + shards[i] * len + b.begin, b.length, c.Fast(), StreamSeed(seed, 0, me, m, P), &q,
-                            static_cast<int64_t>(i) * len + b.begin);
+      q += codec::QuantiseFast(padded + shards[i] * len + b.begin, b.length, c, StreamSeed(seed, 0, me, m, P),
+                               static_cast<int64_t>(i) * len + b.begin);
     }
     if (absl::Status s = op.Send(m, index, q, static_cast<int64_t>(shards.size()) * b.length * 4); !s.ok()) return s;
   }
@@ -225,10 +225,12 @@ absl::Status ReduceAcrossRegions(Op& op, const Topology& topo, int64_t len, cons
 
 }  // namespace
 
+int BucketsFor(int64_t elements, int64_t granule, int wanted) {
+  return static_cast<int>(std::clamp<int64_t>(elements / std::max(granule, kMinBucketElements), 1, std::max(wanted, 1)));
+}
+
 int ReduceScatterBuckets(int64_t chunk, const codec::TwoLevelConfig& c, int wanted) {
-  const int64_t g = c.group_size;
-  if (wanted <= 1 || chunk % g != 0) return 1;
-  return static_cast<int>(std::clamp<int64_t>(chunk / std::max(g, kMinBucketElements), 1, wanted));
+  return chunk % c.group_size != 0 ? 1 : BucketsFor(chunk, c.group_size, wanted);
 }
 
 absl::Status TwoLevelReduceScatter(Op& op, const Topology& topo, const ShardLayout& layout, const float* padded,
@@ -248,10 +250,10 @@ absl::Status TwoLevelReduceScatter(Op& op, const Topology& topo, const ShardLayo
   // Whole groups per bucket, the remainder spread over the first ones.
   const int64_t groups = len / c.group_size;
   std::vector<Bucket> parts;
-  for (int k = 0, at = 0; k < buckets; ++k) {
+  for (int64_t k = 0, at = 0; k < buckets; ++k) {
     const int64_t n = groups / buckets + (k < groups % buckets ? 1 : 0);
     parts.push_back({at * c.group_size, n * c.group_size});
-    at += static_cast<int>(n);
+    at += n;
   }
   // Level 1 bucket after bucket on this thread; level 2 of each on a second one as soon as its
   // level 1 is summed, so the slow link carries one bucket while the next is quantised and summed.
@@ -269,6 +271,11 @@ absl::Status TwoLevelReduceScatter(Op& op, const Topology& topo, const ShardLayo
 }
 
 absl::Status RunBucketPipeline(Op& op, const BucketPipeline& p) {
+  if (p.buckets == 1 && !p.beside) {  // nothing to overlap: no second thread
+    if (absl::Status s = p.produce(op, 0); !s.ok()) return s;
+    if (absl::Status s = p.transfer(op, 0); !s.ok()) return s;
+    return p.consume ? p.consume(0) : absl::OkStatus();
+  }
   absl::Mutex mu;
   int produced = 0, transferred = 0;  // buckets
   bool stopped = false;               // a part failed: its error is the call's

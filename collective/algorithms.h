@@ -73,8 +73,9 @@ absl::Status TwoLevelReduceScatter(Op& op, const Topology& topo, const ShardLayo
 // `consume` (if any) back on the calling thread each bucket as soon as it is transferred; `beside`
 // (if any) on a third thread at the same time. So a slow link carries one bucket while the next is
 // produced and the previous consumed. A part that fails stops the others (Op::RunConcurrently);
-// the first failure is returned, prefixed with its part's name. Every rank must run the same
-// buckets (1 to 8 when transfer takes two phases a bucket: a part has 16).
+// the first failure is returned, prefixed with its part's name. One bucket and nothing beside runs
+// all on the calling thread. Every rank must run the same buckets, and a transfer part's phases
+// must fit in Op::kPhasesPerPart.
 struct BucketPipeline {
   int buckets = 1;
   std::function<absl::Status(Op&, int)> produce, transfer;
@@ -84,9 +85,12 @@ struct BucketPipeline {
 };
 absl::Status RunBucketPipeline(Op& op, const BucketPipeline& p);
 
-// How many of `wanted` buckets TwoLevelReduceScatter cuts a chunk into: 1 unless the chunk is whole
-// groups, and no bucket under kMinBucketElements (a message's fixed costs).
+// How many of `wanted` buckets (at least 1) a collective cuts `elements` into, each of whole
+// granules (quantisation groups) and none under kMinBucketElements (a message's fixed costs);
+// every quantised collective's rule.
 inline constexpr int64_t kMinBucketElements = 16384;
+int BucketsFor(int64_t elements, int64_t granule, int wanted);
+// TwoLevelReduceScatter's: BucketsFor the chunk, 1 unless the chunk is whole groups.
 int ReduceScatterBuckets(int64_t chunk, const codec::TwoLevelConfig& c, int wanted);
 
 }  // namespace longhaul::collective

@@ -232,7 +232,7 @@ absl::Status DataParallelSync::GatherWeights(Op& op, absl::Span<float> weights, 
   const int P = topo.size(), me = g_->rank();
   const bool qwd = o_.codec == DpCodec::kSdp4Bit;
   const int64_t g = o_.weights.group_size;
-  const int K = static_cast<int>(std::clamp<int64_t>(layout_.chunk / std::max(g, kMinBucketElements), 1, o_.buckets));
+  const int K = BucketsFor(layout_.chunk, g, o_.buckets);
   // Piece j of shard k: elements [at(k, j), at(k, j + 1)) of it.
   auto at = [&](int k, int j) {
     const int64_t len = layout_.length(k), groups = (len + g - 1) / g;
@@ -305,22 +305,35 @@ absl::Status DataParallelSync::StepBitDp(Op& op, absl::Span<const float> grad, a
     }
     off += m;
   }
-  const int K = static_cast<int>(std::clamp<int64_t>(quantised_elements / kMinBucketElements, 1, o_.buckets));
-  std::vector<std::vector<Rows>> buckets(static_cast<size_t>(K));
-  std::vector<int64_t> bucket_bytes(static_cast<size_t>(K), 0), bucket_elements(static_cast<size_t>(K), 0);
+  int64_t quantised_rows = 0;
+  for (const Rows& q : quantised) quantised_rows += q.rows;
+  const int wanted = static_cast<int>(std::min<int64_t>(BucketsFor(quantised_elements, 1, o_.buckets),
+                                                        std::max<int64_t>(quantised_rows, 1)));
+  std::vector<std::vector<Rows>> buckets(static_cast<size_t>(wanted));
   int64_t done = 0;  // payload bytes dealt so far
   for (const Rows& q : quantised) {
     const int64_t row_bytes = static_cast<int64_t>(codec::BitDpPayloadBytes(1, q.cols, bits));
     for (int64_t r = 0; r < q.rows;) {
       // The bucket this row starts in, and the rows that fit before the next bucket's share.
-      const int j = static_cast<int>(std::min<int64_t>(K - 1, done * K / std::max<int64_t>(payload, 1)));
-      const int64_t room = j == K - 1 ? q.rows - r : std::max<int64_t>(1, ((j + 1) * payload / K - done) / row_bytes);
+      const int j = static_cast<int>(std::min<int64_t>(wanted - 1, done * wanted / std::max<int64_t>(payload, 1)));
+      const int64_t room =
+          j == wanted - 1 ? q.rows - r : std::max<int64_t>(1, ((j + 1) * payload / wanted - done) / row_bytes);
       const int64_t n = std::min(q.rows - r, room);
       buckets[j].push_back({q.at + r * q.cols, n, q.cols});
-      bucket_bytes[j] += n * row_bytes;
-      bucket_elements[j] += n * q.cols;
       done += n * row_bytes;
       r += n;
+    }
+  }
+  // Rows much larger than a bucket's share leave some buckets empty: no empty all-gathers. (With
+  // no quantised rows at all, one empty bucket keeps the step's shape.)
+  buckets.erase(std::remove_if(buckets.begin() + 1, buckets.end(), [](const std::vector<Rows>& b) { return b.empty(); }),
+                buckets.end());
+  const int K = static_cast<int>(buckets.size());
+  std::vector<int64_t> bucket_bytes(static_cast<size_t>(K), 0), bucket_elements(static_cast<size_t>(K), 0);
+  for (int j = 0; j < K; ++j) {
+    for (const Rows& q : buckets[j]) {
+      bucket_bytes[j] += static_cast<int64_t>(codec::BitDpPayloadBytes(q.rows, q.cols, bits));
+      bucket_elements[j] += q.rows * q.cols;
     }
   }
   std::vector<std::vector<std::string>> blobs(static_cast<size_t>(K), std::vector<std::string>(static_cast<size_t>(P)));

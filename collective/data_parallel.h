@@ -28,8 +28,9 @@
 //            leaves alone (biases, norms, embeddings: BitDpSegment::quantise = false) are summed
 //            with the fp32 ring.
 // Memory: the padded gradient (P * chunk floats) plus the main shard.
-// Threading: as Group (one rank's thread; a BitDP step runs its fp32 ring, and a bucketed
-// reduce-scatter its level 2, on a second thread of its own, joined before the step returns).
+// Threading: as Group (one rank's thread; the quantised steps run their collectives' buckets'
+// transfers on a second thread and BitDP its fp32 ring on a third, Op::RunConcurrently, all joined
+// before the step returns).
 #ifndef LONGHAUL_COLLECTIVE_DATA_PARALLEL_H_
 #define LONGHAUL_COLLECTIVE_DATA_PARALLEL_H_
 
@@ -84,8 +85,8 @@ struct DpOptions {
   // it, nor do the bytes. (fp32's ring is not bucketed.)
   int buckets = 4;
 };
-// The most DpOptions::buckets: a part of a call has 16 phases (Op::RunConcurrently) and the
-// weights' all-gather takes two a bucket.
+// The most DpOptions::buckets: the weights' all-gather takes two phases a bucket, within its
+// part's Op::kPhasesPerPart.
 inline constexpr int kMaxBuckets = 8;
 // The paper's settings per codec: TLq-HS + qWD INT4/2048 (sdp4bit), ULq + qwZ INT4/2048 (zeropp).
 DpOptions DefaultDpOptions(DpCodec c);

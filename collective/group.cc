@@ -95,23 +95,25 @@ void Op::NextPhase() {
 std::string Op::PeerName(int peer) const { return g_->t_->PeerName(peer); }
 
 namespace {
-// The parts of a call that run at the same time (Op::RunConcurrently) number their phases from
-// here, 16 apart: above any phase a call reaches on its own Op.
-constexpr uint32_t kForkPhases = 32;
-constexpr uint32_t kPhasesPerFork = 16;
-constexpr int kMaxParts = 8;
-static_assert(kForkPhases + kMaxParts * kPhasesPerFork <= 256, "Op tags keep 8 bits of phase");
+// The parts of a call that run at the same time (Op::RunConcurrently) number their phases after
+// the call's own (Op::kOwnPhases), kPhasesPerPart each, every RunConcurrently of a call after the
+// previous one's parts; Tag keeps 8 bits of phase.
+constexpr uint32_t kPhaseSpace = 256;
+constexpr int kMaxParts = 4;
 }  // namespace
 
 absl::Status Op::RunConcurrently(int n, const std::function<absl::Status(int, Op&)>& task,
                                  const std::function<std::string(int)>& part) {
   if (n == 1) return task(0, *this);
-  if (n < 1 || n > kMaxParts || forked_) {
-    return absl::InternalError(absl::StrCat(n, " concurrent parts of a call", forked_ ? " inside another's part" : ""));
+  const uint32_t base = next_fork_phase_;
+  if (n < 1 || n > kMaxParts || forked_ || base + static_cast<uint32_t>(n) * kPhasesPerPart > kPhaseSpace) {
+    return absl::InternalError(absl::StrCat(n, " concurrent parts of a call",
+                                            forked_ ? " inside another's part" : " (or too many such calls in one)"));
   }
+  next_fork_phase_ = base + static_cast<uint32_t>(n) * kPhasesPerPart;
   const std::string who = absl::StrCat(stats_.op, " on rank ", g_->rank(), ": ");
   std::vector<Op> forks;
-  for (int i = 0; i < n; ++i) forks.push_back(Fork(kForkPhases + static_cast<uint32_t>(i) * kPhasesPerFork));
+  for (int i = 0; i < n; ++i) forks.push_back(Fork(base + static_cast<uint32_t>(i) * kPhasesPerPart));
   absl::Mutex mu;
   absl::Status first;  // guarded by mu
   auto run = [&](int i) {
@@ -145,6 +147,7 @@ Op Op::Fork(uint32_t first_phase) const {
   Op f(g_, seq_, start_, deadline_);
   f.forked_ = true;
   f.phase_ = first_phase;
+  f.last_phase_ = first_phase + kPhasesPerPart - 1;
   f.stats_.op = stats_.op;
   return f;
 }
@@ -159,7 +162,13 @@ void Op::Absorb(const Op& fork) {
 }
 int Op::rank() const { return g_->rank(); }
 
+absl::Status Op::PhaseInRange() const {
+  if (phase_ <= last_phase_) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(stats_.op, ": phase ", phase_, " is past this part's last (", last_phase_, ")"));
+}
+
 absl::Status Op::Send(int peer, uint32_t index, absl::string_view data, int64_t raw_bytes) {
+  if (absl::Status s = PhaseInRange(); !s.ok()) return s;
   const absl::Time t0 = absl::Now();
   absl::Status s = g_->t_->Send(peer, Tag(index), data, deadline_);
   stats_.send += absl::Now() - t0;
@@ -178,6 +187,7 @@ absl::Status Op::Send(int peer, uint32_t index, absl::string_view data, int64_t 
 }
 
 absl::StatusOr<std::string> Op::Recv(int peer, uint32_t index, int64_t expected_bytes) {
+  if (absl::Status s = PhaseInRange(); !s.ok()) return s;
   const absl::Time t0 = absl::Now();
   absl::StatusOr<std::string> m = g_->t_->Recv(peer, Tag(index), deadline_);
   stats_.recv_wait += absl::Now() - t0;

@@ -97,7 +97,8 @@ struct CallStats {
   // norm's exchange along the pipeline, which waits for the other stages).
   absl::Duration update = absl::ZeroDuration();
   // When each of the call's phases (Op::NextPhase) began, after the call's start: where a step's
-  // time goes between its transfers and its own work (the parts run by Op::Fork not included). Add
+  // time goes between its transfers and its own work (not the parts of Op::RunConcurrently, so not a
+  // bucketed collective's: docs/replicated-stages.md measured with them before the buckets). Add
   // keeps the first call's.
   std::vector<absl::Duration> phase_starts;
   int64_t busiest_inter_region_link() const;  // the largest of inter_region_bytes_to (0 if none)
@@ -117,6 +118,10 @@ class Group;
 // One collective call in progress (Group::Begin .. Group::Finish): tags, the deadline, the meter.
 class Op {
  public:
+  // The phases a call has on its own Op, and those each part of RunConcurrently has (its first and
+  // its NextPhase calls).
+  static constexpr uint32_t kOwnPhases = 32;
+  static constexpr uint32_t kPhasesPerPart = 32;
   // A new phase of the call: messages of different phases never match each other.
   void NextPhase();
   // `raw_bytes`: the message's contents as fp32 (for the compression figures).
@@ -128,10 +133,11 @@ class Op {
   // "rank 2 (host:port)", for errors about what a peer sent.
   std::string PeerName(int peer) const;
   int rank() const;
-  // Runs task(i, part_i) for i in [0, n) (1 <= n <= 8) at the same time, task 0 on this thread and
+  // Runs task(i, part_i) for i in [0, n) (1 <= n <= 4) at the same time, task 0 on this thread and
   // the others on threads of their own. Each part_i is this call on another thread: the same
-  // deadline, its own phases (above any the rest of the call reaches, so their messages never
-  // match) and its own counters, added back at the end. A task that fails aborts the transport, so
+  // deadline, its own kPhasesPerPart phases (above any the rest of the call reaches, and above
+  // those of an earlier RunConcurrently of the call, so their messages never match; a message past
+  // them is an error) and its own counters, added back at the end. A task that fails aborts the transport, so
   // the others stop at once rather than at their deadline; the first failure in time (the cause,
   // not the others' aborts) is returned, prefixed with part(i). n == 1 runs task 0 on this Op.
   // Every rank must run the same parts in the same order (their phases are numbered by i).
@@ -149,8 +155,11 @@ class Op {
   uint64_t Tag(uint32_t index) const;
   Group* g_;
   uint64_t seq_;
+  absl::Status PhaseInRange() const;
   uint32_t phase_ = 0;
-  bool forked_ = false;  // a part of RunConcurrently's
+  uint32_t last_phase_ = kOwnPhases - 1;  // the last this Op may send or receive in
+  uint32_t next_fork_phase_ = kOwnPhases;  // where the call's next RunConcurrently numbers its parts from
+  bool forked_ = false;                    // a part of RunConcurrently's
   absl::Time start_, deadline_;
   int64_t wire_start_ = 0;  // the transport's wire byte counter when the call began
   CallStats stats_;

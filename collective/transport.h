@@ -19,8 +19,8 @@
 //     Send and Recv calls fail too (a send waiting for a dead peer included). A group is not usable
 //     after an abort; the caller builds a new one (a new group id on the gRPC transport).
 // Threading: Send/Recv/Abort/counters may be called from any thread; the collectives use one
-// thread per rank (two where a step runs parts at the same time, Op::RunConcurrently: a BitDP
-// step's fp32 ring beside its all-gather, a bucketed reduce-scatter's two levels).
+// thread per rank, and up to three where a step runs parts at the same time (Op::RunConcurrently:
+// a bucketed collective's transfers beside its encode and decode, BitDP's fp32 ring beside both).
 #ifndef LONGHAUL_COLLECTIVE_TRANSPORT_H_
 #define LONGHAUL_COLLECTIVE_TRANSPORT_H_
 

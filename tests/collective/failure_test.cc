@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "collective/data_parallel.h"
 #include "tests/collective/harness.h"
 
@@ -80,31 +81,41 @@ class DamagingTransport final : public Transport {
 };
 
 TEST_P(FailureTest, MalformedPayloadsAreRefusedNamingTheSender) {
-  for (DpCodec codec : {DpCodec::kSdp4Bit, DpCodec::kZeroPP, DpCodec::kBitDp2, DpCodec::kFp32}) {
-    for (auto damage : {DamagingTransport::Damage::kFlip, DamagingTransport::Damage::kTruncate}) {
-      if (codec == DpCodec::kFp32 && damage == DamagingTransport::Damage::kFlip) continue;  // any bits are a float
-      Cluster c(GetParam(), {"a", "b"});
-      DamagingTransport bad(&c.transport(1), damage);
-      Group bad_group(&bad, c.group(1).topology());
-      std::vector<absl::Status> status(2);
-      c.Run([&](int r) {
-        Group& g = r == 1 ? bad_group : c.group(r);
-        auto dp = DataParallelSync::Create(&g, 3000, DefaultDpOptions(codec));
-        std::vector<float> grad(3000, 0.5f + static_cast<float>(r)), w(3000, 0.0f);
-        status[r] = (*dp)->Step(grad, absl::MakeSpan(w), [](int64_t, absl::Span<const float>, absl::Span<float>) {})
-                        .status();
-      });
-      SCOPED_TRACE(std::string(DpCodecName(codec)) + (damage == DamagingTransport::Damage::kFlip ? " flip" : " cut"));
-      EXPECT_FALSE(status[0].ok());
-      EXPECT_TRUE(absl::StrContains(status[0].message(), "rank 1")) << status[0];
-      EXPECT_TRUE(absl::StrContains(status[0].message(), "sent")) << status[0];
-      // The bad rank may finish its own step (what it received was fine), but rank 0's abort has
-      // reached it: its next call fails.
-      if (status[1].ok()) {
-        std::vector<float> x(10);
-        status[1] = bad_group.AllReduceFp32(absl::MakeSpan(x)).status();
+  // 3,000 elements: every collective in one piece; 131,072: in buckets (DpOptions::buckets), the
+  // parts on threads of their own, BitDP's planes a 256 x 512 matrix's row ranges.
+  auto check = [&](int64_t n, DpCodec codec, DamagingTransport::Damage damage) {
+    Cluster c(GetParam(), {"a", "b"});
+    DamagingTransport bad(&c.transport(1), damage);
+    Group bad_group(&bad, c.group(1).topology());
+    std::vector<absl::Status> status(2);
+    c.Run([&](int r) {
+      Group& g = r == 1 ? bad_group : c.group(r);
+      DpOptions o = DefaultDpOptions(codec);
+      if (n > 3000) o.bitdp_layout = {{256, 512, true}};
+      auto dp = DataParallelSync::Create(&g, n, o);
+      std::vector<float> grad(static_cast<size_t>(n), 0.5f + static_cast<float>(r)), w(static_cast<size_t>(n), 0.0f);
+      status[r] = (*dp)->Step(grad, absl::MakeSpan(w), [](int64_t, absl::Span<const float>, absl::Span<float>) {})
+                      .status();
+    });
+    SCOPED_TRACE(absl::StrCat(DpCodecName(codec), damage == DamagingTransport::Damage::kFlip ? " flip" : " cut", ", ",
+                              n, " elements"));
+    EXPECT_FALSE(status[0].ok());
+    EXPECT_TRUE(absl::StrContains(status[0].message(), "rank 1")) << status[0];
+    EXPECT_TRUE(absl::StrContains(status[0].message(), "sent")) << status[0];
+    // The bad rank may finish its own step (what it received was fine), but rank 0's abort has
+    // reached it: its next call fails.
+    if (status[1].ok()) {
+      std::vector<float> x(10);
+      status[1] = bad_group.AllReduceFp32(absl::MakeSpan(x)).status();
+    }
+    EXPECT_FALSE(status[1].ok());
+  };
+  for (int64_t n : {int64_t{3000}, int64_t{131072}}) {
+    for (DpCodec codec : {DpCodec::kSdp4Bit, DpCodec::kZeroPP, DpCodec::kBitDp2, DpCodec::kFp32}) {
+      for (auto damage : {DamagingTransport::Damage::kFlip, DamagingTransport::Damage::kTruncate}) {
+        if (codec == DpCodec::kFp32 && damage == DamagingTransport::Damage::kFlip) continue;  // any bits are a float
+        check(n, codec, damage);
       }
-      EXPECT_FALSE(status[1].ok());
     }
   }
 }
