@@ -137,9 +137,10 @@ class Op {
   // the others on threads of their own. Each part_i is this call on another thread: the same
   // deadline, its own kPhasesPerPart phases (above any the rest of the call reaches, and above
   // those of an earlier RunConcurrently of the call, so their messages never match; a message past
-  // them is an error) and its own counters, added back at the end. A task that fails aborts the transport, so
-  // the others stop at once rather than at their deadline; the first failure in time (the cause,
-  // not the others' aborts) is returned, prefixed with part(i). n == 1 runs task 0 on this Op.
+  // them is an error) and its own counters, added back at the end. A task that fails aborts the
+  // transport, so the others stop at once rather than at their deadline; the first failure in time
+  // (the cause, not the others' aborts) is returned, prefixed with part(i). n == 1 runs task 0 on
+  // this Op.
   // Every rank must run the same parts in the same order (their phases are numbered by i).
   absl::Status RunConcurrently(int n, const std::function<absl::Status(int, Op&)>& task,
                                const std::function<std::string(int)>& part);
