@@ -92,11 +92,10 @@ absl::Status RingAllGather(Op& op, const Topology& topo, const ShardLayout& layo
   return absl::OkStatus();
 }
 
-absl::Status TwoLevelAllGather(Op& op, const Topology& topo, std::vector<std::string>* blobs,
-                               const std::vector<int64_t>& expected_bytes, const std::vector<int64_t>& raw_bytes) {
+absl::Status AllGatherAcrossRegions(Op& op, const Topology& topo, std::vector<std::string>* blobs,
+                                    const std::vector<int64_t>& expected_bytes, const std::vector<int64_t>& raw_bytes) {
   const int P = topo.size(), me = op.rank(), y = topo.region(me);
   std::vector<std::string>& b = *blobs;
-  // Across regions: this rank's blob to its partner in every other region.
   op.NextPhase();
   for (int yy = 0; yy < topo.num_regions(); ++yy) {
     if (yy == y) continue;
@@ -108,7 +107,13 @@ absl::Status TwoLevelAllGather(Op& op, const Topology& topo, std::vector<std::st
     if (!m.ok()) return m.status();
     b[k] = *std::move(m);
   }
-  // Inside the region: own blob and the forwarded ones to every other member.
+  return absl::OkStatus();
+}
+
+absl::Status AllGatherInsideRegion(Op& op, const Topology& topo, std::vector<std::string>* blobs,
+                                   const std::vector<int64_t>& expected_bytes, const std::vector<int64_t>& raw_bytes) {
+  const int me = op.rank(), y = topo.region(me);
+  std::vector<std::string>& b = *blobs;
   op.NextPhase();
   const std::vector<int>& members = topo.members(y);
   const std::vector<int> mine = ForwardedBlobs(topo, me);
@@ -127,6 +132,12 @@ absl::Status TwoLevelAllGather(Op& op, const Topology& topo, std::vector<std::st
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status TwoLevelAllGather(Op& op, const Topology& topo, std::vector<std::string>* blobs,
+                               const std::vector<int64_t>& expected_bytes, const std::vector<int64_t>& raw_bytes) {
+  absl::Status s = AllGatherAcrossRegions(op, topo, blobs, expected_bytes, raw_bytes);
+  return s.ok() ? AllGatherInsideRegion(op, topo, blobs, expected_bytes, raw_bytes) : s;
 }
 
 namespace {
@@ -274,7 +285,7 @@ absl::Status RunBucketPipeline(Op& op, const BucketPipeline& p) {
   if (p.buckets == 1 && !p.beside) {  // nothing to overlap: no second thread
     if (absl::Status s = p.produce(op, 0); !s.ok()) return s;
     if (absl::Status s = p.transfer(op, 0); !s.ok()) return s;
-    return p.consume ? p.consume(0) : absl::OkStatus();
+    return p.consume ? p.consume(op, 0) : absl::OkStatus();
   }
   absl::Mutex mu;
   int produced = 0, transferred = 0;  // buckets
@@ -303,7 +314,7 @@ absl::Status RunBucketPipeline(Op& op, const BucketPipeline& p) {
     }
     for (int k = 0; p.consume && k < p.buckets; ++k) {
       if (!wait(transferred, k)) return absl::OkStatus();
-      if (absl::Status s = p.consume(k); !s.ok()) return fail(s);
+      if (absl::Status s = p.consume(pop, k); !s.ok()) return fail(s);
     }
     return absl::OkStatus();
   };

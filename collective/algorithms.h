@@ -48,6 +48,12 @@ absl::Status RingAllGather(Op& op, const Topology& topo, const ShardLayout& layo
 // expected_bytes[k] is an error; raw_bytes[k] is blob k's contents as fp32 (for the stats).
 absl::Status TwoLevelAllGather(Op& op, const Topology& topo, std::vector<std::string>* blobs,
                                const std::vector<int64_t>& expected_bytes, const std::vector<int64_t>& raw_bytes);
+// Its two levels, one phase each, for callers that pipeline them (the second needs the first's
+// blobs): across regions, then inside the region.
+absl::Status AllGatherAcrossRegions(Op& op, const Topology& topo, std::vector<std::string>* blobs,
+                                    const std::vector<int64_t>& expected_bytes, const std::vector<int64_t>& raw_bytes);
+absl::Status AllGatherInsideRegion(Op& op, const Topology& topo, std::vector<std::string>* blobs,
+                                   const std::vector<int64_t>& expected_bytes, const std::vector<int64_t>& raw_bytes);
 
 // The two-level quantised gradient reduce-scatter of SDP4Bit's TLq-HS (c = codec::TlqHs()) and
 // ZeRO++'s qgZ (c = codec::Ulq()). Level 1 inside each region: rank r sends member m the shards m
@@ -79,7 +85,7 @@ absl::Status TwoLevelReduceScatter(Op& op, const Topology& topo, const ShardLayo
 struct BucketPipeline {
   int buckets = 1;
   std::function<absl::Status(Op&, int)> produce, transfer;
-  std::function<absl::Status(int)> consume;
+  std::function<absl::Status(Op&, int)> consume;  // on produce's Op (its thread)
   std::function<absl::Status(Op&)> beside;
   std::string produce_name, transfer_name, beside_name;  // produce_name: consume's too (its thread)
 };

@@ -260,10 +260,13 @@ absl::Status DataParallelSync::GatherWeights(Op& op, absl::Span<float> weights, 
     }
     return absl::OkStatus();
   };
-  p.produce_name = "its weights' encode and decode";  // consume runs on the same thread
-  p.transfer = [&](Op& gop, int j) { return TwoLevelAllGather(gop, topo, &pieces[j], expected[j], raw[j]); };
-  p.transfer_name = "its weights' all-gather";
-  p.consume = [&](int j) {
+  p.produce_name = "its weights' encode, all-gather inside the region and decode";  // consume's thread too
+  // The slow link's level on the second thread, one bucket after another; the region's level on
+  // this one with the decode, so the link never waits for a bucket's forwarding inside the region.
+  p.transfer = [&](Op& gop, int j) { return AllGatherAcrossRegions(gop, topo, &pieces[j], expected[j], raw[j]); };
+  p.transfer_name = "its weights' all-gather across regions";
+  p.consume = [&](Op& cop, int j) {
+    if (absl::Status s = AllGatherInsideRegion(cop, topo, &pieces[j], expected[j], raw[j]); !s.ok()) return s;
     // A bucket's pieces are all checked before any is applied (an earlier bucket's may already
     // have been: on an error the weights may be half updated, as Step says).
     for (int k = 0; k < P; ++k) {
@@ -345,13 +348,15 @@ absl::Status DataParallelSync::StepBitDp(Op& op, absl::Span<const float> grad, a
     for (const Rows& q : buckets[j]) codec::BitDpEncode(grad.data() + q.at, q.rows, q.cols, bits, &blobs[j][g_->rank()]);
     return absl::OkStatus();
   };
-  p.produce_name = "its bit planes' encode and reduction";  // consume runs on the same thread
-  p.transfer = [&](Op& aop, int j) {
-    return TwoLevelAllGather(aop, topo, &blobs[j], std::vector<int64_t>(static_cast<size_t>(P), bucket_bytes[j]),
-                             std::vector<int64_t>(static_cast<size_t>(P), bucket_elements[j] * 4));
-  };
-  p.transfer_name = "its bit planes' all-gather";
-  p.consume = [&](int j) {
+  p.produce_name = "its bit planes' encode, all-gather inside the region and reduction";  // consume's too
+  const auto expected = [&](int j) { return std::vector<int64_t>(static_cast<size_t>(P), bucket_bytes[j]); };
+  const auto raw = [&](int j) { return std::vector<int64_t>(static_cast<size_t>(P), bucket_elements[j] * 4); };
+  // As the weights' all-gather (GatherWeights): across regions on the second thread, inside the
+  // region on this one with the reduction.
+  p.transfer = [&](Op& aop, int j) { return AllGatherAcrossRegions(aop, topo, &blobs[j], expected(j), raw(j)); };
+  p.transfer_name = "its bit planes' all-gather across regions";
+  p.consume = [&](Op& cop, int j) {
+    if (absl::Status s = AllGatherInsideRegion(cop, topo, &blobs[j], expected(j), raw(j)); !s.ok()) return s;
     std::vector<absl::string_view> views(static_cast<size_t>(P));
     size_t poff = 0;
     for (const Rows& q : buckets[j]) {
