@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cstring>
+#include <system_error>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "collective/algorithms.h"
 
 namespace longhaul::collective {
@@ -128,6 +130,10 @@ absl::Status Op::RunConcurrently(int n, const std::function<absl::Status(int, Op
     // The peers' view of it: said before the others' aborts can say less.
     g_->transport()->Abort(absl::Status(s.code(), absl::StrCat(who, s.message(), g_->UnreachableNote(s))));
   };
+  // No part starts before every thread exists: parts may wait for each other, so a thread that
+  // cannot be created must stop the call before any part runs rather than leave others waiting.
+  absl::Notification go;
+  bool abandoned = false;  // written before go is notified
   {
     std::vector<std::thread> threads;
     struct JoinAll {
@@ -136,7 +142,19 @@ absl::Status Op::RunConcurrently(int n, const std::function<absl::Status(int, Op
         for (std::thread& x : t) x.join();
       }
     } join{threads};
-    for (int i = 1; i < n; ++i) threads.emplace_back(run, i);
+    try {
+      for (int i = 1; i < n; ++i) {
+        threads.emplace_back([&, i] {
+          go.WaitForNotification();
+          if (!abandoned) run(i);
+        });
+      }
+    } catch (const std::system_error& e) {
+      abandoned = true;
+      go.Notify();
+      return absl::ResourceExhaustedError(absl::StrCat(who, "cannot start a thread for a part of the call: ", e.what()));
+    }
+    go.Notify();
     run(0);
   }
   for (const Op& f : forks) Absorb(f);
