@@ -104,11 +104,8 @@ absl::Status BitDpValidate(absl::string_view payload, int64_t rows, int64_t cols
   return absl::OkStatus();
 }
 
-namespace {
-
-// The reduction over payloads that have been validated.
-void ReduceValidated(const std::vector<absl::string_view>& payloads, int64_t rows, int64_t cols, int bits,
-                     BitDpReduction reduction, float* out) {
+void BitDpReduceValidated(const std::vector<absl::string_view>& payloads, int64_t rows, int64_t cols, int bits,
+                          BitDpReduction reduction, float* out) {
   const int64_t pb = PlaneBytes(cols);
   const double P = static_cast<double>(payloads.size());
   for (int64_t i = 0; i < rows; ++i) {
@@ -139,11 +136,9 @@ void ReduceValidated(const std::vector<absl::string_view>& payloads, int64_t row
   }
 }
 
-}  // namespace
-
 void BitDpDecode(absl::string_view payload, int64_t rows, int64_t cols, int bits, float* out) {
   // One payload: the exact reduction is the decode.
-  ReduceValidated({payload}, rows, cols, bits, BitDpReduction::kExact, out);
+  BitDpReduceValidated({payload}, rows, cols, bits, BitDpReduction::kExact, out);
 }
 
 absl::Status BitDpReduce(const std::vector<absl::string_view>& payloads, int64_t rows, int64_t cols, int bits,
@@ -153,7 +148,7 @@ absl::Status BitDpReduce(const std::vector<absl::string_view>& payloads, int64_t
       return absl::InvalidArgumentError(absl::StrCat("replica ", p, ": ", s.message()));
     }
   }
-  ReduceValidated(payloads, rows, cols, bits, reduction, out);
+  BitDpReduceValidated(payloads, rows, cols, bits, reduction, out);
   return absl::OkStatus();
 }
 

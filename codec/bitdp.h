@@ -47,6 +47,10 @@ enum class BitDpReduction { kExact, kApproximate };
 // bit into the output row: memory is O(output), not O(P x output).
 absl::Status BitDpReduce(const std::vector<absl::string_view>& payloads, int64_t rows, int64_t cols, int bits,
                          BitDpReduction reduction, float* out);
+// The same for payloads that each passed BitDpValidate (a caller that validates them one by one, to
+// name the sender of a bad one, need not have them checked twice).
+void BitDpReduceValidated(const std::vector<absl::string_view>& payloads, int64_t rows, int64_t cols, int bits,
+                          BitDpReduction reduction, float* out);
 
 // Which parameters BitDP quantises: the weight matrices of linear layers (attention QKV and output
 // projection, both MLP matrices). Biases, embeddings, norms and the LM head stay full precision

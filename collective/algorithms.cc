@@ -154,9 +154,9 @@ struct Bucket {
 // what the whole slice's would), and sums what it carries in the Hadamard domain, in member order,
 // into acc (carried shard i at acc + i * len).
 absl::Status ReduceInsideRegion(Op& op, const Topology& topo, int64_t len, const float* padded,
-                                const codec::TwoLevelConfig& c, uint64_t seed, Bucket b, uint32_t index,
-                                float* acc) {
+                                const codec::TwoLevelConfig& c, uint64_t seed, Bucket b, float* acc) {
   const int P = topo.size(), me = op.rank(), y = topo.region(me);
+  op.NextPhase();
   const std::vector<int>& members = topo.members(y);
   for (int m : members) {
     if (m == me) continue;
@@ -166,7 +166,7 @@ absl::Status ReduceInsideRegion(Op& op, const Topology& topo, int64_t len, const
       q += codec::QuantiseFast(padded + shards[i] * len + b.begin, b.length, c, StreamSeed(seed, 0, me, m, P),
                                static_cast<int64_t>(i) * len + b.begin);
     }
-    if (absl::Status s = op.Send(m, index, q, static_cast<int64_t>(shards.size()) * b.length * 4); !s.ok()) return s;
+    if (absl::Status s = op.Send(m, 0, q, static_cast<int64_t>(shards.size()) * b.length * 4); !s.ok()) return s;
   }
   const std::vector<int> carried = CarriedShards(topo, y, me);
   const size_t piece = static_cast<size_t>(codec::SymQuantPayloadBytes(b.length, c.Fast()));
@@ -183,7 +183,7 @@ absl::Status ReduceInsideRegion(Op& op, const Topology& topo, int64_t len, const
       }
       continue;
     }
-    absl::StatusOr<std::string> q = op.Recv(m, index, static_cast<int64_t>(carried.size() * piece));
+    absl::StatusOr<std::string> q = op.Recv(m, 0, static_cast<int64_t>(carried.size() * piece));
     if (!q.ok()) return q.status();
     for (size_t i = 0; i < carried.size(); ++i) {
       if (absl::Status s = codec::AccumulateFast(absl::string_view(*q).substr(i * piece, piece), b.length, c,
@@ -200,9 +200,9 @@ absl::Status ReduceInsideRegion(Op& op, const Topology& topo, int64_t len, const
 // left it) to its shard's owner at c.slow_bits; this rank sums the regions' parts of its own shard
 // in region order into shard_sum[b.begin, b.begin + b.length) and transforms them back.
 absl::Status ReduceAcrossRegions(Op& op, const Topology& topo, int64_t len, const float* acc,
-                                 const codec::TwoLevelConfig& c, uint64_t seed, Bucket b, uint32_t index,
-                                 float* shard_sum) {
+                                 const codec::TwoLevelConfig& c, uint64_t seed, Bucket b, float* shard_sum) {
   const int P = topo.size(), me = op.rank(), y = topo.region(me);
+  op.NextPhase();
   const std::vector<int> carried = CarriedShards(topo, y, me);
   int own_index = -1;
   for (size_t i = 0; i < carried.size(); ++i) {
@@ -212,7 +212,7 @@ absl::Status ReduceAcrossRegions(Op& op, const Topology& topo, int64_t len, cons
       continue;
     }
     const std::string q = codec::QuantiseSlow(acc + i * len + b.begin, b.length, c, StreamSeed(seed, 1, me, k, P), b.begin);
-    if (absl::Status s = op.Send(k, index, q, b.length * 4); !s.ok()) return s;
+    if (absl::Status s = op.Send(k, 0, q, b.length * 4); !s.ok()) return s;
   }
   float* sum = shard_sum + b.begin;
   std::fill_n(sum, b.length, 0.0f);
@@ -224,7 +224,7 @@ absl::Status ReduceAcrossRegions(Op& op, const Topology& topo, int64_t len, cons
       continue;
     }
     absl::StatusOr<std::string> q =
-        op.Recv(f, index, static_cast<int64_t>(codec::SymQuantPayloadBytes(b.length, c.Slow())));
+        op.Recv(f, 0, static_cast<int64_t>(codec::SymQuantPayloadBytes(b.length, c.Slow())));
     if (!q.ok()) return q.status();
     if (absl::Status s = codec::AccumulateSlow(*q, b.length, c, sum); !s.ok()) {
       return BadPayload(op, f, "level-2 gradient payload", s);
@@ -251,33 +251,46 @@ absl::Status TwoLevelReduceScatter(Op& op, const Topology& topo, const ShardLayo
   const size_t carried = CarriedShards(topo, topo.region(me), me).size();
   std::vector<float> acc(carried * static_cast<size_t>(len));
   buckets = ReduceScatterBuckets(len, c, buckets);
-  if (buckets == 1) {
-    op.NextPhase();
-    const Bucket all{0, len};
-    if (absl::Status s = ReduceInsideRegion(op, topo, len, padded, c, seed, all, 0, acc.data()); !s.ok()) return s;
-    op.NextPhase();
-    return ReduceAcrossRegions(op, topo, len, acc.data(), c, seed, all, 0, shard_sum);
-  }
-  // Whole groups per bucket, the remainder spread over the first ones.
+  // Whole groups per bucket, the remainder spread over the first ones (one bucket: the chunk).
   const int64_t groups = len / c.group_size;
   std::vector<Bucket> parts;
   for (int64_t k = 0, at = 0; k < buckets; ++k) {
     const int64_t n = groups / buckets + (k < groups % buckets ? 1 : 0);
-    parts.push_back({at * c.group_size, n * c.group_size});
+    const int64_t begin = at * c.group_size;
+    parts.push_back({begin, k == buckets - 1 ? len - begin : n * c.group_size});
     at += n;
   }
   // Level 1 bucket after bucket on this thread; level 2 of each on a second one as soon as its
   // level 1 is summed, so the slow link carries one bucket while the next is quantised and summed.
   BucketPipeline p;
   p.buckets = buckets;
-  p.produce = [&](Op& pop, int k) {
-    return ReduceInsideRegion(pop, topo, len, padded, c, seed, parts[k], static_cast<uint32_t>(k), acc.data());
-  };
+  p.produce = [&](Op& pop, int k) { return ReduceInsideRegion(pop, topo, len, padded, c, seed, parts[k], acc.data()); };
   p.produce_name = "its level 1 (inside the region)";
   p.transfer = [&](Op& pop, int k) {
-    return ReduceAcrossRegions(pop, topo, len, acc.data(), c, seed, parts[k], static_cast<uint32_t>(k), shard_sum);
+    return ReduceAcrossRegions(pop, topo, len, acc.data(), c, seed, parts[k], shard_sum);
   };
   p.transfer_name = "its level 2 (across regions)";
+  return RunBucketPipeline(op, p);
+}
+
+absl::Status BucketedAllGather(Op& op, const Topology& topo, const BucketedBlobs& b) {
+  const int K = static_cast<int>(b.expected.size());
+  std::vector<std::vector<std::string>> blobs(static_cast<size_t>(K), std::vector<std::string>(b.expected.front().size()));
+  BucketPipeline p;
+  p.buckets = K;
+  p.produce = [&](Op&, int j) {
+    b.encode(j, &blobs[j][op.rank()]);
+    return absl::OkStatus();
+  };
+  p.produce_name = absl::StrCat(b.what, ": encode, all-gather inside the region and use");  // consume's thread
+  p.transfer = [&](Op& t, int j) { return AllGatherAcrossRegions(t, topo, &blobs[j], b.expected[j], b.raw[j]); };
+  p.transfer_name = absl::StrCat(b.what, ": all-gather across regions");
+  p.consume = [&](Op& c, int j) {
+    absl::Status s = AllGatherInsideRegion(c, topo, &blobs[j], b.expected[j], b.raw[j]);
+    return s.ok() ? b.use(j, blobs[j]) : s;
+  };
+  p.beside = b.beside;
+  p.beside_name = b.beside_name;
   return RunBucketPipeline(op, p);
 }
 

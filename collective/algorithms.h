@@ -91,6 +91,21 @@ struct BucketPipeline {
 };
 absl::Status RunBucketPipeline(Op& op, const BucketPipeline& p);
 
+// A two-level all-gather of every rank's blob of each bucket (expected[j][k] / raw[j][k]: bucket
+// j's blob of rank k, as TwoLevelAllGather's), pipelined on RunBucketPipeline: encode(j, &mine)
+// on this thread bucket after bucket; each bucket across regions on a second thread; back on this
+// thread, each bucket inside the region and then use(j, blobs) as soon as it has crossed, so the
+// slow link never waits for a bucket's forwarding or use. `beside` runs beside them (optional).
+// `what` names the blobs in errors ("its weights").
+struct BucketedBlobs {
+  std::vector<std::vector<int64_t>> expected, raw;
+  std::function<void(int, std::string*)> encode;
+  std::function<absl::Status(int, const std::vector<std::string>&)> use;
+  std::function<absl::Status(Op&)> beside;
+  std::string what, beside_name;
+};
+absl::Status BucketedAllGather(Op& op, const Topology& topo, const BucketedBlobs& b);
+
 // How many of `wanted` buckets (at least 1) a collective cuts `elements` into, each of whole
 // granules (quantisation groups) and none under kMinBucketElements (a message's fixed costs);
 // every quantised collective's rule.

@@ -224,12 +224,10 @@ absl::Status DataParallelSync::StepQuantised(Op& op, absl::Span<const float> gra
 absl::Status DataParallelSync::GatherWeights(Op& op, absl::Span<float> weights, uint64_t seed) {
   // Weights: qWD sends the quantised difference main - model (the model keeps what earlier steps
   // could not express, so the error does not accumulate); qwZ the quantised main weights. Every
-  // rank's shard is cut into the same number of pieces of whole groups, a bucket being every rank's
-  // piece j: this thread encodes its pieces, then validates and decodes each bucket as soon as it
-  // has arrived, while a second thread all-gathers the buckets one after another. Piece by piece
-  // the values are the whole shard's (the same groups and draws) and so are the bytes.
-  const Topology& topo = g_->topology();
-  const int P = topo.size(), me = g_->rank();
+  // rank's shard is cut into the same number of pieces of whole groups, a bucket being every
+  // rank's piece j (BucketedAllGather). Piece by piece the values are the whole shard's (the same
+  // groups and draws) and so are the bytes.
+  const int P = g_->size(), me = g_->rank();
   const bool qwd = o_.codec == DpCodec::kSdp4Bit;
   const int64_t g = o_.weights.group_size;
   const int K = BucketsFor(layout_.chunk, g, o_.buckets);
@@ -238,39 +236,30 @@ absl::Status DataParallelSync::GatherWeights(Op& op, absl::Span<float> weights, 
     const int64_t len = layout_.length(k), groups = (len + g - 1) / g;
     return std::min(len, groups * j / K * g);
   };
-  std::vector<std::vector<std::string>> pieces(static_cast<size_t>(K), std::vector<std::string>(static_cast<size_t>(P)));
-  std::vector<std::vector<int64_t>> expected(pieces.size()), raw(pieces.size());
+  BucketedBlobs bb;
+  bb.expected.resize(static_cast<size_t>(K));
+  bb.raw.resize(static_cast<size_t>(K));
   for (int j = 0; j < K; ++j) {
     for (int k = 0; k < P; ++k) {
       const int64_t m = at(k, j + 1) - at(k, j);
-      expected[j].push_back(static_cast<int64_t>(codec::SymQuantPayloadBytes(m, o_.weights)));
-      raw[j].push_back(m * 4);
+      bb.expected[j].push_back(static_cast<int64_t>(codec::SymQuantPayloadBytes(m, o_.weights)));
+      bb.raw[j].push_back(m * 4);
     }
   }
   const int64_t b = layout_.begin(me);
-  BucketPipeline p;
-  p.buckets = K;
-  p.produce = [&](Op&, int j) {
+  bb.encode = [&](int j, std::string* mine) {
     const int64_t from = at(me, j), m = at(me, j + 1) - from;
-    std::string& mine = pieces[j][me];
     if (qwd) {
-      mine = codec::QwdEncodeShard(main_.data() + from, weights.data() + b + from, m, o_.weights, from);
+      *mine = codec::QwdEncodeShard(main_.data() + from, weights.data() + b + from, m, o_.weights, from);
     } else {
-      codec::SymQuantEncode(main_.data() + from, m, o_.weights, seed, &mine, from);
+      codec::SymQuantEncode(main_.data() + from, m, o_.weights, seed, mine, from);
     }
-    return absl::OkStatus();
   };
-  p.produce_name = "its weights' encode, all-gather inside the region and decode";  // consume's thread too
-  // The slow link's level on the second thread, one bucket after another; the region's level on
-  // this one with the decode, so the link never waits for a bucket's forwarding inside the region.
-  p.transfer = [&](Op& gop, int j) { return AllGatherAcrossRegions(gop, topo, &pieces[j], expected[j], raw[j]); };
-  p.transfer_name = "its weights' all-gather across regions";
-  p.consume = [&](Op& cop, int j) {
-    if (absl::Status s = AllGatherInsideRegion(cop, topo, &pieces[j], expected[j], raw[j]); !s.ok()) return s;
+  bb.use = [&](int j, const std::vector<std::string>& pieces) {
     // A bucket's pieces are all checked before any is applied (an earlier bucket's may already
     // have been: on an error the weights may be half updated, as Step says).
     for (int k = 0; k < P; ++k) {
-      if (absl::Status s = codec::SymQuantValidate(pieces[j][k], at(k, j + 1) - at(k, j), o_.weights); !s.ok()) {
+      if (absl::Status s = codec::SymQuantValidate(pieces[k], at(k, j + 1) - at(k, j), o_.weights); !s.ok()) {
         return BadPayload(op, k, qwd ? "weight-difference payload" : "weight payload", s);
       }
     }
@@ -278,117 +267,99 @@ absl::Status DataParallelSync::GatherWeights(Op& op, absl::Span<float> weights, 
       const int64_t from = at(k, j), m = at(k, j + 1) - from;
       if (m == 0) continue;
       const codec::SymDecodeOptions d{/*accumulate=*/qwd, /*hadamard_domain=*/false};
-      codec::SymQuantDecode(pieces[j][k], m, o_.weights, d, weights.data() + layout_.begin(k) + from);
+      codec::SymQuantDecode(pieces[k], m, o_.weights, d, weights.data() + layout_.begin(k) + from);
     }
     return absl::OkStatus();
   };
-  return RunBucketPipeline(op, p);
+  bb.what = "its weights";
+  return BucketedAllGather(op, g_->topology(), bb);
 }
 
 absl::Status DataParallelSync::StepBitDp(Op& op, absl::Span<const float> grad, absl::Span<float> weights,
                                          const UpdateFn& update) {
   const Topology& topo = g_->topology();
   const int P = topo.size(), bits = Bits(o_.codec);
-  // Row ranges of the quantised segments, dealt to buckets of about equal payload (rows are
-  // independent: one scale each). Every rank cuts the same layout the same way.
   struct Rows {
     int64_t at, rows, cols;  // at: the first element's offset in the flat buffer
   };
   std::vector<float> plain;  // the segments BitDP leaves alone (embeddings, biases, norms)
   std::vector<Rows> quantised;
-  int64_t payload = 0, quantised_elements = 0, off = 0;
+  int64_t payload = 0, quantised_elements = 0, quantised_rows = 0, off = 0;
   for (const BitDpSegment& s : o_.bitdp_layout) {
     const int64_t m = s.rows * s.cols;
     if (s.quantise) {
       quantised.push_back({off, s.rows, s.cols});
       payload += static_cast<int64_t>(codec::BitDpPayloadBytes(s.rows, s.cols, bits));
       quantised_elements += m;
+      quantised_rows += s.rows;
     } else {
       plain.insert(plain.end(), grad.begin() + off, grad.begin() + off + m);
     }
     off += m;
   }
-  int64_t quantised_rows = 0;
-  for (const Rows& q : quantised) quantised_rows += q.rows;
+  // Row ranges of the quantised segments (rows are independent: one scale each) dealt in order to
+  // up to `wanted` buckets of about equal payload: the next bucket opens once the current one holds
+  // its share, so none is empty. Every rank cuts the same layout the same way.
   const int wanted = static_cast<int>(std::min<int64_t>(BucketsFor(quantised_elements, 1, o_.buckets),
                                                         std::max<int64_t>(quantised_rows, 1)));
-  std::vector<std::vector<Rows>> buckets(static_cast<size_t>(wanted));
+  std::vector<std::vector<Rows>> buckets(1);
+  BucketedBlobs bb;
+  bb.expected.assign(1, std::vector<int64_t>(static_cast<size_t>(P), 0));
+  bb.raw = bb.expected;
   int64_t done = 0;  // payload bytes dealt so far
   for (const Rows& q : quantised) {
     const int64_t row_bytes = static_cast<int64_t>(codec::BitDpPayloadBytes(1, q.cols, bits));
     for (int64_t r = 0; r < q.rows;) {
-      // The bucket this row starts in, and the rows that fit before the next bucket's share.
-      const int j = static_cast<int>(std::min<int64_t>(wanted - 1, done * wanted / std::max<int64_t>(payload, 1)));
-      const int64_t room =
-          j == wanted - 1 ? q.rows - r : std::max<int64_t>(1, ((j + 1) * payload / wanted - done) / row_bytes);
-      const int64_t n = std::min(q.rows - r, room);
-      buckets[j].push_back({q.at + r * q.cols, n, q.cols});
+      auto share_end = [&] { return payload * static_cast<int64_t>(buckets.size()) / wanted; };
+      if (static_cast<int>(buckets.size()) < wanted && done >= share_end()) {
+        buckets.emplace_back();
+        bb.expected.push_back(std::vector<int64_t>(static_cast<size_t>(P), 0));
+        bb.raw.push_back(bb.expected.back());
+      }
+      const bool last = static_cast<int>(buckets.size()) == wanted;
+      const int64_t n = last ? q.rows - r : std::clamp<int64_t>((share_end() - done) / row_bytes, 1, q.rows - r);
+      buckets.back().push_back({q.at + r * q.cols, n, q.cols});
+      for (int64_t& e : bb.expected.back()) e += n * row_bytes;
+      for (int64_t& e : bb.raw.back()) e += n * q.cols * 4;
       done += n * row_bytes;
       r += n;
     }
   }
-  // Rows much larger than a bucket's share leave some buckets empty: no empty all-gathers. (With
-  // no quantised rows at all, one empty bucket keeps the step's shape.)
-  buckets.erase(std::remove_if(buckets.begin() + 1, buckets.end(), [](const std::vector<Rows>& b) { return b.empty(); }),
-                buckets.end());
-  const int K = static_cast<int>(buckets.size());
-  std::vector<int64_t> bucket_bytes(static_cast<size_t>(K), 0), bucket_elements(static_cast<size_t>(K), 0);
-  for (int j = 0; j < K; ++j) {
-    for (const Rows& q : buckets[j]) {
-      bucket_bytes[j] += static_cast<int64_t>(codec::BitDpPayloadBytes(q.rows, q.cols, bits));
-      bucket_elements[j] += q.rows * q.cols;
-    }
-  }
-  std::vector<std::vector<std::string>> blobs(static_cast<size_t>(K), std::vector<std::string>(static_cast<size_t>(P)));
   // The exact reduction of the same bytes in rank order: the same sum on every rank.
   std::vector<float> sum(static_cast<size_t>(n_));
-  BucketPipeline p;
-  p.buckets = K;
-  p.produce = [&](Op&, int j) {
-    for (const Rows& q : buckets[j]) codec::BitDpEncode(grad.data() + q.at, q.rows, q.cols, bits, &blobs[j][g_->rank()]);
-    return absl::OkStatus();
+  bb.encode = [&](int j, std::string* mine) {
+    for (const Rows& q : buckets[j]) codec::BitDpEncode(grad.data() + q.at, q.rows, q.cols, bits, mine);
   };
-  p.produce_name = "its bit planes' encode, all-gather inside the region and reduction";  // consume's too
-  const auto expected = [&](int j) { return std::vector<int64_t>(static_cast<size_t>(P), bucket_bytes[j]); };
-  const auto raw = [&](int j) { return std::vector<int64_t>(static_cast<size_t>(P), bucket_elements[j] * 4); };
-  // As the weights' all-gather (GatherWeights): across regions on the second thread, inside the
-  // region on this one with the reduction.
-  p.transfer = [&](Op& aop, int j) { return AllGatherAcrossRegions(aop, topo, &blobs[j], expected(j), raw(j)); };
-  p.transfer_name = "its bit planes' all-gather across regions";
-  p.consume = [&](Op& cop, int j) {
-    if (absl::Status s = AllGatherInsideRegion(cop, topo, &blobs[j], expected(j), raw(j)); !s.ok()) return s;
+  bb.use = [&](int j, const std::vector<std::string>& blobs) {
     std::vector<absl::string_view> views(static_cast<size_t>(P));
     size_t poff = 0;
     for (const Rows& q : buckets[j]) {
       const size_t bytes = static_cast<size_t>(codec::BitDpPayloadBytes(q.rows, q.cols, bits));
       for (int k = 0; k < P; ++k) {
-        views[k] = absl::string_view(blobs[j][k]).substr(poff, bytes);
+        views[k] = absl::string_view(blobs[k]).substr(poff, bytes);
         if (absl::Status v = codec::BitDpValidate(views[k], q.rows, q.cols, bits); !v.ok()) {
           return BadPayload(op, k, "BitDP gradient payload", v);
         }
       }
-      if (absl::Status r = codec::BitDpReduce(views, q.rows, q.cols, bits, codec::BitDpReduction::kExact,
-                                              sum.data() + q.at);
-          !r.ok()) {
-        return r;
-      }
+      codec::BitDpReduceValidated(views, q.rows, q.cols, bits, codec::BitDpReduction::kExact, sum.data() + q.at);
       poff += bytes;
     }
     return absl::OkStatus();
   };
+  bb.what = "its bit planes";
   // The segments left alone go through the fp32 ring at the same time: it needs nothing from the
   // planes, and on a slow link its transfers (most of the bytes across regions in a small model)
   // would otherwise only start after theirs.
   if (!plain.empty()) {
-    p.beside = [&](Op& rop) {
+    bb.beside = [&](Op& rop) {
       const ShardLayout l = MakeShards(static_cast<int64_t>(plain.size()), P, kPlainAlign);
       plain.resize(static_cast<size_t>(l.padded()), 0.0f);
       absl::Status s = RingReduceScatter(rop, topo, l, plain.data());
       return s.ok() ? RingAllGather(rop, topo, l, plain.data()) : s;
     };
-    p.beside_name = "its fp32 ring";
+    bb.beside_name = "its fp32 ring";
   }
-  if (absl::Status s = RunBucketPipeline(op, p); !s.ok()) return s;
+  if (absl::Status s = BucketedAllGather(op, topo, bb); !s.ok()) return s;
   off = 0;
   int64_t plain_off = 0;
   for (const BitDpSegment& s : o_.bitdp_layout) {

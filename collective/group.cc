@@ -91,7 +91,7 @@ uint64_t Op::Tag(uint32_t index) const {
 
 void Op::NextPhase() {
   ++phase_;
-  stats_.phase_starts.push_back(absl::Now() - start_);
+  if (!forked_) stats_.phase_starts.push_back(absl::Now() - start_);  // the call's own (CallStats)
 }
 
 std::string Op::PeerName(int peer) const { return g_->t_->PeerName(peer); }
@@ -175,7 +175,6 @@ void Op::Absorb(const Op& fork) {
   s.elements = 0;  // the call's, counted once
   s.wall = absl::ZeroDuration();
   s.wire_bytes_sent = 0;  // Finish takes the transport's counter, which has both parts
-  s.phase_starts.clear();  // the call's own
   stats_.Add(s);
 }
 int Op::rank() const { return g_->rank(); }
