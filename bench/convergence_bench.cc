@@ -88,7 +88,7 @@ int Run(const Flags& f, const CLI::App& cmd) {
   std::unique_ptr<ReplicatedPipeline> replicated;
   auto dp_codec = collective::ParseDpCodec(f.dp_codec);
   if (!dp_codec.ok()) return common::FlagError(cmd, "--dp-codec: " + std::string(dp_codec.status().message()));
-  absl::StatusOr<std::vector<int>> per_stage = CountsPerStage(f.replicas, o.stages);
+  absl::StatusOr<std::vector<int>> per_stage = CountsPerStage(f.replicas, o.stages, o.micro_batches);
   if (!per_stage.ok()) return common::FlagError(cmd, absl::StrCat("--replicas: ", per_stage.status().message()));
   const std::vector<int>& counts = *per_stage;
   const int most = *std::max_element(counts.begin(), counts.end());

@@ -63,16 +63,13 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
   const int stages = static_cast<int>(f.stages > 0 ? f.stages : 2);
   const int64_t mbs = cmd.count("--micro-batches") ? f.micro_batches : 8;
   const int64_t mbsize = cmd.count("--micro-batch-size") ? f.micro_batch_size : 4;
-  absl::StatusOr<std::vector<int>> per_stage = CountsPerStage(f.dp_replicas, stages);
+  absl::StatusOr<std::vector<int>> per_stage = CountsPerStage(f.dp_replicas, stages, mbs);
   if (!per_stage.ok()) return common::FlagError(cmd, absl::StrCat("--dp-replicas: ", per_stage.status().message()));
   const std::vector<int>& counts = *per_stage;
   const int R = *std::min_element(counts.begin(), counts.end()), Y = static_cast<int>(f.dp_regions);
   if (R < 2 || Y < 1 || Y > R) {
     return common::FlagError(cmd, "--dp-replicas: every count at least 2 (a stage of one has no sync), and "
                                   "--dp-regions in [1, the fewest]");
-  }
-  for (int n : counts) {
-    if (mbs % n != 0) return common::FlagError(cmd, "--micro-batches must be a multiple of every --dp-replicas count");
   }
   for (double r : rates) {
     if (!(r > 0)) return common::FlagError(cmd, absl::StrCat("bad rate \"", r, "\" (rates are Mbit/s > 0)"));

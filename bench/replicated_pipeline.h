@@ -32,11 +32,10 @@
 
 namespace longhaul::bench {
 
-// Stage s on counts[s] replicas in one process, each with its own executor and step loop; the
-// replicas of a stage with more than one are joined by a ReplicaSync.
 // A benchmark flag's replica counts (`--replicas 2` or `2,1`) as one count per stage: one value
-// for every stage, or one per stage, each in [1, kMaxReplicas]. The error names no flag.
-inline absl::StatusOr<std::vector<int>> CountsPerStage(const std::vector<int>& given, int stages) {
+// for every stage, or one per stage, each in [1, kMaxReplicas] and dividing the step's
+// `micro_batches`. The error names no flag.
+inline absl::StatusOr<std::vector<int>> CountsPerStage(const std::vector<int>& given, int stages, int64_t micro_batches) {
   if (given.size() != 1 && given.size() != static_cast<size_t>(stages)) {
     return absl::InvalidArgumentError(
         absl::StrCat(given.size(), " counts for ", stages, " stages (one for every stage, or one each)"));
@@ -45,10 +44,16 @@ inline absl::StatusOr<std::vector<int>> CountsPerStage(const std::vector<int>& g
     if (n < 1 || n > kMaxReplicas) {
       return absl::InvalidArgumentError(absl::StrCat("every count must be in [1, ", kMaxReplicas, "], not ", n));
     }
+    if (micro_batches % n != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the micro-batches (", micro_batches, ") must be a multiple of every count, not of ", n));
+    }
   }
   return given.size() == 1 ? std::vector<int>(static_cast<size_t>(stages), given[0]) : given;
 }
 
+// Stage s on counts[s] replicas in one process, each with its own executor and step loop; the
+// replicas of a stage with more than one are joined by a ReplicaSync.
 class ReplicatedPipeline {
  public:
   // `o.micro_batches` is the step's (all replicas'); replica r of stage s runs its share
@@ -102,8 +107,10 @@ class ReplicatedPipeline {
     for (int s = 0; s + 1 < S; ++s) {
       for (int r = 0; r < counts[s]; ++r) {
         for (int q : ExchangingReplicas(counts, M, s, r, s + 1)) {
+          // A link carries the sending replica's share of the step at most.
           p->links_.push_back(stage_runtime::InProcessLink::Pair(s, p->fwd_codec_.get(), p->bwd_codec_.get(),
-                                                                 stage_runtime::LinkCapacity(o), o.codec_threads));
+                                                                 stage_runtime::LinkCapacity(p->slots_[s][r].options),
+                                                                 o.codec_threads));
           p->slots_[s][r].next.emplace_back(q, p->links_.back().first.get());
           p->slots_[s + 1][q].prev.emplace_back(r, p->links_.back().second.get());
         }

@@ -284,14 +284,18 @@ grpc::Status CoordinatorService::PlanJob(grpc::ServerContext* ctx, const v1::Pla
   const Decision d = Decide(*spec, cands, link, opt_.placement.min_gain, opt_.placement.solve);
   auto fill = [&](const placement::Placement& p, google::protobuf::RepeatedPtrField<v1::PlannedStage>* out)
                   ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    // Every slot in order (proto/replica_layout.h, as JobStatus.stages). With one replica count
-    // for every stage replica r's pipeline is slots r * S .. r * S + S - 1 and its link goes to
-    // the next slot; with counts that differ, to the slowest of the slot's fan (SlotCosts).
+    // Every slot in order (proto/replica_layout.h, as JobStatus.stages), each with its link to the
+    // slowest of the next stage's replicas it exchanges micro-batches with (SlotCosts: with one
+    // replica count for every stage, the same replica's, the next slot). SlotCosts takes the whole
+    // step's micro-batches, which d.job holds only where the counts differ.
     const int S = spec->stages();
     const std::vector<ReplicaSlot> slots = ReplicaSlots(*spec);
-    std::vector<placement::StageCost> costs;
     std::vector<placement::SlotCost> slot_costs;
-    if (d.modelled && !d.counts.empty()) slot_costs = placement::SlotCosts(d.job, d.counts, d.cluster, p);
+    if (d.modelled) {
+      placement::JobShape step = d.job;
+      step.micro_batches = spec->micro_batches();
+      slot_costs = placement::SlotCosts(step, ReplicaCounts(*spec), d.cluster, p);
+    }
     for (size_t k = 0; k < slots.size(); ++k) {
       const int s = slots[k].stage, r = slots[k].replica, i = p[k];
       v1::PlannedStage* ps = out->Add();
@@ -304,15 +308,8 @@ grpc::Status CoordinatorService::PlanJob(grpc::ServerContext* ctx, const v1::Pla
       ps->set_layer_begin((*parts)[s].begin);
       ps->set_layer_end((*parts)[s].end);
       if (!d.modelled) continue;
-      int next = static_cast<int>(k) + 1;  // the slot the link's figures are to
-      placement::StageCost cost;
-      if (d.counts.empty()) {
-        if (s == 0) costs = placement::StageCosts(d.job, d.cluster, p, r);
-        cost = costs[s];
-      } else {
-        cost = slot_costs[k].cost;
-        next = slot_costs[k].next;
-      }
+      const placement::StageCost& cost = slot_costs[k].cost;
+      const int next = slot_costs[k].next;  // the slot the link's figures are to
       ps->set_compute_seconds(cost.compute_s);
       if (s + 1 == S) continue;
       ps->set_forward_seconds(cost.forward_s);

@@ -398,20 +398,6 @@ Cost Evaluate(const JobShape& job, const Cluster& c, const Placement& p) {
   return EvaluatePrefix(job, c, p.data(), job.workers());
 }
 
-std::vector<StageCost> StageCosts(const JobShape& job, const Cluster& c, const Placement& p, int replica) {
-  std::vector<StageCost> out(job.stages);
-  const int base = replica * job.stages;
-  for (int s = 0; s < job.stages; ++s) {
-    const int w = p[base + s];
-    out[s].compute_s = c.flops_per_s[w] > 0 ? job.stage_flops[s] / c.flops_per_s[w] : kInf;
-    if (s + 1 == job.stages) continue;
-    const int v = p[base + s + 1];
-    out[s].forward_s = c.links[w][v].latency_s + Transfer(c.links[w][v], job.activation_bytes);
-    out[s].backward_s = c.links[v][w].latency_s + Transfer(c.links[v][w], job.gradient_bytes);
-  }
-  return out;
-}
-
 Placement NaivePlacement(const JobShape& job) {
   Placement p(job.workers());
   std::iota(p.begin(), p.end(), 0);

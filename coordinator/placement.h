@@ -113,7 +113,7 @@ struct Cost {
   int limit_stage = 0;
 };
 
-// Per stage of one replica, for display: compute and the link to the next stage, per micro-batch.
+// Per slot, for display (SlotCosts): compute and the link to the next stage, per micro-batch.
 struct StageCost {
   double compute_s = 0;
   double forward_s = 0;   // latency + activation bytes / bandwidth (0 on the last stage)
@@ -122,7 +122,6 @@ struct StageCost {
 
 // `p` must hold job.workers() distinct indices into `c`.
 Cost Evaluate(const JobShape& job, const Cluster& c, const Placement& p);
-std::vector<StageCost> StageCosts(const JobShape& job, const Cluster& c, const Placement& p, int replica = 0);
 
 // The first job.workers() workers in index order: stage s of replica r on worker r * stages + s.
 Placement NaivePlacement(const JobShape& job);

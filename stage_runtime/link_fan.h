@@ -52,10 +52,10 @@ class LinkFan {
   // stages' replica counts and the step's micro-batches (common/replica_counts.h): `links` pairs a
   // replica of `neighbour` with the link to it; each member takes that replica's share of the step,
   // this replica starts at its own, and the gradients received are scaled by N_stage / N_neighbour.
-  // Empty when `links` is.
+  // Empty when `links` is or there is no such neighbouring stage.
   static LinkFan ForReplica(const std::vector<int>& counts, int micro_batches, int stage, int replica, int neighbour,
                             const std::vector<std::pair<int, Link*>>& links) {
-    if (links.empty()) return {};
+    if (links.empty() || neighbour < 0 || neighbour >= static_cast<int>(counts.size())) return {};
     const int m = ShareOf(counts, micro_batches, neighbour);
     std::vector<Member> members;
     for (const auto& [q, link] : links) members.push_back({link, q * m, m});
