@@ -1,11 +1,14 @@
 #include "netem/tcp_probe.h"
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cerrno>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -99,8 +102,10 @@ void ServeOne(tcp::socket& s, int64_t max_bytes, const std::function<bool(const 
   asio::write(s, asio::buffer(&got, sizeof(got)), ec);
 }
 
-// A connected socket, retrying for `patience` while the sink may still be starting.
-absl::StatusOr<tcp::socket> Connect(asio::io_context& io, const std::string& ipv4, int port, absl::Duration patience) {
+// A connected socket, retrying for `patience` while the sink may still be starting; with the
+// congestion control `congestion` unless it is empty (the machine's default).
+absl::StatusOr<tcp::socket> Connect(asio::io_context& io, const std::string& ipv4, int port, absl::Duration patience,
+                                    const std::string& congestion = "") {
   absl::StatusOr<tcp::endpoint> ep = Endpoint(ipv4, port);
   if (!ep.ok()) return ep.status();
   const absl::Time give_up = absl::Now() + patience;
@@ -117,6 +122,11 @@ absl::StatusOr<tcp::socket> Connect(asio::io_context& io, const std::string& ipv
   }
   s.set_option(tcp::no_delay(true));
   SetStallTimeout(s, kStallSeconds);
+  if (!congestion.empty() && setsockopt(s.native_handle(), IPPROTO_TCP, TCP_CONGESTION, congestion.data(),
+                                        static_cast<socklen_t>(congestion.size())) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("TCP congestion control \"", congestion, "\": ", std::strerror(errno),
+                                                   " (see /proc/sys/net/ipv4/tcp_available_congestion_control)"));
+  }
   return s;
 }
 
@@ -126,9 +136,10 @@ struct ProbeResult {
   double seconds = 0;
 };
 
-absl::StatusOr<ProbeResult> RunProbe(const std::string& ipv4, int port, const Header& h, absl::Duration patience) {
+absl::StatusOr<ProbeResult> RunProbe(const std::string& ipv4, int port, const Header& h, absl::Duration patience,
+                                     const std::string& congestion = "") {
   asio::io_context io;
-  absl::StatusOr<tcp::socket> s = Connect(io, ipv4, port, patience);
+  absl::StatusOr<tcp::socket> s = Connect(io, ipv4, port, patience, congestion);
   if (!s.ok()) return s.status();
   const std::string where = absl::StrCat(ipv4, ":", port);
   boost::system::error_code ec;
@@ -250,9 +261,10 @@ void TcpSink::Stop() {
   if (impl_->serving_fd >= 0) ::shutdown(impl_->serving_fd, SHUT_RDWR);
 }
 
-absl::StatusOr<double> TimedTcpSend(const std::string& ipv4, int port, int64_t bytes, absl::Duration patience) {
+absl::StatusOr<double> TimedTcpSend(const std::string& ipv4, int port, int64_t bytes, absl::Duration patience,
+                                    const std::string& congestion) {
   if (bytes < 0) return absl::InvalidArgumentError("negative byte count");
-  absl::StatusOr<ProbeResult> r = RunProbe(ipv4, port, Header{0, static_cast<uint64_t>(bytes)}, patience);
+  absl::StatusOr<ProbeResult> r = RunProbe(ipv4, port, Header{0, static_cast<uint64_t>(bytes)}, patience, congestion);
   if (!r.ok()) return r.status();
   return r->seconds;
 }

@@ -62,9 +62,11 @@ class TcpSink {
 };
 
 // Seconds from the first byte of data to the sink's confirmation of all `bytes`. Retries the
-// connection for up to `connect_patience` (the sink may still be starting).
+// connection for up to `connect_patience` (the sink may still be starting). `congestion`: the
+// socket's TCP congestion control (TCP_CONGESTION), or empty for the machine's default.
 absl::StatusOr<double> TimedTcpSend(const std::string& ipv4, int port, int64_t bytes,
-                                    absl::Duration connect_patience = absl::ZeroDuration());
+                                    absl::Duration connect_patience = absl::ZeroDuration(),
+                                    const std::string& congestion = "");
 
 struct ProbeOptions {
   int64_t bytes = 4 << 20;  // data timed for the throughput (at most the sink's cap)

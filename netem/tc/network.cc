@@ -128,8 +128,8 @@ absl::StatusOr<Topology> ParseTopology(const std::string& yaml) {
   };
   for (const auto& kv : root) {
     const std::string k = kv.first.as<std::string>("");
-    if (k != "name" && k != "subnet" && k != "hosts" && k != "between_regions") {
-      p.push_back(absl::StrCat(k, ": unknown key (name, subnet, hosts, between_regions)"));
+    if (k != "name" && k != "subnet" && k != "tcp_congestion" && k != "hosts" && k != "between_regions") {
+      p.push_back(absl::StrCat(k, ": unknown key (name, subnet, tcp_congestion, hosts, between_regions)"));
     }
   }
   if (const YAML::Node b = root["between_regions"]) {
@@ -157,10 +157,15 @@ absl::StatusOr<Topology> ParseTopology(const std::string& yaml) {
   try {
     if (root["name"]) t.name = root["name"].as<std::string>();
     if (root["subnet"]) t.subnet = root["subnet"].as<std::string>();
+    if (root["tcp_congestion"]) t.tcp_congestion = root["tcp_congestion"].as<std::string>();
   } catch (const YAML::Exception&) {
-    p.push_back("name/subnet: must be strings");
+    p.push_back("name/subnet/tcp_congestion: must be strings");
   }
   if (!is_name(t.name, 6)) p.push_back(absl::StrCat("name: \"", t.name, "\" must be 1..6 letters, digits or _"));
+  if (!is_name(t.tcp_congestion, 16)) {
+    p.push_back(absl::StrCat("tcp_congestion: \"", t.tcp_congestion, "\" must be an algorithm's name (cubic, reno, bbr: ",
+                             "/proc/sys/net/ipv4/tcp_available_congestion_control) or ", kMachineCongestion));
+  }
   std::vector<std::string> octets = absl::StrSplit(t.subnet, '.');
   bool subnet_ok = octets.size() == 3;
   for (const std::string& o : octets) {
@@ -350,6 +355,11 @@ absl::Status Network::Up(const std::function<bool()>& interrupted) {
         {"ip", "-n", sw, "link", "set", sv, "master", "br0"},
         {"ip", "-n", sw, "link", "set", sv, "up"},
     };
+    if (t_.tcp_congestion != kMachineCongestion) {
+      // Fails naming the sysctl where the kernel lacks the algorithm.
+      c.push_back({"ip", "netns", "exec", ns, "sysctl", "-qw",
+                   absl::StrCat("net.ipv4.tcp_congestion_control=", t_.tcp_congestion)});
+    }
     cmds.insert(cmds.end(), c.begin(), c.end());
     const std::array<Egress, 2> egress = AccessLinkEgress(t_, h.name);
     for (const auto& [tns, dev] : egress) {
@@ -433,7 +443,9 @@ absl::StatusOr<double> Network::TcpGoodputTo(const std::string& host, int64_t by
   // namespace (and its veth) alive after Down().
   const int port = sink->port();
   std::thread server([s = std::move(*sink)]() mutable { s.Serve(1); });
-  absl::StatusOr<double> seconds = TimedTcpSend(ip, port, bytes, absl::Seconds(5));
+  // The probe's sender (in this namespace) uses the hosts' congestion control, as they do.
+  const std::string congestion = t_.tcp_congestion == kMachineCongestion ? "" : t_.tcp_congestion;
+  absl::StatusOr<double> seconds = TimedTcpSend(ip, port, bytes, absl::Seconds(5), congestion);
   if (!seconds.ok() && !TimedTcpSend(ip, port, 0).ok()) {
     server.detach();  // the sink is unreachable and stays blocked in accept; nothing else to do
     return seconds.status();

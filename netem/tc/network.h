@@ -3,6 +3,7 @@
 // Topology file (YAML):
 //   name: lh              # prefix of every object: namespaces <name>-<host> and <name>-sw (<= 6 chars)
 //   subnet: 10.77.0       # a /24; host i (0-based, in file order) gets <subnet>.<i + 2>
+//   tcp_congestion: cubic # every host's TCP congestion control (default cubic; "host": the machine's)
 //   hosts:
 //     - {name: a, rate_mbit: 100, delay_ms: 20, jitter_ms: 2, loss: 0.001}
 //     - {name: b, rate_mbit: 50, queue_ms: 400}
@@ -13,6 +14,13 @@
 // reach every host. delay/jitter/loss use tc netem when the kernel has it (detected at `up`,
 // reported); otherwise `up` says so and they must come from the in-process shaper (the job spec's
 // `links:` section).
+//
+// Each host namespace sets its own net.ipv4.tcp_congestion_control (a namespace otherwise takes
+// the machine's at its creation), so that runs on machines configured differently emulate the same
+// hosts: Linux's default, cubic, unless the topology says otherwise. BBR (the dev VM's setting)
+// keeps at most about twice the bandwidth-delay product it measured in flight; with ACKs queued
+// behind a host's own uploads on its shaped uplink it under-fills the link (a 4-stage GPipe
+// pipeline at 20 Mbit/s: 0.68-0.75 of its link bound with BBR, 0.89 with cubic; docs/gpu-sweep.md).
 //
 // Regions (optional): hosts may name a region, and the topology a rate between regions:
 //   between_regions: {rate_mbit: 2}         # default queue_ms 400
@@ -50,9 +58,13 @@ struct HostSpec {
   std::string region = "";  // none
 };
 
+// Topology::tcp_congestion's value that keeps the machine's own congestion control.
+inline constexpr char kMachineCongestion[] = "host";
+
 struct Topology {
   std::string name = "lh";
   std::string subnet = "10.77.0";
+  std::string tcp_congestion = "cubic";  // kMachineCongestion: leave the machine's
   std::vector<HostSpec> hosts;
   // Between hosts of different regions (both named): at most this rate from each sender. 0: no
   // region shaping.

@@ -80,6 +80,34 @@ TEST(TopologyTest, TbfQueuesEachHostsQueueMsAtUpAndSetRate) {
   EXPECT_EQ(tbf, (std::vector<std::string>{"q-a eth0 1500ms", "q-sw q-a-s 1500ms", "q-b eth0 400ms", "q-sw q-b-s 400ms"}));
 }
 
+// Every host namespace gets the topology's congestion control (cubic unless it says otherwise),
+// none with "host", and a name that cannot be one is a listed problem.
+TEST(TopologyTest, HostsGetTheTopologysTcpCongestionControl) {
+  auto sysctls = [](const Topology& t) {
+    std::vector<std::string> seen;  // "<namespace> <setting>"
+    Network net(t, [&](const std::vector<std::string>& argv) {
+      if (argv.size() == 7 && argv[4] == "sysctl") seen.push_back(absl::StrCat(argv[3], " ", argv[6]));
+      return absl::OkStatus();
+    });
+    EXPECT_TRUE(net.Up().ok());
+    return seen;
+  };
+  auto t = ParseTopology("name: cc\nhosts:\n  - {name: a, rate_mbit: 10}\n  - {name: b}\n");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->tcp_congestion, "cubic");
+  EXPECT_EQ(sysctls(*t), (std::vector<std::string>{"cc-a net.ipv4.tcp_congestion_control=cubic",
+                                                   "cc-b net.ipv4.tcp_congestion_control=cubic"}));
+  t = ParseTopology("name: cc\ntcp_congestion: reno\nhosts:\n  - {name: a}\n");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(sysctls(*t), (std::vector<std::string>{"cc-a net.ipv4.tcp_congestion_control=reno"}));
+  t = ParseTopology("name: cc\ntcp_congestion: host\nhosts:\n  - {name: a}\n");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_TRUE(sysctls(*t).empty());
+  t = ParseTopology("name: cc\ntcp_congestion: \"cubic; reboot\"\nhosts:\n  - {name: a}\n");
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("tcp_congestion: \"cubic; reboot\""), std::string::npos) << t.status();
+}
+
 TEST(TopologyTest, QdiscCountersAreParsedFromTcOutput) {
   auto c = ParseQdiscCounters("qdisc tbf 876d: dev eth0 root refcnt 3 rate 2Mbit burst 3200b lat 400ms \n"
                               " Sent 1391436 bytes 2225 pkt (dropped 101, overlimits 2118 requeues 0) \n"
@@ -170,6 +198,10 @@ TEST(TcNetworkTest, ShapedLinkDeliversNinetyToHundredPercentOfTheRateAndDownClea
   auto [rc, out] = cluster::Cluster::Run(absl::StrCat(Tool(), " up ", topo));
   ASSERT_EQ(rc, 0) << out;
   EXPECT_TRUE(std::filesystem::exists("/run/netns/lhit-a"));
+  // The hosts' congestion control is the topology's (cubic), not the machine's.
+  auto [cc_rc, cc] = cluster::Cluster::Run("ip netns exec lhit-a cat /proc/sys/net/ipv4/tcp_congestion_control");
+  EXPECT_EQ(cc_rc, 0) << cc;
+  EXPECT_EQ(cc, "cubic\n");
   // A second `up` refuses instead of adopting the namespaces.
   auto [rc_again, out_again] = cluster::Cluster::Run(absl::StrCat(Tool(), " up ", topo));
   EXPECT_NE(rc_again, 0);
