@@ -150,6 +150,7 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
     topo.hosts.push_back({"coord"});
     for (int i = 0; i < stages; ++i) topo.hosts.push_back({absl::StrCat("w", i)});
     for (netem::HostSpec& h : topo.hosts) h.queue_ms = static_cast<double>(f.queue_ms);
+    topo.tcp_congestion = f.tcp_congestion;
     net = std::make_unique<netem::Network>(topo, netem::RunCommand);
     (void)net->Down();  // leftovers of an interrupted run
     if (absl::Status s = net->Up(); !s.ok()) {
@@ -459,6 +460,10 @@ BenchmarkRun AddSweepBench(CLI::App& app) {
   cmd->add_flag("--tc", f->tc, "the same as --shaper=tc");
   cmd->add_option("--queue-ms", f->queue_ms, "tc: each direction's tbf queue, in ms of traffic at the rate, 1..60000")
       ->type_name("N");
+  cmd->add_option("--tcp-congestion", f->tcp_congestion,
+                  absl::StrCat("tc: the hosts' TCP congestion control, or ", netem::kMachineCongestion,
+                               " for this machine's (docs/netem-sweep.md)"))
+      ->type_name("NAME");
   cmd->add_option("--markdown", f->markdown, "also write the table here")->type_name("PATH");
   cmd->add_option("--svg", f->svg, "also plot tokens/s against the rate here")->type_name("PATH");
   cmd->add_flag("--json", f->json, "{\"runs\": [...]}, one object per (rate, codec), instead of the table");

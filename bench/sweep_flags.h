@@ -9,6 +9,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "netem/tc/network.h"
+
 namespace longhaul::bench {
 
 struct SweepFlags {
@@ -22,6 +24,7 @@ struct SweepFlags {
   std::vector<std::string> devices = {"cpu"};
   int64_t stages = 0;  // 0: one per layer
   int64_t repeats = 3, queue_ms = 3000;
+  std::string tcp_congestion = netem::Topology().tcp_congestion;  // tc: the hosts' congestion control
   bool tc = false, json = false;
   // --data-parallel
   bool data_parallel = false;

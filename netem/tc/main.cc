@@ -96,7 +96,8 @@ int main(int argc, char** argv) {
       "Topology file: netem/tc/network.h (hosts with rate_mbit, delay_ms, jitter_ms, loss, queue_ms:\n"
       "the tbf queue in ms of traffic, default 400, beyond which packets are dropped). tc netem\n"
       "(delay/loss) is used when the kernel has it; `up` says when it does not, and then delay, jitter\n"
-      "and loss belong in the job spec's links: section (in-process shaper).");
+      "and loss belong in the job spec's links: section (in-process shaper). Every host namespace uses\n"
+      "the topology's tcp_congestion (default cubic; host: this machine's), whatever the machine's is.");
   if (std::optional<int> rc = longhaul::common::ParseFlags(app, argc, argv)) return *rc;
 
   if (sink->parsed()) return Sink(port);

@@ -76,6 +76,10 @@ struct Topology {
   std::string Address(const std::string& host) const;
 };
 
+// Whether `name` can be Topology::tcp_congestion (a name of letters, digits and _): the error says
+// what may be.
+absl::Status CheckCongestion(const std::string& name);
+
 // Every problem listed, one per line.
 absl::StatusOr<Topology> ParseTopology(const std::string& yaml);
 
