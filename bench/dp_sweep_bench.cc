@@ -19,6 +19,7 @@
 #include "bench/benchmarks.h"
 #include "bench/replicated_pipeline.h"
 #include "bench/sweep_flags.h"
+#include "common/allocator.h"
 #include "common/flags.h"
 #include "stage_runtime/compute_threads.h"
 #include "stage_runtime/data.h"
@@ -84,6 +85,7 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
   auto data = stage_runtime::OpenDataset({"text", stage_runtime::kDefaultCorpusDir, 256, 0.1}, o.model.context);
   if (!data.ok()) return common::FlagError(cmd, std::string(data.status().message()));
   stage_runtime::SetComputeThreads(1);  // one compute thread per replica and stage already fill this machine
+  common::TuneAllocatorForLargeFrames();  // as longhaul-worker does: steps reuse their buffers' pages
   auto cell = [&](const std::string& codec, double rate) -> absl::StatusOr<DpSample> {
     absl::StatusOr<collective::DpCodec> c = collective::ParseDpCodec(codec);
     if (!c.ok()) return c.status();
