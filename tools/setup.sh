@@ -35,7 +35,7 @@ PACKAGES=(
   libcli11-dev libboost-filesystem-dev libsentencepiece-dev
   fortunes fortunes-min
   python3-venv
-  iproute2 procps
+  iproute2
   prometheus
 )
 # prometheus: promtool (the metrics tests lint every /metrics with it) and the server that scrapes

@@ -363,9 +363,11 @@ absl::Status Network::Up(const std::function<bool()>& interrupted) {
         {"ip", "-n", sw, "link", "set", sv, "up"},
     };
     if (t_.tcp_congestion != kMachineCongestion) {
-      // Fails naming the sysctl where the kernel lacks the algorithm.
-      c.push_back({"ip", "netns", "exec", ns, "sysctl", "-qw",
-                   absl::StrCat("net.ipv4.tcp_congestion_control=", t_.tcp_congestion)});
+      // On the route every connection of the host takes (the subnet's), not by the namespace's
+      // sysctl, which a container may refuse to write; fails naming the algorithm where the kernel
+      // lacks it.
+      c.push_back({"ip", "-n", ns, "route", "replace", absl::StrCat(t_.subnet, ".0/24"), "dev", "eth0", "proto",
+                   "kernel", "scope", "link", "src", t_.Address(h.name), "congctl", t_.tcp_congestion});
     }
     cmds.insert(cmds.end(), c.begin(), c.end());
     const std::array<Egress, 2> egress = AccessLinkEgress(t_, h.name);

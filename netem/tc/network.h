@@ -15,9 +15,10 @@
 // reported); otherwise `up` says so and they must come from the in-process shaper (the job spec's
 // `links:` section).
 //
-// Each host namespace sets its own net.ipv4.tcp_congestion_control (a namespace otherwise takes
-// the machine's at its creation), so that runs on machines configured differently emulate the same
-// hosts: Linux's default, cubic, unless the topology says otherwise. BBR (the dev VM's setting)
+// Each host's TCP connections use the topology's congestion control (set on the route they take,
+// `congctl`; a namespace otherwise takes the machine's default at its creation), so that runs on
+// machines configured differently emulate the same hosts: Linux's default, cubic, unless the
+// topology says otherwise. BBR (the dev VM's setting)
 // keeps at most about twice the bandwidth-delay product it measured in flight; with ACKs queued
 // behind a host's own uploads on its shaped uplink it under-fills the link (a 4-stage GPipe
 // pipeline at 20 Mbit/s: 0.68-0.75 of its link bound with BBR, 0.89 with cubic; docs/gpu-sweep.md).

@@ -83,10 +83,12 @@ TEST(TopologyTest, TbfQueuesEachHostsQueueMsAtUpAndSetRate) {
 // Every host namespace gets the topology's congestion control (cubic unless it says otherwise),
 // none with "host", and a name that cannot be one is a listed problem.
 TEST(TopologyTest, HostsGetTheTopologysTcpCongestionControl) {
-  auto sysctls = [](const Topology& t) {
-    std::vector<std::string> seen;  // "<namespace> <setting>"
+  auto routes = [](const Topology& t) {
+    std::vector<std::string> seen;  // "<namespace> <route> congctl <algorithm>"
     Network net(t, [&](const std::vector<std::string>& argv) {
-      if (argv.size() == 7 && argv[4] == "sysctl") seen.push_back(absl::StrCat(argv[3], " ", argv[6]));
+      if (argv.size() > 4 && argv[3] == "route") {
+        seen.push_back(absl::StrCat(argv[2], " ", argv[5], " ", argv[argv.size() - 2], " ", argv.back()));
+      }
       return absl::OkStatus();
     });
     EXPECT_TRUE(net.Up().ok());
@@ -95,14 +97,13 @@ TEST(TopologyTest, HostsGetTheTopologysTcpCongestionControl) {
   auto t = ParseTopology("name: cc\nhosts:\n  - {name: a, rate_mbit: 10}\n  - {name: b}\n");
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_EQ(t->tcp_congestion, "cubic");
-  EXPECT_EQ(sysctls(*t), (std::vector<std::string>{"cc-a net.ipv4.tcp_congestion_control=cubic",
-                                                   "cc-b net.ipv4.tcp_congestion_control=cubic"}));
+  EXPECT_EQ(routes(*t), (std::vector<std::string>{"cc-a 10.77.0.0/24 congctl cubic", "cc-b 10.77.0.0/24 congctl cubic"}));
   t = ParseTopology("name: cc\ntcp_congestion: reno\nhosts:\n  - {name: a}\n");
   ASSERT_TRUE(t.ok()) << t.status();
-  EXPECT_EQ(sysctls(*t), (std::vector<std::string>{"cc-a net.ipv4.tcp_congestion_control=reno"}));
+  EXPECT_EQ(routes(*t), (std::vector<std::string>{"cc-a 10.77.0.0/24 congctl reno"}));
   t = ParseTopology("name: cc\ntcp_congestion: host\nhosts:\n  - {name: a}\n");
   ASSERT_TRUE(t.ok()) << t.status();
-  EXPECT_TRUE(sysctls(*t).empty());
+  EXPECT_TRUE(routes(*t).empty());
   t = ParseTopology("name: cc\ntcp_congestion: \"cubic; reboot\"\nhosts:\n  - {name: a}\n");
   ASSERT_FALSE(t.ok());
   EXPECT_NE(t.status().message().find("tcp_congestion: \"cubic; reboot\""), std::string::npos) << t.status();
@@ -198,10 +199,10 @@ TEST(TcNetworkTest, ShapedLinkDeliversNinetyToHundredPercentOfTheRateAndDownClea
   auto [rc, out] = cluster::Cluster::Run(absl::StrCat(Tool(), " up ", topo));
   ASSERT_EQ(rc, 0) << out;
   EXPECT_TRUE(std::filesystem::exists("/run/netns/lhit-a"));
-  // The hosts' congestion control is the topology's (cubic), not the machine's.
-  auto [cc_rc, cc] = cluster::Cluster::Run("ip netns exec lhit-a cat /proc/sys/net/ipv4/tcp_congestion_control");
+  // The hosts' connections take the topology's congestion control (cubic), not the machine's.
+  auto [cc_rc, cc] = cluster::Cluster::Run("ip -n lhit-a route show 10.78.0.0/24");
   EXPECT_EQ(cc_rc, 0) << cc;
-  EXPECT_EQ(cc, "cubic\n");
+  EXPECT_NE(cc.find("congctl cubic"), std::string::npos) << cc;
   // A second `up` refuses instead of adopting the namespaces.
   auto [rc_again, out_again] = cluster::Cluster::Run(absl::StrCat(Tool(), " up ", topo));
   EXPECT_NE(rc_again, 0);

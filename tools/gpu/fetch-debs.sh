@@ -11,8 +11,7 @@ OUT="$ROOT/.deps/gpu/debs"
 
 # Headers, CMake configs and shared libraries of every C++ dependency except LibTorch and CUDA,
 # with the runtime libraries they pull in that Ubuntu 24.04 does not have in the same version; and
-# iproute2 (ip, tc: the network namespaces of longhaul-netem and the sweep) and procps (sysctl: their
-# hosts' TCP congestion control), which images may lack.
+# iproute2 (ip, tc: the network namespaces of longhaul-netem and the sweep), which images may lack.
 PACKAGES=(
   libgrpc++-dev libgrpc-dev libgrpc++1.51 libgrpc29 protobuf-compiler-grpc
   libprotobuf-dev libprotobuf32 libprotoc32 protobuf-compiler
@@ -22,7 +21,7 @@ PACKAGES=(
   libsentencepiece-dev libsentencepiece0
   libgtest-dev libgmock-dev googletest libssl-dev libssl3 zlib1g zlib1g-dev libsystemd-dev
   fortunes-min fortunes
-  iproute2 libmnl0 libbpf1 libxtables12 libtirpc3 libtirpc-common procps libproc2-0
+  iproute2 libmnl0 libbpf1 libxtables12 libtirpc3 libtirpc-common
   prometheus-cpp-dev libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libprometheus-cpp-push1.0
   libcivetweb-dev libcivetweb1 libcurl4-openssl-dev
 )
