@@ -58,9 +58,11 @@ struct Run {
   double fraction = 0;              // tokens/s / min(compute, link bound at the rate)
   double goodput_fraction = 0;      // tokens/s / min(compute, link bound at the goodput)
   // GPipe only (0 otherwise): the link bound with the schedule's fill and drain (GPipeLinkSteps),
-  // at the rate, and tokens/s / min(compute, it).
+  // at the rate and at the TCP goodput, and tokens/s / min(compute, each).
   double gpipe_link_bound = 0;
   double gpipe_fraction = 0;
+  double gpipe_goodput_bound = 0;
+  double gpipe_goodput_fraction = 0;
 };
 
 // A GPipe step over links at one rate takes at least (M + S - 2) x (forward frame time + backward
@@ -316,6 +318,8 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
                                static_cast<double>(frame[c].first + frame[c].second) / (rate * 1e6 / 8);
         r.gpipe_link_bound = tokens_per_step / seconds;
         r.gpipe_fraction = r.tokens_per_s / std::min(r.compute_bound, r.gpipe_link_bound);
+        r.gpipe_goodput_bound = r.gpipe_link_bound * r.goodput_mbit / rate;
+        r.gpipe_goodput_fraction = r.tokens_per_s / std::min(r.compute_bound, r.gpipe_goodput_bound);
       }
       runs.push_back(r);
     }
@@ -335,16 +339,18 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
       "| link Mbit/s | forward / backward | tokens/s | compute bound | link bound at the rate | "
       "TCP goodput Mbit/s | link bound at the goodput | tokens/s / min(compute, rate bound) | "
       "tokens/s / min(compute, goodput bound) | GPipe link bound at the rate (fill and drain) | "
-      "tokens/s / min(compute, GPipe bound) | busiest link KB/step: frames / on the wire | drops | "
-      "link busy | speed-up vs fp32 |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "tokens/s / min(compute, GPipe bound) | tokens/s / min(compute, GPipe bound at the goodput) | "
+      "busiest link KB/step: frames / on the wire | drops | link busy | speed-up vs fp32 |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Run& r : runs) {
     const double base = fp32_at(r.rate);
     const bool gpipe = r.gpipe_link_bound > 0;
-    absl::StrAppendFormat(&md, "| %g | %s / %s | %.0f | %.0f | %.0f | %.2f | %.0f | %.2f | %.2f | %s | %s | %s | %s | %s | %s |\n",
+    absl::StrAppendFormat(&md, "| %g | %s / %s | %.0f | %.0f | %.0f | %.2f | %.0f | %.2f | %.2f | %s | %s | %s | %s | %s | %s | %s |\n",
                           r.rate, r.codec, r.backward, r.tokens_per_s, r.compute_bound, r.link_bound, r.goodput_mbit,
                           r.goodput_link_bound, r.fraction, r.goodput_fraction,
                           gpipe ? absl::StrFormat("%.0f", r.gpipe_link_bound) : "-",
                           gpipe ? absl::StrFormat("%.2f", r.gpipe_fraction) : "-",
+                          gpipe ? absl::StrFormat("%.2f", r.gpipe_goodput_fraction) : "-",
                           tc ? absl::StrFormat("%.0f / %.0f", r.frame_bytes_per_step / 1e3, r.wire_bytes_per_step / 1e3)
                              : absl::StrFormat("%.0f / -", r.frame_bytes_per_step / 1e3),
                           tc ? absl::StrFormat("%.0f", r.drops) : "-", tc ? absl::StrFormat("%.2f", link_busy(r)) : "-",
@@ -366,6 +372,10 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
           {"fraction_of_goodput_bound", Round(r.goodput_fraction, 3)},
           {"gpipe_link_bound", r.gpipe_link_bound > 0 ? nlohmann::ordered_json(Round(r.gpipe_link_bound, 1)) : nullptr},
           {"fraction_of_gpipe_bound", r.gpipe_link_bound > 0 ? nlohmann::ordered_json(Round(r.gpipe_fraction, 3)) : nullptr},
+          {"gpipe_goodput_bound",
+           r.gpipe_link_bound > 0 ? nlohmann::ordered_json(Round(r.gpipe_goodput_bound, 1)) : nullptr},
+          {"fraction_of_gpipe_goodput_bound",
+           r.gpipe_link_bound > 0 ? nlohmann::ordered_json(Round(r.gpipe_goodput_fraction, 3)) : nullptr},
           {"frame_bytes_per_step", Round(r.frame_bytes_per_step, 0)},
           {"wire_bytes_per_step", Round(r.wire_bytes_per_step, 0)},
           {"drops", Round(r.drops, 0)},
@@ -496,10 +506,12 @@ BenchmarkRun AddSweepBench(CLI::App& app) {
       "bucket. The link bound counts forward + backward bytes per step on the busiest link, except for\n"
       "1f1b in-process (each direction has its own bucket): the larger.\n"
       "In tc mode each rate also gets a TCP probe through one shaped link (the goodput TCP itself\n"
-      "reaches after its headers), and the table shows the link bound at that goodput as well, the\n"
-      "bytes per step the busiest link direction carried according to its qdisc (frames plus every\n"
-      "header, ACK and window update) next to the frame bytes the bounds count, packets dropped, and\n"
-      "how busy that link was (its bytes at the rate / step time).\n"
+      "reaches after its headers), and the table shows the link bounds at that goodput as well (the\n"
+      "simple one and GPipe's, with its fill and drain), the bytes per step the busiest link\n"
+      "direction carried according to its qdisc (frames plus every header, ACK and window update)\n"
+      "next to the frame bytes the bounds count, packets dropped, and how busy that link was (its\n"
+      "bytes at the rate / step time). The hosts' TCP congestion control is --tcp-congestion's,\n"
+      "whatever this machine's default is (BBR under-fills tbf-shaped links whose ACKs share them).\n"
       "--data-parallel: --dp-replicas replicas of every stage (default 4 = 2 regions x 2; a list: per\n"
       "stage) train in this process (the workers' ReplicaSync over in-process transports; default 2\n"
       "stages, 8 micro-batches of 4), replica r of a stage in region r % --dp-regions, every link\n"
