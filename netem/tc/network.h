@@ -18,10 +18,10 @@
 // Each host's TCP connections use the topology's congestion control (set on the route they take,
 // `congctl`; a namespace otherwise takes the machine's default at its creation), so that runs on
 // machines configured differently emulate the same hosts: Linux's default, cubic, unless the
-// topology says otherwise. BBR (the dev VM's setting)
-// keeps at most about twice the bandwidth-delay product it measured in flight; with ACKs queued
-// behind a host's own uploads on its shaped uplink it under-fills the link (a 4-stage GPipe
-// pipeline at 20 Mbit/s: 0.68-0.75 of its link bound with BBR, 0.89 with cubic; docs/gpu-sweep.md).
+// topology says otherwise. BBR (the default of the development VM and of the GPU machines) keeps
+// at most about twice the bandwidth-delay product it measured in flight; with ACKs queued behind
+// a host's own uploads on its shaped uplink it under-fills the link (a 4-stage GPipe pipeline at
+// 20 Mbit/s: 0.68-0.75 of its link bound with BBR, 0.88-0.89 with cubic; docs/netem-sweep.md).
 //
 // Regions (optional): hosts may name a region, and the topology a rate between regions:
 //   between_regions: {rate_mbit: 2}         # default queue_ms 400
