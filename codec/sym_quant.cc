@@ -19,6 +19,28 @@ void TransformGroup(float* v, int64_t len, const Kernels& k) {
   for (int64_t b = 0; b + kHadamardBlock <= len; b += kHadamardBlock) k.fwht(v + b, kHadamardBlock);
 }
 
+// Whether any of the n codes of `bits` bits packed at `codes` is all ones (the code symmetric
+// quantisation never writes: -2^(bits-1)), 64 bits at a time. `bits` is a power of two, so no
+// code straddles a byte; the bits past the last code must be zero (SymQuantValidate checks them).
+bool AnyAllOnesCode(const uint8_t* codes, int64_t n, int bits) {
+  uint64_t lowest = 0;  // the lowest bit of every code of a word
+  for (int i = 0; i < 64; i += bits) lowest |= uint64_t{1} << i;
+  auto any = [&](uint64_t w) {
+    for (int s = 1; s < bits; s *= 2) w &= w >> s;  // bit i: the AND of bits i .. i + 2s - 1
+    return (w & lowest) != 0;
+  };
+  const int64_t bytes = (n * bits + 7) / 8;
+  int64_t i = 0;
+  for (; i + 8 <= bytes; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, codes + i, 8);
+    if (any(w)) return true;
+  }
+  uint64_t w = 0;
+  std::memcpy(&w, codes + i, static_cast<size_t>(bytes - i));
+  return any(w);
+}
+
 }  // namespace
 
 absl::Status SymQuantParams::Validate() const {
@@ -129,9 +151,12 @@ absl::Status SymQuantValidate(absl::string_view payload, int64_t n, const SymQua
     }
   }
   const uint8_t bad = static_cast<uint8_t>((1u << p.bits) - 1);
-  std::vector<uint8_t> q(static_cast<size_t>(p.group_size));
   const uint8_t* codes = b + 4 * ng;
-  for (int64_t g = 0; g < ng; ++g) {
+  // Codes of 2, 4 or 8 bits are tested in place first; unpacking (the other widths, or a payload
+  // with a bad code) names the element.
+  const bool unpack = !IsPow2(p.bits) || AnyAllOnesCode(codes, n, p.bits);
+  std::vector<uint8_t> q(unpack ? static_cast<size_t>(p.group_size) : 0);
+  for (int64_t g = 0; unpack && g < ng; ++g) {
     const int64_t start = g * p.group_size;
     const int len = static_cast<int>(std::min<int64_t>(p.group_size, n - start));
     k.unpack(codes + start * p.bits / 8, len, p.bits, q.data());

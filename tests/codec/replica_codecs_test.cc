@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "absl/strings/str_cat.h"
 #include "bench/synthetic_data.h"
 #include "codec/bitdp.h"
 #include "codec/codec.h"
@@ -170,6 +171,30 @@ TEST(SymQuantTest, MalformedPayloadsAreRejected) {
   EXPECT_FALSE(SymQuantParams::Parse(raw).ok());
   raw = SymQuantParams{4, 96, false, Rounding::kNearest}.Serialize();
   EXPECT_FALSE(SymQuantParams::Parse(raw).ok());
+}
+
+// A code of all ones (-2^(bits-1), never written) is found wherever it is, at every width: the
+// widths that divide a byte are tested in place, 64 bits at a time, the others unpacked.
+TEST(SymQuantTest, AnOutOfRangeCodeIsFoundAtEveryPositionAndWidth) {
+  const int64_t n = 203;  // 4 groups of 64, the last one short; some widths leave padding bits
+  std::vector<float> x = Gaussian(n, 5);
+  for (int bits = 2; bits <= 8; ++bits) {
+    SymQuantParams p{bits, 64, false, Rounding::kNearest};
+    std::string good;
+    SymQuantEncode(x.data(), n, p, 0, &good);
+    ASSERT_TRUE(SymQuantValidate(good, n, p).ok()) << bits << " bits";
+    const size_t codes = 4 * 4;  // after the 4 groups' scales
+    for (int64_t e = 0; e < n; ++e) {
+      std::string bad = good;
+      for (int b = 0; b < bits; ++b) {  // element e's bits, least significant first
+        const int64_t bit = e * bits + b;
+        bad[codes + bit / 8] = static_cast<char>(bad[codes + bit / 8] | (1 << (bit % 8)));
+      }
+      const absl::Status s = SymQuantValidate(bad, n, p);
+      EXPECT_NE(s.message().find(absl::StrCat("element ", e, " is out of range")), std::string::npos)
+          << bits << " bits, element " << e << ": " << s;
+    }
+  }
 }
 
 TEST(SymQuantTest, CodecSpecsRoundTripThroughFrames) {
