@@ -156,19 +156,35 @@ void MinMax(const float* v, int n, float* lo, float* hi) {
   *hi = _mm256_cvtss_f32(HMaxV(h));
 }
 
+// The transform's first three levels (h = 1, 2, 4) inside one vector of 8.
+inline __m256 FwhtOctet(__m256 x) {
+  __m256 s = _mm256_permute_ps(x, 0xB1);  // h = 1: swap neighbours
+  x = _mm256_blend_ps(_mm256_add_ps(x, s), _mm256_sub_ps(s, x), 0xAA);
+  s = _mm256_permute_ps(x, 0x4E);  // h = 2: swap pairs
+  x = _mm256_blend_ps(_mm256_add_ps(x, s), _mm256_sub_ps(s, x), 0xCC);
+  s = _mm256_permute2f128_ps(x, x, 0x01);  // h = 4: swap halves
+  return _mm256_blend_ps(_mm256_add_ps(x, s), _mm256_sub_ps(s, x), 0xF0);
+}
+
+// A Hadamard block of 32 (kHadamardBlock, every call of the symmetric codec) in four registers:
+// the same operations in the same order as the loops below, so the same bits.
+void Fwht32(float* v) {
+  __m256 x0 = FwhtOctet(_mm256_loadu_ps(v)), x1 = FwhtOctet(_mm256_loadu_ps(v + 8));
+  __m256 x2 = FwhtOctet(_mm256_loadu_ps(v + 16)), x3 = FwhtOctet(_mm256_loadu_ps(v + 24));
+  __m256 a = _mm256_add_ps(x0, x1), b = _mm256_sub_ps(x0, x1);  // h = 8
+  __m256 c = _mm256_add_ps(x2, x3), d = _mm256_sub_ps(x2, x3);
+  const __m256 norm = _mm256_set1_ps(HadamardNorm(32));
+  _mm256_storeu_ps(v, _mm256_mul_ps(_mm256_add_ps(a, c), norm));  // h = 16
+  _mm256_storeu_ps(v + 8, _mm256_mul_ps(_mm256_add_ps(b, d), norm));
+  _mm256_storeu_ps(v + 16, _mm256_mul_ps(_mm256_sub_ps(a, c), norm));
+  _mm256_storeu_ps(v + 24, _mm256_mul_ps(_mm256_sub_ps(b, d), norm));
+}
+
 void Fwht(float* v, int n) {
+  if (n == 32) return Fwht32(v);
   if (n % 8 != 0) return ScalarKernels().fwht(v, n);
   const int nv = n / 8;
-  for (int k = 0; k < nv; ++k) {
-    __m256 x = _mm256_loadu_ps(v + 8 * k);
-    __m256 s = _mm256_permute_ps(x, 0xB1);  // h = 1: swap neighbours
-    x = _mm256_blend_ps(_mm256_add_ps(x, s), _mm256_sub_ps(s, x), 0xAA);
-    s = _mm256_permute_ps(x, 0x4E);  // h = 2: swap pairs
-    x = _mm256_blend_ps(_mm256_add_ps(x, s), _mm256_sub_ps(s, x), 0xCC);
-    s = _mm256_permute2f128_ps(x, x, 0x01);  // h = 4: swap halves
-    x = _mm256_blend_ps(_mm256_add_ps(x, s), _mm256_sub_ps(s, x), 0xF0);
-    _mm256_storeu_ps(v + 8 * k, x);
-  }
+  for (int k = 0; k < nv; ++k) _mm256_storeu_ps(v + 8 * k, FwhtOctet(_mm256_loadu_ps(v + 8 * k)));
   for (int h = 1; h < nv; h *= 2) {
     for (int i = 0; i < nv; i += 2 * h) {
       for (int j = i; j < i + h; ++j) {
