@@ -103,7 +103,14 @@ absl::StatusOr<int64_t> FrameBytes(const std::string& spec, int64_t mbs, int64_t
 }
 
 int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
-  if (f.data_parallel) return RunDpSweep(f, cmd);
+  const bool congestion_given = cmd.get_option("--tcp-congestion")->count() > 0;
+  if (f.data_parallel) {
+    if (congestion_given) return common::FlagError(cmd, "--tcp-congestion is for tc-shaped sweeps, not --data-parallel");
+    return RunDpSweep(f, cmd);
+  }
+  if (absl::Status s = netem::CheckCongestion(f.tcp_congestion); !s.ok()) {
+    return common::FlagError(cmd, absl::StrCat("--tcp-congestion: ", s.message()));
+  }
   const std::vector<double>& rates = f.rates;
   for (double r : rates) {
     if (!(r > 0)) return common::FlagError(cmd, absl::StrCat("bad rate \"", r, "\" (rates are Mbit/s > 0)"));
@@ -142,6 +149,10 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
     return common::FlagError(cmd, "--shaper must be auto, tc or inprocess");
   }
   const bool tc = shaper == "tc" || (shaper == "auto" && geteuid() == 0);
+  if (!tc && congestion_given) {
+    return common::FlagError(cmd, "--tcp-congestion is for tc shaping (--shaper=tc, or auto as root); the in-process "
+                                  "shaper's links take this machine's congestion control");
+  }
   if (!json) std::fprintf(stderr, "shaping links with %s\n", tc ? "tc tbf in network namespaces" : "the in-process shaper");
   std::unique_ptr<netem::Network> net;
   netem::Topology topo;
@@ -500,14 +511,15 @@ BenchmarkRun AddSweepBench(CLI::App& app) {
       "(stages - 1) / (micro-batches + stages - 1).\n"
       "--shaper=tc (root): the coordinator and workers run in network namespaces (longhaul-netem's\n"
       "network, 10.79.0.0/24) and every host's access link is shaped with tc tbf in both directions,\n"
-      "each queueing up to --queue-ms of traffic (with longhaul-netem's default of 400, TCP's probes\n"
+      "each queueing up to --queue-ms of traffic (with longhaul-netem's default of 400, BBR's probes\n"
       "above the rate overflowed the queue: at 2 Mbit/s 18% of an int4 run's bytes were\n"
-      "retransmissions). --shaper=inprocess: every data-plane link is shaped by the in-process token\n"
+      "retransmissions; cubic hosts fill whatever queue there is). --shaper=inprocess: every data-plane link is shaped by the in-process token\n"
       "bucket. The link bound counts forward + backward bytes per step on the busiest link, except for\n"
       "1f1b in-process (each direction has its own bucket): the larger.\n"
       "In tc mode each rate also gets a TCP probe through one shaped link (the goodput TCP itself\n"
-      "reaches after its headers), and the table shows the link bounds at that goodput as well (the\n"
-      "simple one and GPipe's, with its fill and drain), the bytes per step the busiest link\n"
+      "reaches after its headers), and the table shows the simple link bound at that goodput and the\n"
+      "throughput against both bounds at it (the simple one and GPipe's, with its fill and drain;\n"
+      "--json has GPipe's value too), the bytes per step the busiest link\n"
       "direction carried according to its qdisc (frames plus every header, ACK and window update)\n"
       "next to the frame bytes the bounds count, packets dropped, and how busy that link was (its\n"
       "bytes at the rate / step time). The hosts' TCP congestion control is --tcp-congestion's,\n"

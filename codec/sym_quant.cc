@@ -21,7 +21,8 @@ void TransformGroup(float* v, int64_t len, const Kernels& k) {
 
 // Whether any of the n codes of `bits` bits packed at `codes` is all ones (the code symmetric
 // quantisation never writes: -2^(bits-1)), 64 bits at a time. `bits` is a power of two, so no
-// code straddles a byte; the bits past the last code must be zero (SymQuantValidate checks them).
+// code straddles a byte. Padding bits after the last code that happen to be all ones also say
+// yes: the caller's unpacking then finds no bad code, and its padding check refuses them.
 bool AnyAllOnesCode(const uint8_t* codes, int64_t n, int bits) {
   uint64_t lowest = 0;  // the lowest bit of every code of a word
   for (int i = 0; i < 64; i += bits) lowest |= uint64_t{1} << i;
@@ -36,6 +37,7 @@ bool AnyAllOnesCode(const uint8_t* codes, int64_t n, int bits) {
     std::memcpy(&w, codes + i, 8);
     if (any(w)) return true;
   }
+  if (i == bytes) return false;
   uint64_t w = 0;
   std::memcpy(&w, codes + i, static_cast<size_t>(bytes - i));
   return any(w);

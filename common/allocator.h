@@ -1,7 +1,7 @@
 // Process-wide malloc settings for a process that moves multi-MiB frames (the worker, the
-// transport benchmark).
+// transport benchmark, the data-parallel sweep's replicas).
 //
-//   common::TuneAllocatorForLargeFrames();   // once, early in main(), before other threads start
+//   common::TuneAllocatorForLargeFrames();   // once, early, before the frames' threads start
 //
 // Keeps multi-MiB blocks (gRPC's socket read buffers, frames, tensors) in the heap for reuse
 // instead of mmap/munmap per block, whose page faults and zeroing cost ~10% of a loopback

@@ -110,11 +110,11 @@ std::string Topology::Address(const std::string& host) const {
 }
 
 absl::Status CheckCongestion(const std::string& name) {
-  bool ok = !name.empty() && name.size() <= 16;
+  bool ok = !name.empty() && name.size() < 16;  // TCP_CA_NAME_MAX, its NUL included
   for (char c : name) ok = ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '_');
   if (ok) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat("tcp_congestion: \"", name, "\" must be an algorithm's name (cubic, reno, ",
-                                                 "bbr: /proc/sys/net/ipv4/tcp_available_congestion_control) or ",
+  return absl::InvalidArgumentError(absl::StrCat("\"", name, "\" must be an algorithm's name (cubic, reno, bbr: ",
+                                                 "/proc/sys/net/ipv4/tcp_available_congestion_control) or ",
                                                  kMachineCongestion));
 }
 
@@ -171,7 +171,7 @@ absl::StatusOr<Topology> ParseTopology(const std::string& yaml) {
     p.push_back("name/subnet/tcp_congestion: must be strings");
   }
   if (!is_name(t.name, 6)) p.push_back(absl::StrCat("name: \"", t.name, "\" must be 1..6 letters, digits or _"));
-  if (absl::Status s = CheckCongestion(t.tcp_congestion); !s.ok()) p.push_back(std::string(s.message()));
+  if (absl::Status s = CheckCongestion(t.tcp_congestion); !s.ok()) p.push_back(absl::StrCat("tcp_congestion: ", s.message()));
   std::vector<std::string> octets = absl::StrSplit(t.subnet, '.');
   bool subnet_ok = octets.size() == 3;
   for (const std::string& o : octets) {
@@ -312,7 +312,9 @@ bool Network::NetemAvailable() {
 
 absl::Status Network::Up(const std::function<bool()>& interrupted) {
   notes_.clear();
-  if (absl::Status s = CheckCongestion(t_.tcp_congestion); !s.ok()) return s;
+  if (absl::Status s = CheckCongestion(t_.tcp_congestion); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("tcp_congestion: ", s.message()));
+  }
   // Never adopt (and later delete) namespaces this topology did not create.
   std::vector<std::string> all = {t_.SwitchNamespace()};
   for (const HostSpec& h : t_.hosts) all.push_back(t_.Namespace(h.name));

@@ -77,8 +77,8 @@ struct Topology {
   std::string Address(const std::string& host) const;
 };
 
-// Whether `name` can be Topology::tcp_congestion (a name of letters, digits and _): the error says
-// what may be.
+// Whether `name` can be Topology::tcp_congestion (at most 15 letters, digits and _): the error
+// quotes it and says what may be.
 absl::Status CheckCongestion(const std::string& name);
 
 // Every problem listed, one per line.

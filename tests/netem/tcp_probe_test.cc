@@ -36,6 +36,17 @@ TEST(TcpProbe, TimedSendIsConfirmed) {
   EXPECT_TRUE(empty.ok()) << empty.status();
 }
 
+// The probe's sender may take a congestion control of its own (the emulated hosts' one): reno is
+// always allowed; a name the kernel does not have is an error naming it.
+TEST(TcpProbe, TimedSendTakesTheCongestionControlItIsGiven) {
+  RunningSink sink(2);
+  absl::StatusOr<double> reno = TimedTcpSend("127.0.0.1", sink.port, 1 << 20, absl::ZeroDuration(), "reno");
+  ASSERT_TRUE(reno.ok()) << reno.status();
+  absl::StatusOr<double> bad = TimedTcpSend("127.0.0.1", sink.port, 1 << 20, absl::ZeroDuration(), "nosuchcc");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("\"nosuchcc\""), std::string_view::npos) << bad.status();
+}
+
 TEST(TcpProbe, ProbeMeasuresRoundTripAndThroughput) {
   RunningSink sink(1);
   absl::StatusOr<LinkMeasurement> m = ProbeLink("127.0.0.1", sink.port, {.bytes = 4 << 20, .pings = 7});

@@ -13,11 +13,11 @@
 #   sweep     docs/gpu-sweep.md: 4 workers, one GPU each (the first 4; on fewer GPUs they are dealt in
 #             turn and share them; SWEEP_DEVICES=cuda:0,... to choose), each in its own network
 #             namespace with tc tbf access links, a gpt2-xl-shaped pipeline (SWEEP_LAYERS, default 48,
-#             over 4 stages, bf16), fp32 vs tahquant/int8 links at 1000, 500, 300 and 100 Mbit/s
-#             (SWEEP_RATES; SWEEP_STEPS 8; SWEEP_MICRO_BATCHES 32, the paper's batch: a 100 Mbit/s fp32
-#             step takes ~40 s, so split the rates over device calls; SWEEP_SCHEDULE gpipe;
-#             SWEEP_TCP_CONGESTION the hosts' congestion control, default the bench's, cubic; "host":
-#             the machine's)
+#             over 4 stages, bf16), fp32 vs tahquant/int8 links at SWEEP_RATES (default 100 Mbit/s:
+#             with SWEEP_MICRO_BATCHES 32, the paper's batch, a 100 Mbit/s fp32 step takes ~40 s, so
+#             one 600 s device call runs one or two rates: 100, then 300, then 1000,500; SWEEP_STEPS 3;
+#             SWEEP_SCHEDULE gpipe; SWEEP_TCP_CONGESTION the hosts' congestion control, default the
+#             bench's, cubic; "host": the machine's)
 #   pipeline  where the sweep's step time goes: deploy/jobs/gpt2-xl-pipeline.yaml (unshaped, fp32
 #             links) on 4 workers sharing cuda:0, with 1 and 4 LibTorch threads per worker; GPU
 #             utilisation (nvidia-smi dmon) and every worker's /metrics mid-run
@@ -119,7 +119,7 @@ PY
       mkdir -p /var/tmp/longhaul
       TMPDIR=/var/tmp/longhaul build/bin/longhaul-bench sweep --shaper="$shaper" --preset=gpt2-xl --layers="${SWEEP_LAYERS:-48}" --stages=4 --device="$devices" \
         --precision=bf16 --context=1024 --micro-batches="${SWEEP_MICRO_BATCHES:-32}" --micro-batch-size=1 \
-        --schedule="${SWEEP_SCHEDULE:-gpipe}" --steps="${SWEEP_STEPS:-8}" --repeats=1 --rates="${SWEEP_RATES:-1000,500,300,100}" --codecs=fp32,tahquant --backward=int8 \
+        --schedule="${SWEEP_SCHEDULE:-gpipe}" --steps="${SWEEP_STEPS:-3}" --repeats=1 --rates="${SWEEP_RATES:-100}" --codecs=fp32,tahquant --backward=int8 \
         ${SWEEP_TCP_CONGESTION:+--tcp-congestion="$SWEEP_TCP_CONGESTION"} --markdown="$OUT/gpu-sweep.md" >"$OUT/sweep.log" 2>&1 || { tail -30 "$OUT/sweep.log"; exit 1; }
       cat "$OUT/gpu-sweep.md" ;;
     pipeline)
