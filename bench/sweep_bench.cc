@@ -28,6 +28,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bench/benchmarks.h"
+#include "bench/link_bounds.h"
 #include "bench/sweep_flags.h"
 #include "codec/codec.h"
 #include "netem/tc/network.h"
@@ -64,18 +65,6 @@ struct Run {
   double gpipe_goodput_bound = 0;
   double gpipe_goodput_fraction = 0;
 };
-
-// A GPipe step over links at one rate takes at least (M + S - 2) x (forward frame time + backward
-// frame time), M micro-batches, S >= 2 stages, against M x (both) on the busiest link alone: with
-// no compute at all, stage 1 (the busiest's host, tc) sends its first backward frame only after
-// stage S - 1 has received all M forward frames, the last no earlier than S - 2 + M forward frame
-// times from the start (stage S - 2's link sends them one after another, the first after S - 2
-// hops), and the gradient has come back S - 2 hops; then its M backward frames go one after
-// another. Each stage sends a micro-batch's output only once it has received all of its input.
-// The same holds with a rate per directed link (in-process). Returns M + S - 2 (M for S < 2).
-double GPipeLinkSteps(int64_t micro_batches, int stages) {
-  return static_cast<double>(micro_batches + std::max(0, stages - 2));
-}
 
 // One training job's outcome.
 struct Sample {
@@ -316,20 +305,18 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
             median_of(samples[{0, c}], &Sample::tokens_per_s)};
       r.wire_bytes_per_step = median_of(cell, &Sample::busiest_link_bytes) / static_cast<double>(f.steps);
       r.drops = median_of(cell, &Sample::drops);
-      const double busiest = static_cast<double>(sum_directions ? frame[c].first + frame[c].second
-                                                                : std::max(frame[c].first, frame[c].second)) * f.micro_batches;
-      r.link_bound = tokens_per_step / (busiest / (rate * 1e6 / 8));
-      r.frame_bytes_per_step = busiest;
       r.goodput_mbit = tc ? median(goodput[rate]) : rate;
-      r.goodput_link_bound = tokens_per_step / (busiest / (r.goodput_mbit * 1e6 / 8));
+      const LinkBounds lb = ComputeLinkBounds({tokens_per_step, frame[c].first, frame[c].second, f.micro_batches,
+                                               stages, sum_directions, schedule == "gpipe", rate, r.goodput_mbit});
+      r.frame_bytes_per_step = lb.busiest_bytes;
+      r.link_bound = lb.at_rate;
+      r.goodput_link_bound = lb.at_goodput;
       r.fraction = r.tokens_per_s / std::min(r.compute_bound, r.link_bound);
       r.goodput_fraction = r.tokens_per_s / std::min(r.compute_bound, r.goodput_link_bound);
       if (schedule == "gpipe") {
-        const double seconds = GPipeLinkSteps(f.micro_batches, stages) *
-                               static_cast<double>(frame[c].first + frame[c].second) / (rate * 1e6 / 8);
-        r.gpipe_link_bound = tokens_per_step / seconds;
+        r.gpipe_link_bound = lb.gpipe_at_rate;
         r.gpipe_fraction = r.tokens_per_s / std::min(r.compute_bound, r.gpipe_link_bound);
-        r.gpipe_goodput_bound = r.gpipe_link_bound * r.goodput_mbit / rate;
+        r.gpipe_goodput_bound = lb.gpipe_at_goodput;
         r.gpipe_goodput_fraction = r.tokens_per_s / std::min(r.compute_bound, r.gpipe_goodput_bound);
       }
       runs.push_back(r);

@@ -1,0 +1,62 @@
+// The link bounds of the throughput sweep's cells (sweep_bench.cc): tokens per second that no
+// pipeline step over links at a rate can beat, however fast its stages. Header-only (tested in
+// tests/bench/link_bounds_test.cc).
+#ifndef LONGHAUL_BENCH_LINK_BOUNDS_H_
+#define LONGHAUL_BENCH_LINK_BOUNDS_H_
+
+#include <algorithm>
+#include <cstdint>
+
+namespace longhaul::bench {
+
+// A GPipe step over links at one rate takes at least (M + S - 2) x (forward frame time + backward
+// frame time), M micro-batches, S >= 2 stages, against M x (both) on the busiest link alone: with
+// no compute at all, stage 1 (the busiest's host, tc) sends its first backward frame only after
+// stage S - 1 has received all M forward frames, the last no earlier than S - 2 + M forward frame
+// times from the start (stage S - 2's link sends them one after another, the first after S - 2
+// hops), and the gradient has come back S - 2 hops; then its M backward frames go one after
+// another. Each stage sends a micro-batch's output only once it has received all of its input.
+// The same holds with a rate per directed link (in-process). Returns M + S - 2 (M for S < 2).
+inline double GPipeLinkSteps(int64_t micro_batches, int stages) {
+  return static_cast<double>(micro_batches + std::max(0, stages - 2));
+}
+
+struct LinkBoundInputs {
+  double tokens_per_step = 0;
+  int64_t forward_frame_bytes = 0, backward_frame_bytes = 0;  // one micro-batch's
+  int64_t micro_batches = 0;
+  int stages = 0;
+  // Whether the busiest link carries both directions' frames one after the other (GPipe; 1F1B
+  // over tc, where a middle host's uplink carries its forward and its backward output), or only
+  // the larger (1F1B with a rate per directed link, in-process).
+  bool sum_directions = true;
+  bool gpipe = true;
+  double rate_mbit = 0;     // the configured rate
+  double goodput_mbit = 0;  // what one TCP connection reached through the shaped link (tc), or the rate
+};
+
+struct LinkBounds {
+  double busiest_bytes = 0;  // frame bytes per step on the busiest link
+  double at_rate = 0, at_goodput = 0;
+  // GPipe only (0 otherwise): with the schedule's fill and drain (GPipeLinkSteps).
+  double gpipe_at_rate = 0, gpipe_at_goodput = 0;
+};
+
+inline LinkBounds ComputeLinkBounds(const LinkBoundInputs& in) {
+  LinkBounds b;
+  const double f = static_cast<double>(in.forward_frame_bytes), w = static_cast<double>(in.backward_frame_bytes);
+  b.busiest_bytes = (in.sum_directions ? f + w : std::max(f, w)) * static_cast<double>(in.micro_batches);
+  const double rate = in.rate_mbit * 1e6 / 8, goodput = in.goodput_mbit * 1e6 / 8;  // bytes per second
+  b.at_rate = in.tokens_per_step / (b.busiest_bytes / rate);
+  b.at_goodput = in.tokens_per_step / (b.busiest_bytes / goodput);
+  if (in.gpipe) {
+    const double frames = GPipeLinkSteps(in.micro_batches, in.stages) * (f + w);
+    b.gpipe_at_rate = in.tokens_per_step / (frames / rate);
+    b.gpipe_at_goodput = in.tokens_per_step / (frames / goodput);
+  }
+  return b;
+}
+
+}  // namespace longhaul::bench
+
+#endif  // LONGHAUL_BENCH_LINK_BOUNDS_H_
