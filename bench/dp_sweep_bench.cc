@@ -27,6 +27,20 @@
 namespace longhaul::bench {
 namespace {
 
+// A sync's bucketed parts, in ms after its start: "[0: p0 0.1-0.9 t0 0.9-2.0 ...] [1: ...] ms", one
+// bracket per bucketed collective (the first the reduce-scatter, then the weights' all-gather or
+// BitDP's planes), p / t / c: a bucket's produce, transfer and consume (RunBucketPipeline).
+std::string BucketSpansText(const std::vector<collective::BucketSpan>& spans) {
+  std::string out;
+  for (size_t i = 0; i < spans.size(); ++i) {
+    const collective::BucketSpan& b = spans[i];
+    if (i == 0 || b.pipeline != spans[i - 1].pipeline) absl::StrAppend(&out, i ? "] [" : "[", b.pipeline, ":");
+    absl::StrAppendFormat(&out, " %c%d %.1f-%.1f", b.part, b.bucket, absl::ToDoubleMilliseconds(b.start),
+                          absl::ToDoubleMilliseconds(b.end));
+  }
+  return spans.empty() ? out : out + "] ms";
+}
+
 // One data-parallel cell's jobs, averaged over the measured steps: the step's wall time and, per
 // stage, its slowest replica's sync wall time and the most bytes one of its replicas sent to one
 // replica in another region (the busiest directed link between regions).
@@ -35,6 +49,8 @@ struct DpSample {
   std::vector<double> sync_s;
   std::vector<double> update_s;  // of sync_s, the slowest replica's update (optimizer, norm exchange)
   std::vector<std::vector<double>> phase_starts_s;  // the slowest replica's sync's phases' starts
+  // The slowest replica's bucketed parts in the last measured step (BucketSpansText), per stage.
+  std::vector<std::string> bucket_spans;
   std::vector<int64_t> busiest_link_bytes;
   // Per stage and replica (ReplicatedPipeline::ReplicaDp): its sync's start after the step's, its
   // sync's wall time, its busiest link's bytes.
@@ -110,6 +126,7 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
         x.update_s.push_back(absl::ToDoubleSeconds(st.update));
         x.phase_starts_s.emplace_back();
         for (absl::Duration d : st.phase_starts) x.phase_starts_s.back().push_back(absl::ToDoubleSeconds(d));
+        x.bucket_spans.push_back(BucketSpansText(st.bucket_spans));
         x.busiest_link_bytes.push_back(st.busiest_link);
         x.start_s.emplace_back(), x.replica_sync_s.emplace_back(), x.link_bytes.emplace_back();
         for (const ReplicatedPipeline::ReplicaDp& r : st.replicas) {
@@ -147,6 +164,7 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
         }
       }
       mean.bytes = x.bytes, mean.raw_bytes = x.raw_bytes;
+      mean.bucket_spans = x.bucket_spans;  // the last step's
     }
     return mean;
   };
@@ -174,6 +192,7 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
                                             [](std::string* o, double v) { absl::StrAppendFormat(o, "%.4f", v); }),
                               " s; ");
             }
+            if (!x->bucket_spans[s].empty()) absl::StrAppend(&update, "its buckets ", x->bucket_spans[s], "; ");
             const auto [first, last] = std::minmax_element(x->start_s[s].begin(), x->start_s[s].end());
             absl::StrAppendFormat(&per_stage,
                                   "%s stage %d %.3f s (%s%lld bytes on its busiest link between regions; its "

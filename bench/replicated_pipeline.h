@@ -204,6 +204,7 @@ class ReplicatedPipeline {
         if (c.wall >= d.wall) {  // the slowest replica's
           d.update = c.update;
           d.phase_starts = c.phase_starts;
+          d.bucket_spans = c.bucket_spans;
         }
         d.wall = std::max(d.wall, c.wall);
         d.busiest_link = std::max(d.busiest_link, c.busiest_inter_region_link());
@@ -256,6 +257,7 @@ class ReplicatedPipeline {
     absl::Duration wall = absl::ZeroDuration();
     absl::Duration update = absl::ZeroDuration();  // of that wall, the slowest replica's update
     std::vector<absl::Duration> phase_starts;      // and when its sync's phases began (CallStats)
+    std::vector<collective::BucketSpan> bucket_spans;  // and its bucketed collectives' parts
     int64_t busiest_link = 0;
     std::vector<ReplicaDp> replicas;
   };

@@ -67,6 +67,7 @@ void CallStats::Add(const CallStats& o) {
   recv_wait += o.recv_wait;
   update += o.update;
   if (phase_starts.empty()) phase_starts = o.phase_starts;
+  if (bucket_spans.empty()) bucket_spans = o.bucket_spans;
 }
 
 int64_t CallStats::busiest_inter_region_link() const {

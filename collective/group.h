@@ -73,6 +73,16 @@ ShardLayout MakeShards(int64_t n, int parts, int64_t align = kShardAlign);
 
 // What one call cost this rank: the bytes it put on the wire against what the same messages
 // would be as fp32, and where the time went.
+// When one bucket's part of a bucketed collective (RunBucketPipeline) ran, after its call's start:
+// part 'p' produce, 't' transfer, 'c' consume; `pipeline` numbers the call's bucketed collectives
+// (0: the first, e.g. the reduce-scatter; 1: the weights' all-gather).
+struct BucketSpan {
+  int pipeline = 0;
+  int bucket = 0;
+  char part = 'p';
+  absl::Duration start, end;
+};
+
 struct CallStats {
   std::string op;
   int64_t elements = 0;                 // tensor elements synchronised
@@ -101,6 +111,9 @@ struct CallStats {
   // bucketed collective's: docs/replicated-stages.md measured with them before the buckets). Add
   // keeps the first call's.
   std::vector<absl::Duration> phase_starts;
+  // A bucketed call's parts, bucket by bucket (their threads' phases are not in phase_starts). Add
+  // keeps the first call's.
+  std::vector<BucketSpan> bucket_spans;
   int64_t busiest_inter_region_link() const;  // the largest of inter_region_bytes_to (0 if none)
   double compression() const {
     return bytes_sent > 0 ? static_cast<double>(bytes_sent_uncompressed) / static_cast<double>(bytes_sent) : 1.0;
@@ -129,6 +142,7 @@ class Op {
   // `expected_bytes` >= 0: any other length is an error naming the peer.
   absl::StatusOr<std::string> Recv(int peer, uint32_t index, int64_t expected_bytes = -1);
   absl::Time deadline() const { return deadline_; }
+  absl::Time start() const { return start_; }  // when the call began (Group::Begin)
   CallStats& stats() { return stats_; }
   // "rank 2 (host:port)", for errors about what a peer sent.
   std::string PeerName(int peer) const;
