@@ -28,8 +28,9 @@ namespace longhaul::bench {
 namespace {
 
 // A sync's bucketed parts, in ms after its start: "[0: p0 0.1-0.9 t0 0.9-2.0 ...] [1: ...] ms", one
-// bracket per bucketed collective (the first the reduce-scatter, then the weights' all-gather or
-// BitDP's planes), p / t / c: a bucket's produce, transfer and consume (RunBucketPipeline).
+// bracket per bucketed collective (collective::BucketSpan::pipeline: sdp4bit / zeropp 0 the
+// reduce-scatter, 1 the weights' all-gather; BitDP 0 its planes), p / t / c: a bucket's produce,
+// transfer and consume (RunBucketPipeline).
 std::string BucketSpansText(const std::vector<collective::BucketSpan>& spans) {
   std::string out;
   for (size_t i = 0; i < spans.size(); ++i) {
@@ -141,6 +142,7 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
     DpSample mean;
     for (auto* v : {&mean.sync_s, &mean.update_s}) v->assign(static_cast<size_t>(stages), 0.0);
     mean.phase_starts_s.assign(static_cast<size_t>(stages), {});
+    mean.bucket_spans.assign(static_cast<size_t>(stages), std::string());
     mean.busiest_link_bytes.assign(static_cast<size_t>(stages), 0);
     for (int s = 0; s < stages; ++s) {
       mean.start_s.emplace_back(static_cast<size_t>(counts[s]), 0.0);

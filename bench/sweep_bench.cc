@@ -93,6 +93,7 @@ absl::StatusOr<int64_t> FrameBytes(const std::string& spec, int64_t mbs, int64_t
 
 int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
   const bool congestion_given = cmd.get_option("--tcp-congestion")->count() > 0;
+  if (f.steps < 1) return common::FlagError(cmd, "--steps must be at least 1");
   if (f.data_parallel) {
     if (congestion_given) return common::FlagError(cmd, "--tcp-congestion is for tc-shaped sweeps, not --data-parallel");
     return RunDpSweep(f, cmd);

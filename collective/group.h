@@ -71,17 +71,18 @@ struct ShardLayout {
 };
 ShardLayout MakeShards(int64_t n, int parts, int64_t align = kShardAlign);
 
-// What one call cost this rank: the bytes it put on the wire against what the same messages
-// would be as fp32, and where the time went.
 // When one bucket's part of a bucketed collective (RunBucketPipeline) ran, after its call's start:
 // part 'p' produce, 't' transfer, 'c' consume; `pipeline` numbers the call's bucketed collectives
-// (0: the first, e.g. the reduce-scatter; 1: the weights' all-gather).
+// in order (sdp4bit / zeropp: 0 the reduce-scatter, 1 the weights' all-gather; BitDP: 0 its planes).
 struct BucketSpan {
   int pipeline = 0;
   int bucket = 0;
   char part = 'p';
   absl::Duration start, end;
 };
+
+// What one call cost this rank: the bytes it put on the wire against what the same messages
+// would be as fp32, and where the time went.
 
 struct CallStats {
   std::string op;
@@ -111,8 +112,9 @@ struct CallStats {
   // bucketed collective's: docs/replicated-stages.md measured with them before the buckets). Add
   // keeps the first call's.
   std::vector<absl::Duration> phase_starts;
-  // A bucketed call's parts, bucket by bucket (their threads' phases are not in phase_starts). Add
-  // keeps the first call's.
+  // A bucketed call's parts, bucket by bucket (with more than one bucket they run on threads of
+  // their own, whose phases phase_starts does not show). Add keeps the first non-empty one's, so
+  // in a sum of calls they are one call's.
   std::vector<BucketSpan> bucket_spans;
   int64_t busiest_inter_region_link() const;  // the largest of inter_region_bytes_to (0 if none)
   double compression() const {

@@ -254,6 +254,26 @@ TEST_P(CollectivesTest, BucketsChangeNoBitOfTheQuantisedSteps) {
         EXPECT_EQ(res[1].stats[r].bytes_sent, res[0].stats[r].bytes_sent) << what << ", rank " << r;
         // Every message of both collectives once per bucket.
         EXPECT_GT(res[1].stats[r].messages_sent, res[0].stats[r].messages_sent) << what << ", rank " << r;
+        // Each bucket's parts were timed (CallStats::bucket_spans), in start order within each
+        // bucketed collective: sdp4bit / zeropp's reduce-scatter (0) and weights' all-gather (1),
+        // BitDP's planes (0).
+        const std::vector<BucketSpan>& spans = res[1].stats[r].bucket_spans;
+        std::map<std::pair<int, char>, int> parts;  // (pipeline, part) -> buckets
+        for (size_t i = 0; i < spans.size(); ++i) {
+          ++parts[std::make_pair(spans[i].pipeline, spans[i].part)];
+          EXPECT_LE(spans[i].start, spans[i].end) << what;
+          if (i > 0 && spans[i].pipeline == spans[i - 1].pipeline) {
+            EXPECT_LE(spans[i - 1].start, spans[i].start) << what;
+          }
+        }
+        auto count = [&](int pipeline, char part) { return parts[std::make_pair(pipeline, part)]; };
+        EXPECT_GE(count(0, 'p'), 2) << what << ", rank " << r;
+        EXPECT_EQ(count(0, 't'), count(0, 'p')) << what << ", rank " << r;
+        if (!planes) {
+          EXPECT_EQ(count(0, 'p'), 4) << what;
+          for (char part : {'p', 't', 'c'}) EXPECT_EQ(count(1, part), 4) << what << ", all-gather " << part;
+        }
+        EXPECT_EQ(count(2, 'p'), 0) << what;
       }
     }
   }
