@@ -18,6 +18,9 @@
 #             one 600 s device call runs one or two rates: 100, then 300, then 1000,500; SWEEP_STEPS 3;
 #             SWEEP_SCHEDULE gpipe; SWEEP_TCP_CONGESTION the hosts' congestion control, default the
 #             bench's, cubic; "host": the machine's)
+#   dpsweep   docs/replicated-stages.md's data-parallel cells on this machine's cores (no GPU):
+#             longhaul-bench sweep --data-parallel --repeats 5 (DPSWEEP_REPEATS), the table in
+#             dp-sweep.md and the round lines (each stage's bucket spans) in dp-rounds.txt
 #   pipeline  where the sweep's step time goes: deploy/jobs/gpt2-xl-pipeline.yaml (unshaped, fp32
 #             links) on 4 workers sharing cuda:0, with 1 and 4 LibTorch threads per worker; GPU
 #             utilisation (nvidia-smi dmon) and every worker's /metrics mid-run
@@ -122,6 +125,11 @@ PY
         --schedule="${SWEEP_SCHEDULE:-gpipe}" --steps="${SWEEP_STEPS:-3}" --repeats=1 --rates="${SWEEP_RATES:-100}" --codecs=fp32,tahquant --backward=int8 \
         ${SWEEP_TCP_CONGESTION:+--tcp-congestion="$SWEEP_TCP_CONGESTION"} --markdown="$OUT/gpu-sweep.md" >"$OUT/sweep.log" 2>&1 || { tail -30 "$OUT/sweep.log"; exit 1; }
       cat "$OUT/gpu-sweep.md" ;;
+    dpsweep)
+      ./longhaul.sh build longhaul-bench >"$OUT/build-dpsweep.log" 2>&1 || { tail -40 "$OUT/build-dpsweep.log"; exit 1; }
+      build/bin/longhaul-bench sweep --data-parallel --repeats="${DPSWEEP_REPEATS:-5}" --markdown="$OUT/dp-sweep.md" \
+        >/dev/null 2>"$OUT/dp-rounds.txt" || { tail -20 "$OUT/dp-rounds.txt"; exit 1; }
+      cat "$OUT/dp-sweep.md" ;;
     pipeline)
       ./longhaul.sh build longhaul-worker longhaul-coordinator longhaulctl >"$OUT/build-pipeline.log" 2>&1 \
         || { tail -40 "$OUT/build-pipeline.log"; exit 1; }
