@@ -295,23 +295,31 @@ absl::Status BucketedAllGather(Op& op, const Topology& topo, const BucketedBlobs
 }
 
 absl::Status RunBucketPipeline(Op& op, const BucketPipeline& p) {
-  std::vector<BucketSpan>& spans = op.stats().bucket_spans;  // written on this thread only
+  std::vector<BucketSpan>& spans = op.stats().bucket_spans;
   const int pipeline = spans.empty() ? 0 : spans.back().pipeline + 1;
-  const absl::Time call_start = op.start();
-  // Runs one part of bucket k, its span kept in *out.
-  auto timed = [&](char part, int k, std::vector<BucketSpan>* out, auto&& run) {
+  absl::Mutex mu;
+  std::vector<BucketSpan> timings;  // guarded by mu; added to the call's spans in start order
+  // Runs one part of bucket k and keeps when it ran.
+  auto timed = [&](char part, int k, auto&& run) {
     const absl::Time t0 = absl::Now();
     absl::Status s = run();
-    out->push_back({pipeline, k, part, t0 - call_start, absl::Now() - call_start});
+    const BucketSpan span{pipeline, k, part, t0 - op.start(), absl::Now() - op.start()};
+    absl::MutexLock l(&mu);
+    timings.push_back(span);
+    return s;
+  };
+  auto keep_timings = [&](absl::Status s) {  // once the parts have ended
+    std::stable_sort(timings.begin(), timings.end(),
+                     [](const BucketSpan& a, const BucketSpan& b) { return a.start < b.start; });
+    spans.insert(spans.end(), timings.begin(), timings.end());
     return s;
   };
   if (p.buckets == 1 && !p.beside) {  // nothing to overlap: no second thread
-    if (absl::Status s = timed('p', 0, &spans, [&] { return p.produce(op, 0); }); !s.ok()) return s;
-    if (absl::Status s = timed('t', 0, &spans, [&] { return p.transfer(op, 0); }); !s.ok()) return s;
-    return p.consume ? timed('c', 0, &spans, [&] { return p.consume(op, 0); }) : absl::OkStatus();
+    absl::Status s = timed('p', 0, [&] { return p.produce(op, 0); });
+    if (s.ok()) s = timed('t', 0, [&] { return p.transfer(op, 0); });
+    if (s.ok() && p.consume) s = timed('c', 0, [&] { return p.consume(op, 0); });
+    return keep_timings(s);
   }
-  std::vector<BucketSpan> first_spans, second_spans;  // each part's thread its own
-  absl::Mutex mu;
   int produced = 0, transferred = 0;  // buckets
   bool stopped = false;               // a part failed: its error is the call's
   // Waits until `count` passes bucket k; false when a part failed first (a part that fails
@@ -333,19 +341,19 @@ absl::Status RunBucketPipeline(Op& op, const BucketPipeline& p) {
   };
   auto first = [&](Op& pop) -> absl::Status {
     for (int k = 0; k < p.buckets; ++k) {
-      if (absl::Status s = timed('p', k, &first_spans, [&] { return p.produce(pop, k); }); !s.ok()) return fail(s);
+      if (absl::Status s = timed('p', k, [&] { return p.produce(pop, k); }); !s.ok()) return fail(s);
       advance(&produced, k);
     }
     for (int k = 0; p.consume && k < p.buckets; ++k) {
       if (!wait(transferred, k)) return absl::OkStatus();
-      if (absl::Status s = timed('c', k, &first_spans, [&] { return p.consume(pop, k); }); !s.ok()) return fail(s);
+      if (absl::Status s = timed('c', k, [&] { return p.consume(pop, k); }); !s.ok()) return fail(s);
     }
     return absl::OkStatus();
   };
   auto second = [&](Op& pop) -> absl::Status {
     for (int k = 0; k < p.buckets; ++k) {
       if (!wait(produced, k)) return absl::OkStatus();
-      if (absl::Status s = timed('t', k, &second_spans, [&] { return p.transfer(pop, k); }); !s.ok()) return fail(s);
+      if (absl::Status s = timed('t', k, [&] { return p.transfer(pop, k); }); !s.ok()) return fail(s);
       advance(&transferred, k);
     }
     return absl::OkStatus();
@@ -354,16 +362,10 @@ absl::Status RunBucketPipeline(Op& op, const BucketPipeline& p) {
     absl::Status s = p.beside(pop);
     return s.ok() ? s : fail(s);
   };
-  absl::Status s = op.RunConcurrently(
+  return keep_timings(op.RunConcurrently(
       p.beside ? 3 : 2,
       [&](int part, Op& pop) { return part == 0 ? first(pop) : part == 1 ? second(pop) : beside(pop); },
-      [&](int part) { return part == 0 ? p.produce_name : part == 1 ? p.transfer_name : p.beside_name; });
-  // The parts' threads have ended: their spans, in start order.
-  std::vector<BucketSpan> both = std::move(first_spans);
-  both.insert(both.end(), second_spans.begin(), second_spans.end());
-  std::stable_sort(both.begin(), both.end(), [](const BucketSpan& a, const BucketSpan& b) { return a.start < b.start; });
-  spans.insert(spans.end(), both.begin(), both.end());
-  return s;
+      [&](int part) { return part == 0 ? p.produce_name : part == 1 ? p.transfer_name : p.beside_name; }));
 }
 
 }  // namespace longhaul::collective

@@ -185,12 +185,17 @@ absl::StatusOr<CallStats> DataParallelSync::Step(absl::Span<const float> grad, a
   return g_->Finish(*op, s);
 }
 
+void DataParallelSync::PadGradient(absl::Span<const float> grad) {
+  padded_.resize(static_cast<size_t>(layout_.padded()));
+  std::copy(grad.begin(), grad.end(), padded_.begin());
+  std::fill(padded_.begin() + static_cast<std::ptrdiff_t>(grad.size()), padded_.end(), 0.0f);
+}
+
 absl::Status DataParallelSync::StepFp32(Op& op, absl::Span<const float> grad, absl::Span<float> weights,
                                         const UpdateFn& update) {
   const int me = g_->rank();
   const int64_t c = layout_.chunk, b = layout_.begin(me), len = layout_.length(me);
-  padded_.assign(static_cast<size_t>(layout_.padded()), 0.0f);
-  std::memcpy(padded_.data(), grad.data(), grad.size() * sizeof(float));
+  PadGradient(grad);
   if (absl::Status s = RingReduceScatter(op, g_->topology(), layout_, padded_.data()); !s.ok()) return s;
   if (main_.empty()) main_.assign(weights.begin() + b, weights.begin() + b + len);
   update(b, absl::MakeConstSpan(padded_.data() + me * c, static_cast<size_t>(len)), absl::MakeSpan(main_));
@@ -208,8 +213,7 @@ absl::Status DataParallelSync::StepQuantised(Op& op, absl::Span<const float> gra
   const int me = g_->rank();
   const int64_t b = layout_.begin(me), len = layout_.length(me);
   const uint64_t seed = o_.seed * 0x9e3779b97f4a7c15ull + steps_;
-  padded_.assign(static_cast<size_t>(layout_.padded()), 0.0f);
-  std::memcpy(padded_.data(), grad.data(), grad.size() * sizeof(float));
+  PadGradient(grad);
   shard_.resize(static_cast<size_t>(layout_.chunk));
   if (absl::Status s = TwoLevelReduceScatter(op, topo, layout_, padded_.data(), o_.grad, seed, shard_.data(),
                                              o_.buckets);

@@ -129,6 +129,9 @@ class DataParallelSync {
                              const UpdateFn& update);
   absl::Status StepBitDp(Op& op, absl::Span<const float> grad, absl::Span<float> weights, const UpdateFn& update);
   int64_t WeightPayloadBytes(int k) const;
+  // padded_ = the gradient followed by zeros up to layout_.padded() (one pass: only the tail is
+  // zeroed).
+  void PadGradient(absl::Span<const float> grad);
   absl::Status GatherWeights(Op& op, absl::Span<float> weights, uint64_t seed);
 
   Group* const g_;

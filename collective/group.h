@@ -83,7 +83,6 @@ struct BucketSpan {
 
 // What one call cost this rank: the bytes it put on the wire against what the same messages
 // would be as fp32, and where the time went.
-
 struct CallStats {
   std::string op;
   int64_t elements = 0;                 // tensor elements synchronised
