@@ -12,7 +12,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -29,6 +28,8 @@
 #include "absl/strings/str_format.h"
 #include "bench/benchmarks.h"
 #include "bench/link_bounds.h"
+#include "bench/link_timeline.h"
+#include "bench/sweep_plot.h"
 #include "bench/sweep_flags.h"
 #include "codec/codec.h"
 #include "netem/tc/network.h"
@@ -41,6 +42,13 @@
 
 namespace longhaul::bench {
 namespace {
+
+// tc: the busiest link direction in steps 2..N (LinkSampler) and its share of that window busy and
+// idle by gap length (link_timeline.h), and its gaps per step.
+struct IdleShares {
+  std::string link;  // "w1 up"; empty: not sampled
+  double busy = 0, between_frames = 0, turns = 0, long_gaps = 0, turns_per_step = 0, long_per_step = 0;
+};
 
 struct Run {
   std::string codec, backward;
@@ -64,6 +72,7 @@ struct Run {
   double gpipe_fraction = 0;
   double gpipe_goodput_bound = 0;
   double gpipe_goodput_fraction = 0;
+  IdleShares idle = {};  // tc: the medians of Sample::idle's
 };
 
 // One training job's outcome.
@@ -71,6 +80,7 @@ struct Sample {
   double tokens_per_s = 0;
   double busiest_link_bytes = 0;  // tc: the largest qdisc byte count of any host's up or down link
   double drops = 0;               // tc: packets dropped by all the qdiscs
+  IdleShares idle;
 };
 
 
@@ -211,10 +221,33 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
         "steps: %d\nlinks: {rate_mbit: %g, codec_device: %s}\ncheckpoint: {replicate: none}\n",
         c, rate, model, stages, f.precision, f.micro_batches, f.micro_batch_size, schedule, c, BackwardFor(c, backward),
         f.steps, inproc_rate, f.codec_device);
+    // tc: every worker host's link sampled while the job runs; the steps after the first (those
+    // tokens/s counts) are the window its idle time is profiled in.
+    std::unique_ptr<LinkSampler> sampler;
+    if (tc && rate > 0) {
+      std::vector<LinkSampler::Host> hosts;
+      for (int i = 0; i < stages; ++i) {
+        const std::string w = absl::StrCat("w", i);
+        hosts.push_back({w, cl.worker(w)->pid()});
+      }
+      absl::StatusOr<std::unique_ptr<LinkSampler>> ls = LinkSampler::Start(std::move(hosts), absl::Milliseconds(5));
+      if (!ls.ok()) return ls.status();
+      sampler = std::move(*ls);
+    }
     absl::StatusOr<uint64_t> job = cl.Submit(yaml);
     if (!job.ok()) return job.status();
+    absl::Time window_begin = absl::InfiniteFuture(), window_end = absl::InfiniteFuture();
+    if (sampler && f.steps > 1) {
+      absl::StatusOr<v1::JobStatus> first = cl.WaitForStep(*job, 1, absl::Minutes(10));
+      if (!first.ok()) return first.status();
+      window_begin = absl::Now();
+      absl::StatusOr<v1::JobStatus> last = cl.WaitForStep(*job, f.steps, absl::Minutes(10));
+      if (!last.ok()) return last.status();
+      window_end = absl::Now();
+    }
     absl::StatusOr<v1::JobStatus> st = cl.WaitForEnd(*job, absl::Minutes(10));
     if (!st.ok()) return st.status();
+    if (sampler) sampler->Stop();
     if (st->state() != v1::JOB_STATE_SUCCEEDED) return absl::InternalError(st->error());
     // The job's checkpoints are not needed (a gpt2-xl stage writes gigabytes): free the disk.
     // (common/list_dir.h, not std::filesystem, which breaks in binaries that link the PyTorch wheel.)
@@ -234,6 +267,14 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
                                                       static_cast<double>(h.down.bytes)});
         sample.drops += static_cast<double>(h.up.drops + h.down.drops);
       }
+    }
+    if (sampler && window_end > window_begin) {
+      const double bytes_per_s = rate * 1e6 / 8;
+      const double frame_s = static_cast<double>(std::max(frame[c].first, frame[c].second)) / bytes_per_s;
+      const LinkIdle li = BusiestLinkIdle(*sampler, window_begin, window_end, bytes_per_s, frame_s);
+      const double w = std::max(li.idle.window_s, 1e-9), steps = static_cast<double>(f.steps - 1);
+      sample.idle = {li.link,         li.idle.busy_s / w, li.idle.between_frames_s / w, li.idle.turns_s / w,
+                     li.idle.long_s / w, li.idle.turns / steps, li.idle.long_gaps / steps};
     }
     return sample;
   };
@@ -275,9 +316,16 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
         }
         samples[{rate, c}].push_back(*t);
         if (!json) {  // each cell as it ends, so that a run cut short still shows what it measured
+          std::string idle;
+          if (const IdleShares& i = t->idle; !i.link.empty()) {
+            idle = absl::StrFormat(
+                "; steps 2-%d: %s busy %.2f, idle between frames %.2f, in turns %.2f (%.1f a step), in long gaps "
+                "%.2f (%.1f a step)",
+                f.steps, i.link, i.busy, i.between_frames, i.turns, i.turns_per_step, i.long_gaps, i.long_per_step);
+          }
           std::fprintf(stderr, "  %s, %s: %.0f tokens/s%s\n", where(rate).c_str(), c.c_str(), t->tokens_per_s,
-                       tc && rate > 0 ? absl::StrFormat(" (busiest link %.0f KB, %.0f drops)",
-                                                        t->busiest_link_bytes / 1e3, t->drops).c_str()
+                       tc && rate > 0 ? absl::StrFormat(" (busiest link %.0f KB, %.0f drops%s)",
+                                                        t->busiest_link_bytes / 1e3, t->drops, idle).c_str()
                                       : "");
         }
       }
@@ -306,6 +354,18 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
             median_of(samples[{0, c}], &Sample::tokens_per_s)};
       r.wire_bytes_per_step = median_of(cell, &Sample::busiest_link_bytes) / static_cast<double>(f.steps);
       r.drops = median_of(cell, &Sample::drops);
+      auto idle_median = [&](double IdleShares::*field) {
+        std::vector<double> x;
+        for (const Sample& v : cell) x.push_back(v.idle.*field);
+        return median(x);
+      };
+      r.idle = {cell.back().idle.link,
+                idle_median(&IdleShares::busy),
+                idle_median(&IdleShares::between_frames),
+                idle_median(&IdleShares::turns),
+                idle_median(&IdleShares::long_gaps),
+                idle_median(&IdleShares::turns_per_step),
+                idle_median(&IdleShares::long_per_step)};
       r.goodput_mbit = tc ? median(goodput[rate]) : rate;
       const LinkBounds lb = ComputeLinkBounds({tokens_per_step, frame[c].first, frame[c].second, f.micro_batches,
                                                stages, sum_directions, schedule == "gpipe", rate, r.goodput_mbit});
@@ -355,6 +415,21 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
                           tc ? absl::StrFormat("%.0f", r.drops) : "-", tc ? absl::StrFormat("%.2f", link_busy(r)) : "-",
                           base > 0 ? absl::StrFormat("%.2fx", r.tokens_per_s / base) : "-");
   }
+  // tc: where the busiest link was idle (LinkSampler), a table of its own.
+  if (tc && f.steps > 1) {
+    absl::StrAppendFormat(&md,
+                          "\nWhere the busiest link was idle in steps 2-%d (its bytes sampled every 5 ms; gaps in "
+                          "frame times: shorter than one, up to %g, longer):\n\n"
+                          "| link Mbit/s | forward / backward | link | busy | idle between frames | idle in turns | "
+                          "turns a step | idle in long gaps | long gaps a step |\n|---|---|---|---|---|---|---|---|---|\n",
+                          f.steps, kTurnFrames);
+    for (const Run& r : runs) {
+      const IdleShares& i = r.idle;
+      absl::StrAppendFormat(&md, "| %g | %s / %s | %s | %.2f | %.2f | %.2f | %.1f | %.2f | %.1f |\n", r.rate, r.codec,
+                            r.backward, i.link, i.busy, i.between_frames, i.turns, i.turns_per_step, i.long_gaps,
+                            i.long_per_step);
+    }
+  }
   if (json) {
     nlohmann::ordered_json rows = nlohmann::ordered_json::array();
     for (const Run& r : runs) {
@@ -379,6 +454,13 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
           {"wire_bytes_per_step", Round(r.wire_bytes_per_step, 0)},
           {"drops", Round(r.drops, 0)},
           {"link_busy", Round(tc ? link_busy(r) : 0.0, 3)},
+          {"idle_link", r.idle.link},
+          {"sampled_busy", Round(r.idle.busy, 3)},
+          {"idle_between_frames", Round(r.idle.between_frames, 3)},
+          {"idle_in_turns", Round(r.idle.turns, 3)},
+          {"turns_per_step", Round(r.idle.turns_per_step, 2)},
+          {"idle_in_long_gaps", Round(r.idle.long_gaps, 3)},
+          {"long_gaps_per_step", Round(r.idle.long_per_step, 2)},
           {"speedup_vs_fp32", Round(fp32_at(r.rate) > 0 ? r.tokens_per_s / fp32_at(r.rate) : 0.0, 3)},
       });
     }
@@ -390,42 +472,11 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
     std::ofstream(f.markdown) << md;
   }
   if (!f.svg.empty()) {
-    // tokens/s against log(rate), one polyline per codec.
-    const double W = 640, H = 400, L = 70, B = 50, T = 30, R = 140;
-    double ymax = 1;
-    for (const Run& r : runs) ymax = std::max(ymax, r.tokens_per_s);
-    const double lmin = std::log10(*std::min_element(rates.begin(), rates.end()));
-    const double lmax = std::max(lmin + 1e-9, std::log10(*std::max_element(rates.begin(), rates.end())));
-    auto X = [&](double rate) { return L + (std::log10(rate) - lmin) / (lmax - lmin) * (W - L - R); };
-    auto Y = [&](double v) { return H - B - v / (ymax * 1.1) * (H - B - T); };
-    const char* colours[] = {"#d62728", "#ff7f0e", "#2ca02c", "#1f77b4", "#9467bd", "#8c564b"};
-    std::string svg = absl::StrFormat(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%g\" height=\"%g\" font-family=\"sans-serif\" "
-        "font-size=\"12\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n"
-        "<line x1=\"%g\" y1=\"%g\" x2=\"%g\" y2=\"%g\" stroke=\"black\"/>\n"
-        "<line x1=\"%g\" y1=\"%g\" x2=\"%g\" y2=\"%g\" stroke=\"black\"/>\n"
-        "<text x=\"%g\" y=\"%g\" text-anchor=\"middle\">link rate (Mbit/s, log scale)</text>\n"
-        "<text x=\"15\" y=\"%g\" transform=\"rotate(-90 15 %g)\" text-anchor=\"middle\">tokens/s</text>\n",
-        W, H, L, H - B, W - R, H - B, L, H - B, L, T, (L + W - R) / 2, H - 10, (H - B + T) / 2, (H - B + T) / 2);
-    for (double rate : rates) {
-      absl::StrAppendFormat(&svg, "<text x=\"%.1f\" y=\"%g\" text-anchor=\"middle\">%g</text>\n", X(rate), H - B + 18, rate);
-    }
-    for (int i = 0; i <= 4; ++i) {
-      const double v = ymax * 1.1 * i / 4;
-      absl::StrAppendFormat(&svg, "<text x=\"%g\" y=\"%.1f\" text-anchor=\"end\">%.0f</text>\n", L - 6, Y(v) + 4, v);
-    }
-    for (size_t ci = 0; ci < codecs.size(); ++ci) {
-      std::string pts;
-      for (const Run& r : runs) {
-        if (r.codec == codecs[ci]) absl::StrAppendFormat(&pts, "%.1f,%.1f ", X(r.rate), Y(r.tokens_per_s));
-      }
-      const char* col = colours[ci % 6];
-      absl::StrAppendFormat(&svg, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" points=\"%s\"/>\n", col, pts);
-      absl::StrAppendFormat(&svg, "<text x=\"%g\" y=\"%g\" fill=\"%s\">%s / %s</text>\n", W - R + 10, T + 18 * ci + 10,
-                            col, codecs[ci], BackwardFor(codecs[ci], backward));
-    }
-    svg += "</svg>\n";
-    std::ofstream(f.svg) << svg;
+    std::vector<PlotSeries> series;
+    for (const std::string& c : codecs) series.push_back({c, absl::StrCat(c, " / ", BackwardFor(c, backward))});
+    std::vector<PlotPoint> points;
+    for (const Run& r : runs) points.push_back({r.codec, r.rate, r.tokens_per_s});
+    std::ofstream(f.svg) << ThroughputSvg(series, rates, points);
   }
   return 0;
 }
@@ -512,6 +563,10 @@ BenchmarkRun AddSweepBench(CLI::App& app) {
       "next to the frame bytes the bounds count, packets dropped, and how busy that link was (its\n"
       "bytes at the rate / step time). The hosts' TCP congestion control is --tcp-congestion's,\n"
       "whatever this machine's default is (BBR under-fills tbf-shaped links whose ACKs share them).\n"
+      "With --steps of 2 or more, a second table (tc) says where the busiest link direction was idle\n"
+      "in steps 2..N: each worker host's eth0 counters sampled every 5 ms, the idle time split into\n"
+      "gaps shorter than one frame's time at the rate (each frame's latency), gaps of 1-8 frame times\n"
+      "(GPipe's fill, drain and turn between the passes) and longer ones (step boundaries, stalls).\n"
       "--data-parallel: --dp-replicas replicas of every stage (default 4 = 2 regions x 2; a list: per\n"
       "stage) train in this process (the workers' ReplicaSync over in-process transports; default 2\n"
       "stages, 8 micro-batches of 4), replica r of a stage in region r % --dp-regions, every link\n"
