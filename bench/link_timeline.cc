@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
 #include "common/read_file.h"
 
 namespace longhaul::bench {
@@ -28,38 +29,44 @@ absl::StatusOr<DevBytes> ParseNetDev(absl::string_view text, absl::string_view d
 }
 
 IdleProfile ProfileIdle(const ByteSeries& s, absl::Time begin, absl::Time end, double rate_bytes_per_s,
-                        double frame_s) {
+                        double frame_s, double turn_frames) {
   IdleProfile p;
   p.window_s = std::max(0.0, absl::ToDoubleSeconds(end - begin));
   if (rate_bytes_per_s <= 0 || frame_s <= 0) return p;
-  double gap_s = 0;  // idle seconds of the gap being measured
-  double gap_len_s = 0;  // its length
+  bool in_gap = false;
+  absl::Time gap_start, gap_end;  // the open gap's whole extent
+  double gap_idle_s = 0;          // its idle seconds inside the window
   auto close_gap = [&] {
-    if (gap_len_s <= 0) return;
+    if (!in_gap) return;
+    const double gap_len_s = absl::ToDoubleSeconds(gap_end - gap_start);
     if (gap_len_s < frame_s) {
-      p.between_frames_s += gap_s;
-    } else if (gap_len_s <= kTurnFrames * frame_s) {
-      p.turns_s += gap_s;
-      ++p.turns;
+      p.between_frames_s += gap_idle_s;
+    } else if (gap_len_s <= turn_frames * frame_s) {
+      p.turns_s += gap_idle_s;
+      if (gap_idle_s > 0) ++p.turns;
     } else {
-      p.long_s += gap_s;
-      ++p.long_gaps;
+      p.long_s += gap_idle_s;
+      if (gap_idle_s > 0) ++p.long_gaps;
     }
-    gap_s = gap_len_s = 0;
+    in_gap = false;
+    gap_idle_s = 0;
   };
+  double carry = 0;  // bytes beyond the rate in earlier intervals
   for (size_t i = 1; i < s.at.size() && i < s.bytes.size(); ++i) {
-    const absl::Time a = std::max(s.at[i - 1], begin), b = std::min(s.at[i], end);
     const double whole = absl::ToDoubleSeconds(s.at[i] - s.at[i - 1]);
-    const double dt = absl::ToDoubleSeconds(b - a);
-    if (dt <= 0 || whole <= 0) continue;
-    // The interval's part inside the window carries that share of its bytes.
-    const double bytes = static_cast<double>(s.bytes[i] - s.bytes[i - 1]) * dt / whole;
-    const double cap = rate_bytes_per_s * dt;
-    const double busy = std::min(bytes, cap) / rate_bytes_per_s;
+    if (whole <= 0) continue;
+    const double offered = static_cast<double>(s.bytes[i] - s.bytes[i - 1]) + carry;
+    const double sent = std::min(offered, rate_bytes_per_s * whole);
+    carry = offered - sent;
+    // The interval's part inside the window, and that share of its bytes.
+    const double dt = std::max(0.0, absl::ToDoubleSeconds(std::min(s.at[i], end) - std::max(s.at[i - 1], begin)));
+    const double busy = sent / rate_bytes_per_s * dt / whole;
     p.busy_s += busy;
-    if (bytes < cap / 2) {
-      gap_s += dt - busy;
-      gap_len_s += dt;
+    if (sent < rate_bytes_per_s * whole / 2) {
+      if (!in_gap) gap_start = s.at[i - 1];
+      in_gap = true;
+      gap_end = s.at[i];
+      gap_idle_s += dt - busy;
     } else {
       close_gap();
       p.between_frames_s += dt - busy;
@@ -69,36 +76,45 @@ IdleProfile ProfileIdle(const ByteSeries& s, absl::Time begin, absl::Time end, d
   return p;
 }
 
-LinkIdle BusiestLinkIdle(const LinkSampler& s, absl::Time begin, absl::Time end, double rate_bytes_per_s,
-                         double frame_s) {
+LinkIdle BusiestLinkIdle(const std::vector<std::string>& names, const std::vector<ByteSeries>& up,
+                         const std::vector<ByteSeries>& down, absl::Time begin, absl::Time end,
+                         double rate_bytes_per_s, double frame_s, double turn_frames) {
   LinkIdle best;
   double most = -1;
-  for (size_t i = 0; i < s.hosts().size(); ++i) {
-    for (const auto& [series, side] : {std::pair(&s.up()[i], "up"), std::pair(&s.down()[i], "down")}) {
-      const IdleProfile p = ProfileIdle(*series, begin, end, rate_bytes_per_s, frame_s);
+  for (size_t i = 0; i < names.size() && i < up.size() && i < down.size(); ++i) {
+    for (const auto& [series, side] : {std::pair(&up[i], "up"), std::pair(&down[i], "down")}) {
+      const IdleProfile p = ProfileIdle(*series, begin, end, rate_bytes_per_s, frame_s, turn_frames);
       if (p.busy_s > most) {
         most = p.busy_s;
-        best = {absl::StrCat(s.hosts()[i].name, " ", side), p};
+        best = {absl::StrCat(names[i], " ", side), p};
       }
     }
   }
   return best;
 }
 
-LinkSampler::LinkSampler(std::vector<Host> hosts, absl::Duration period)
-    : hosts_(std::move(hosts)), period_(period), up_(hosts_.size()), down_(hosts_.size()) {}
-
 namespace {
-absl::StatusOr<DevBytes> ReadEth0(pid_t pid) {
-  absl::StatusOr<std::string> text = common::ReadFile(absl::StrCat("/proc/", pid, "/net/dev"));
-  if (!text.ok()) return text.status();
-  return ParseNetDev(*text, "eth0");
+
+std::vector<std::string> Names(const std::vector<LinkSampler::Host>& hosts) {
+  std::vector<std::string> names;
+  for (const LinkSampler::Host& h : hosts) names.push_back(h.name);
+  return names;
 }
+
+absl::StatusOr<DevBytes> ReadCounters(const LinkSampler::Host& h) {
+  absl::StatusOr<std::string> text = common::ReadFile(absl::StrCat("/proc/", h.pid, "/net/dev"));
+  if (!text.ok()) return text.status();
+  return ParseNetDev(*text, h.dev);
+}
+
 }  // namespace
+
+LinkSampler::LinkSampler(std::vector<Host> hosts, absl::Duration period)
+    : hosts_(std::move(hosts)), names_(Names(hosts_)), period_(period), up_(hosts_.size()), down_(hosts_.size()) {}
 
 absl::StatusOr<std::unique_ptr<LinkSampler>> LinkSampler::Start(std::vector<Host> hosts, absl::Duration period) {
   for (const Host& h : hosts) {
-    if (absl::StatusOr<DevBytes> b = ReadEth0(h.pid); !b.ok()) {
+    if (absl::StatusOr<DevBytes> b = ReadCounters(h); !b.ok()) {
       return absl::Status(b.status().code(), absl::StrCat("host ", h.name, ": ", b.status().message()));
     }
   }
@@ -120,12 +136,14 @@ void LinkSampler::Loop() {
   while (!stop_) {
     for (size_t i = 0; i < hosts_.size(); ++i) {
       if (ended[i]) continue;
-      absl::StatusOr<DevBytes> b = ReadEth0(hosts_[i].pid);
+      // The sample's time: the middle of its read.
+      const absl::Time t0 = absl::Now();
+      absl::StatusOr<DevBytes> b = ReadCounters(hosts_[i]);
       if (!b.ok()) {
         ended[i] = true;
         continue;
       }
-      const absl::Time now = absl::Now();
+      const absl::Time now = t0 + (absl::Now() - t0) / 2;
       up_[i].at.push_back(now);
       up_[i].bytes.push_back(b->tx);
       down_[i].at.push_back(now);

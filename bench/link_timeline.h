@@ -1,11 +1,11 @@
 // When a shaped access link was idle during a sweep cell (sweep_bench.cc, tc only): LinkSampler
 // reads, every few milliseconds, how many bytes each host's eth0 has sent and received (the
 // network namespace's /proc/PID/net/dev, through a process inside it: no process spawned per
-// sample), and ProfileIdle splits the idle time of one direction of one link inside a window (the
-// steady-state steps) by the length of its gaps, in frame times: gaps shorter than a frame
-// (between frames: each frame's latency), up to kTurnFrames frames (GPipe's fill, drain and the
-// turn from the forward to the backward phase: 2 (S - 2) frame times a step in its bound), and
-// longer (step boundaries, stalls).
+// sample), and ProfileIdle splits the idle time of one direction of one link inside a window (whole
+// training steps) by the length of its gaps, in frame times: gaps shorter than a frame (between
+// frames: each frame's latency), up to `turn_frames` frames (GPipe's fill, drain and the turn from
+// the forward to the backward pass: 2 (S - 2) frame times a step in its bound), and longer (step
+// boundaries, stalls).
 //
 // Threading: LinkSampler's methods from one thread; it samples on a thread of its own.
 #ifndef LONGHAUL_BENCH_LINK_TIMELINE_H_
@@ -40,53 +40,62 @@ struct ByteSeries {
   std::vector<int64_t> bytes;
 };
 
-// Gaps longer than one frame and up to this many frames are GPipe's turns (see the top).
-inline constexpr double kTurnFrames = 8;
+// GPipe's turns on S stages are up to about 2 (S - 2) frame times; gaps up to this many frames
+// count as turns (at least 8).
+inline double TurnFrames(int stages) { return stages > 5 ? 2.0 * (stages - 2) + 2 : 8.0; }
 
 struct IdleProfile {
   double window_s = 0;
   double busy_s = 0;  // bytes in the window at the rate
-  // Idle seconds by gap length (a gap: consecutive intervals each under half its bytes at the
-  // rate; the partial idleness of the other intervals counts as between frames).
+  // Idle seconds in the window by the length of the gap they belong to (a gap: consecutive sample
+  // intervals each under half its bytes at the rate, measured over the whole series, so a gap that
+  // crosses the window's edge keeps its kind). The partial idleness of the other intervals counts
+  // as between frames.
   double between_frames_s = 0, turns_s = 0, long_s = 0;
-  int turns = 0, long_gaps = 0;  // gaps of those two kinds
+  int turns = 0, long_gaps = 0;  // gaps of those two kinds with idle time in the window
 };
 // The idle time of `s` within [begin, end) at `rate_bytes_per_s`, gaps measured in frames of
-// `frame_s` seconds. Intervals that straddle the window count in proportion.
+// `frame_s` seconds; gaps up to `turn_frames` frames are turns. Bytes above the rate in one
+// interval (a sample taken late, a burst) carry over to the next. Intervals that straddle the
+// window count in proportion. A rate or frame of 0 gives the window's length only.
 IdleProfile ProfileIdle(const ByteSeries& s, absl::Time begin, absl::Time end, double rate_bytes_per_s,
-                        double frame_s);
+                        double frame_s, double turn_frames);
 
-// The direction of a host's link that carried the most bytes within [begin, end) ("w1 up": the
-// host's transmit side; "down": what it received), and its idle profile at the rate.
+// The direction of a host's link that carried the most bytes within [begin, end) ("w1 up": what
+// the host sent; "down": what it received), and its idle profile. `names`, `up` and `down` in the
+// same order (LinkSampler's).
 struct LinkIdle {
   std::string link;
   IdleProfile idle;
 };
-class LinkSampler;
-LinkIdle BusiestLinkIdle(const LinkSampler& s, absl::Time begin, absl::Time end, double rate_bytes_per_s,
-                         double frame_s);
+LinkIdle BusiestLinkIdle(const std::vector<std::string>& names, const std::vector<ByteSeries>& up,
+                         const std::vector<ByteSeries>& down, absl::Time begin, absl::Time end,
+                         double rate_bytes_per_s, double frame_s, double turn_frames);
 
-// Samples eth0's counters of every host (a pid inside its namespace) every `period`.
+// Samples a device's counters in every host's namespace (a pid inside it) every `period`.
 class LinkSampler {
  public:
   struct Host {
     std::string name;
     pid_t pid = 0;
+    std::string dev = "eth0";
   };
   // Fails (naming the host) when a host's counters cannot be read at the start.
   static absl::StatusOr<std::unique_ptr<LinkSampler>> Start(std::vector<Host> hosts, absl::Duration period);
   ~LinkSampler();  // stops
-  // Stops sampling; the series of every host's transmit (up) and receive (down) side, in the
-  // order of `hosts`. A read that fails later (the process ended) ends that host's series.
+  // Stops sampling (idempotent). A read that fails while sampling (the process ended) ends that
+  // host's series.
   void Stop();
-  const std::vector<Host>& hosts() const { return hosts_; }
+  // After Stop: every host's transmit (up) and receive (down) series, in the order of `hosts`.
+  const std::vector<std::string>& names() const { return names_; }
   const std::vector<ByteSeries>& up() const { return up_; }
   const std::vector<ByteSeries>& down() const { return down_; }
 
  private:
   LinkSampler(std::vector<Host> hosts, absl::Duration period);
   void Loop();
-  std::vector<Host> hosts_;
+  const std::vector<Host> hosts_;
+  const std::vector<std::string> names_;
   const absl::Duration period_;
   std::vector<ByteSeries> up_, down_;  // written by the sampling thread until Stop joins it
   std::atomic<bool> stop_{false};

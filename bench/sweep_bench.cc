@@ -29,8 +29,8 @@
 #include "bench/benchmarks.h"
 #include "bench/link_bounds.h"
 #include "bench/link_timeline.h"
-#include "bench/sweep_plot.h"
 #include "bench/sweep_flags.h"
+#include "bench/sweep_plot.h"
 #include "codec/codec.h"
 #include "netem/tc/network.h"
 #include "stage_runtime/data.h"
@@ -43,10 +43,10 @@
 namespace longhaul::bench {
 namespace {
 
-// tc: the busiest link direction in steps 2..N (LinkSampler) and its share of that window busy and
-// idle by gap length (link_timeline.h), and its gaps per step.
+// tc: the busiest link direction in steps 2..N-1 (LinkSampler) and its share of that window busy
+// and idle by gap length (link_timeline.h), and its gaps per step.
 struct IdleShares {
-  std::string link;  // "w1 up"; empty: not sampled
+  std::string link;  // "w1 (stage 1) up"; empty: not sampled
   double busy = 0, between_frames = 0, turns = 0, long_gaps = 0, turns_per_step = 0, long_per_step = 0;
 };
 
@@ -221,10 +221,12 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
         "steps: %d\nlinks: {rate_mbit: %g, codec_device: %s}\ncheckpoint: {replicate: none}\n",
         c, rate, model, stages, f.precision, f.micro_batches, f.micro_batch_size, schedule, c, BackwardFor(c, backward),
         f.steps, inproc_rate, f.codec_device);
-    // tc: every worker host's link sampled while the job runs; the steps after the first (those
-    // tokens/s counts) are the window its idle time is profiled in.
+    // tc: every worker host's link sampled while the job runs; its idle time is profiled in the
+    // steps tokens/s counts (after the first) but the last, whose end the coordinator hears of only
+    // after the final checkpoint's write (which tokens/s leaves out). Step ends are seen by polling
+    // the coordinator (within about 50 ms).
     std::unique_ptr<LinkSampler> sampler;
-    if (tc && rate > 0) {
+    if (tc && rate > 0 && f.steps >= 3) {
       std::vector<LinkSampler::Host> hosts;
       for (int i = 0; i < stages; ++i) {
         const std::string w = absl::StrCat("w", i);
@@ -237,13 +239,20 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
     absl::StatusOr<uint64_t> job = cl.Submit(yaml);
     if (!job.ok()) return job.status();
     absl::Time window_begin = absl::InfiniteFuture(), window_end = absl::InfiniteFuture();
-    if (sampler && f.steps > 1) {
+    int64_t window_steps = 0;
+    if (sampler) {
+      // WaitForStep also returns when the job stops running: then (or when polling saw a later
+      // step) the window is what was seen, or nothing.
+      auto running = [](const v1::JobStatus& j) { return j.state() == v1::JOB_STATE_RUNNING; };
       absl::StatusOr<v1::JobStatus> first = cl.WaitForStep(*job, 1, absl::Minutes(10));
       if (!first.ok()) return first.status();
       window_begin = absl::Now();
-      absl::StatusOr<v1::JobStatus> last = cl.WaitForStep(*job, f.steps, absl::Minutes(10));
-      if (!last.ok()) return last.status();
-      window_end = absl::Now();
+      if (running(*first) && first->step() < f.steps - 1) {
+        absl::StatusOr<v1::JobStatus> last = cl.WaitForStep(*job, f.steps - 1, absl::Minutes(10));
+        if (!last.ok()) return last.status();
+        window_end = absl::Now();
+        if (running(*last) && last->step() <= f.steps - 1) window_steps = last->step() - first->step();
+      }
     }
     absl::StatusOr<v1::JobStatus> st = cl.WaitForEnd(*job, absl::Minutes(10));
     if (!st.ok()) return st.status();
@@ -268,11 +277,21 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
         sample.drops += static_cast<double>(h.up.drops + h.down.drops);
       }
     }
-    if (sampler && window_end > window_begin) {
+    if (sampler && window_steps > 0) {
       const double bytes_per_s = rate * 1e6 / 8;
       const double frame_s = static_cast<double>(std::max(frame[c].first, frame[c].second)) / bytes_per_s;
-      const LinkIdle li = BusiestLinkIdle(*sampler, window_begin, window_end, bytes_per_s, frame_s);
-      const double w = std::max(li.idle.window_s, 1e-9), steps = static_cast<double>(f.steps - 1);
+      // The hosts named with their stages ("w3 (stage 1)").
+      std::vector<std::string> names = sampler->names();
+      for (int s = 0; s < stages; ++s) {
+        absl::StatusOr<std::string> w = cl.WorkerOf(*job, s);
+        if (!w.ok()) continue;
+        for (std::string& n : names) {
+          if (n == *w) n = absl::StrCat(*w, " (stage ", s, ")");
+        }
+      }
+      const LinkIdle li = BusiestLinkIdle(names, sampler->up(), sampler->down(), window_begin, window_end, bytes_per_s,
+                                          frame_s, TurnFrames(stages));
+      const double w = std::max(li.idle.window_s, 1e-9), steps = static_cast<double>(window_steps);
       sample.idle = {li.link,         li.idle.busy_s / w, li.idle.between_frames_s / w, li.idle.turns_s / w,
                      li.idle.long_s / w, li.idle.turns / steps, li.idle.long_gaps / steps};
     }
@@ -321,7 +340,7 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
             idle = absl::StrFormat(
                 "; steps 2-%d: %s busy %.2f, idle between frames %.2f, in turns %.2f (%.1f a step), in long gaps "
                 "%.2f (%.1f a step)",
-                f.steps, i.link, i.busy, i.between_frames, i.turns, i.turns_per_step, i.long_gaps, i.long_per_step);
+                f.steps - 1, i.link, i.busy, i.between_frames, i.turns, i.turns_per_step, i.long_gaps, i.long_per_step);
           }
           std::fprintf(stderr, "  %s, %s: %.0f tokens/s%s\n", where(rate).c_str(), c.c_str(), t->tokens_per_s,
                        tc && rate > 0 ? absl::StrFormat(" (busiest link %.0f KB, %.0f drops%s)",
@@ -416,13 +435,13 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
                           base > 0 ? absl::StrFormat("%.2fx", r.tokens_per_s / base) : "-");
   }
   // tc: where the busiest link was idle (LinkSampler), a table of its own.
-  if (tc && f.steps > 1) {
+  if (tc && f.steps >= 3) {
     absl::StrAppendFormat(&md,
                           "\nWhere the busiest link was idle in steps 2-%d (its bytes sampled every 5 ms; gaps in "
-                          "frame times: shorter than one, up to %g, longer):\n\n"
+                          "frame times: shorter than one, up to %g, longer; the link: the last round's):\n\n"
                           "| link Mbit/s | forward / backward | link | busy | idle between frames | idle in turns | "
                           "turns a step | idle in long gaps | long gaps a step |\n|---|---|---|---|---|---|---|---|---|\n",
-                          f.steps, kTurnFrames);
+                          f.steps - 1, TurnFrames(stages));
     for (const Run& r : runs) {
       const IdleShares& i = r.idle;
       absl::StrAppendFormat(&md, "| %g | %s / %s | %s | %.2f | %.2f | %.2f | %.1f | %.2f | %.1f |\n", r.rate, r.codec,
@@ -431,6 +450,17 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
     }
   }
   if (json) {
+    // null where the link was not sampled (in-process shaper, fewer than 3 steps)
+    auto idle_json = [](const IdleShares& i) {
+      if (i.link.empty()) return nlohmann::ordered_json(nullptr);
+      return nlohmann::ordered_json{{"link", i.link},
+                                    {"busy", Round(i.busy, 3)},
+                                    {"between_frames", Round(i.between_frames, 3)},
+                                    {"turns", Round(i.turns, 3)},
+                                    {"turns_per_step", Round(i.turns_per_step, 2)},
+                                    {"long_gaps", Round(i.long_gaps, 3)},
+                                    {"long_gaps_per_step", Round(i.long_per_step, 2)}};
+    };
     nlohmann::ordered_json rows = nlohmann::ordered_json::array();
     for (const Run& r : runs) {
       rows.push_back({
@@ -454,13 +484,7 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
           {"wire_bytes_per_step", Round(r.wire_bytes_per_step, 0)},
           {"drops", Round(r.drops, 0)},
           {"link_busy", Round(tc ? link_busy(r) : 0.0, 3)},
-          {"idle_link", r.idle.link},
-          {"sampled_busy", Round(r.idle.busy, 3)},
-          {"idle_between_frames", Round(r.idle.between_frames, 3)},
-          {"idle_in_turns", Round(r.idle.turns, 3)},
-          {"turns_per_step", Round(r.idle.turns_per_step, 2)},
-          {"idle_in_long_gaps", Round(r.idle.long_gaps, 3)},
-          {"long_gaps_per_step", Round(r.idle.long_per_step, 2)},
+          {"idle", idle_json(r.idle)},
           {"speedup_vs_fp32", Round(fp32_at(r.rate) > 0 ? r.tokens_per_s / fp32_at(r.rate) : 0.0, 3)},
       });
     }
@@ -563,10 +587,12 @@ BenchmarkRun AddSweepBench(CLI::App& app) {
       "next to the frame bytes the bounds count, packets dropped, and how busy that link was (its\n"
       "bytes at the rate / step time). The hosts' TCP congestion control is --tcp-congestion's,\n"
       "whatever this machine's default is (BBR under-fills tbf-shaped links whose ACKs share them).\n"
-      "With --steps of 2 or more, a second table (tc) says where the busiest link direction was idle\n"
-      "in steps 2..N: each worker host's eth0 counters sampled every 5 ms, the idle time split into\n"
-      "gaps shorter than one frame's time at the rate (each frame's latency), gaps of 1-8 frame times\n"
-      "(GPipe's fill, drain and turn between the passes) and longer ones (step boundaries, stalls).\n"
+      "With --steps of 3 or more, a second table (tc; --json: \"idle\") says where the busiest link\n"
+      "direction was idle in steps 2..N-1 (the last one's end is seen only after the final checkpoint\n"
+      "is written): each worker host's eth0 counters sampled every 5 ms, the idle time split into gaps\n"
+      "shorter than one frame's time at the rate (each frame's latency), gaps of 1-8 frame times\n"
+      "(2 (S - 1) for S > 5 stages: GPipe's fill, drain and turn between the passes) and longer ones\n"
+      "(step boundaries, stalls).\n"
       "--data-parallel: --dp-replicas replicas of every stage (default 4 = 2 regions x 2; a list: per\n"
       "stage) train in this process (the workers' ReplicaSync over in-process transports; default 2\n"
       "stages, 8 micro-batches of 4), replica r of a stage in region r % --dp-regions, every link\n"

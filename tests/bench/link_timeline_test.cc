@@ -1,6 +1,12 @@
 #include "bench/link_timeline.h"
 
+#include <unistd.h>
+
 #include <gtest/gtest.h>
+
+#include <utility>
+
+#include "absl/time/clock.h"
 
 namespace longhaul::bench {
 namespace {
@@ -60,7 +66,7 @@ TEST(ProfileIdleTest, SortsTheIdleTimeByGapLengthInFrames) {
     ticks.insert(ticks.end(), part.begin(), part.end());
   }
   const ByteSeries s = Series(ticks);
-  const IdleProfile p = ProfileIdle(s, s.at.front(), s.at.back(), 1000, 0.5);
+  const IdleProfile p = ProfileIdle(s, s.at.front(), s.at.back(), 1000, 0.5, 8);
   EXPECT_NEAR(p.window_s, 11.2, 1e-9);
   EXPECT_NEAR(p.busy_s, 3.9 + 0.07 + 0.15, 1e-9);  // the long gap's trickle (3 bytes a tick) counts busy
   EXPECT_NEAR(p.between_frames_s, 0.2 + 0.03, 1e-9);
@@ -69,17 +75,105 @@ TEST(ProfileIdleTest, SortsTheIdleTimeByGapLengthInFrames) {
   EXPECT_NEAR(p.long_s, 5.0 - 0.15, 1e-9);
   EXPECT_EQ(p.long_gaps, 1);
   EXPECT_NEAR(p.busy_s + p.between_frames_s + p.turns_s + p.long_s, p.window_s, 1e-9);
+  // With turns up to 12 frames (6 s), the 5 s gap is a turn too.
+  const IdleProfile wide = ProfileIdle(s, s.at.front(), s.at.back(), 1000, 0.5, 12);
+  EXPECT_EQ(wide.turns, 2);
+  EXPECT_EQ(wide.long_gaps, 0);
 }
 
-TEST(ProfileIdleTest, CountsOnlyTheWindowAndSplitsIntervalsAtItsEdges) {
-  const ByteSeries s = Series(Repeat(100, 20));  // 2 s, always busy
+TEST(ProfileIdleTest, GapsOfExactlyOneFrameAreTurnsAndOfExactlyTheTurnLimitToo) {
+  // Frames of 0.2 s: a 0.2 s gap is one frame (a turn), a 1.6 s gap is 8 frames (still a turn).
+  std::vector<int64_t> ticks;
+  for (const std::vector<int64_t>& part : {Repeat(100, 3), Repeat(0, 2), Repeat(100, 3), Repeat(0, 16), Repeat(100, 3)}) {
+    ticks.insert(ticks.end(), part.begin(), part.end());
+  }
+  const ByteSeries s = Series(ticks);
+  const IdleProfile p = ProfileIdle(s, s.at.front(), s.at.back(), 1000, 0.2, 8);
+  EXPECT_EQ(p.turns, 2);
+  EXPECT_NEAR(p.turns_s, 1.8, 1e-9);
+  EXPECT_EQ(p.long_gaps, 0);
+  EXPECT_NEAR(p.between_frames_s, 0, 1e-9);
+}
+
+TEST(ProfileIdleTest, AGapKeepsItsKindAcrossTheWindowsEdgesAndCountsOnlyItsTimeInside) {
+  // 1 s busy, a 3 s gap, 1 s busy, a 3 s gap that the series ends in; frames of 0.1 s, turns up
+  // to 8 (0.8 s): both gaps are long. The window starts 1 s into the first gap and ends 1 s into
+  // the second.
+  std::vector<int64_t> ticks;
+  for (const std::vector<int64_t>& part : {Repeat(100, 10), Repeat(0, 30), Repeat(100, 10), Repeat(0, 30)}) {
+    ticks.insert(ticks.end(), part.begin(), part.end());
+  }
+  const ByteSeries s = Series(ticks);
+  const absl::Time begin = s.at.front() + absl::Seconds(2), end = s.at.front() + absl::Seconds(6);
+  const IdleProfile p = ProfileIdle(s, begin, end, 1000, 0.1, 8);
+  EXPECT_NEAR(p.window_s, 4, 1e-9);
+  EXPECT_NEAR(p.busy_s, 1, 1e-9);
+  EXPECT_NEAR(p.long_s, 3, 1e-9);  // 2 s of the first gap, 1 s of the second
+  EXPECT_EQ(p.long_gaps, 2);
+  EXPECT_EQ(p.turns, 0);
+  EXPECT_NEAR(p.between_frames_s, 0, 1e-9);
+}
+
+TEST(ProfileIdleTest, SplitsIntervalsAtTheWindowsEdgesInProportion) {
+  const ByteSeries s = Series(Repeat(80, 20));  // 2 s at 80% of the rate: every interval busy
   const absl::Time begin = s.at.front() + absl::Milliseconds(150), end = s.at.front() + absl::Milliseconds(1250);
-  const IdleProfile p = ProfileIdle(s, begin, end, 1000, 0.5);
+  const IdleProfile p = ProfileIdle(s, begin, end, 1000, 0.5, 8);
   EXPECT_NEAR(p.window_s, 1.1, 1e-9);
-  EXPECT_NEAR(p.busy_s, 1.1, 1e-9);
+  EXPECT_NEAR(p.busy_s, 0.88, 1e-9);
+  EXPECT_NEAR(p.between_frames_s, 0.22, 1e-9);
   EXPECT_EQ(p.turns + p.long_gaps, 0);
-  // A rate or frame of zero profiles nothing rather than dividing by it.
-  EXPECT_EQ(ProfileIdle(s, begin, end, 0, 0.5).busy_s, 0);
+}
+
+TEST(ProfileIdleTest, BytesAboveTheRateCarryOverToTheNextInterval) {
+  // A sample taken late: 150 bytes in one 0.1 s interval, 50 in the next, at 1,000 bytes/s. The
+  // link was busy throughout; without the carry the second interval would be half idle.
+  const ByteSeries s = Series({100, 150, 50, 100});
+  const IdleProfile p = ProfileIdle(s, s.at.front(), s.at.back(), 1000, 0.5, 8);
+  EXPECT_NEAR(p.busy_s, 0.4, 1e-9);
+  EXPECT_NEAR(p.between_frames_s + p.turns_s + p.long_s, 0, 1e-9);
+}
+
+TEST(ProfileIdleTest, ARateOrFrameOfZeroGivesOnlyTheWindow) {
+  const ByteSeries s = Series(Repeat(100, 10));
+  for (const auto& [rate, frame] : {std::pair(0.0, 0.5), std::pair(1000.0, 0.0)}) {
+    const IdleProfile p = ProfileIdle(s, s.at.front(), s.at.back(), rate, frame, 8);
+    EXPECT_NEAR(p.window_s, 1, 1e-9);
+    EXPECT_EQ(p.busy_s, 0);
+    EXPECT_EQ(p.between_frames_s + p.turns_s + p.long_s, 0);
+  }
+}
+
+TEST(BusiestLinkIdleTest, TakesTheDirectionWithTheMostBytesInTheWindow) {
+  const ByteSeries quiet = Series(Repeat(10, 10)), busy = Series(Repeat(90, 10)), half = Series(Repeat(50, 10));
+  const LinkIdle li = BusiestLinkIdle({"w0 (stage 1)", "w1 (stage 0)"}, {quiet, half}, {quiet, busy},
+                                      quiet.at.front(), quiet.at.back(), 1000, 0.5, 8);
+  EXPECT_EQ(li.link, "w1 (stage 0) down");
+  EXPECT_NEAR(li.idle.busy_s, 0.9, 1e-9);
+}
+
+TEST(TurnFramesTest, GrowsWithGPipesFillAndDrainPastFiveStages) {
+  EXPECT_EQ(TurnFrames(2), 8);
+  EXPECT_EQ(TurnFrames(5), 8);
+  EXPECT_EQ(TurnFrames(8), 14);
+}
+
+TEST(LinkSamplerTest, SamplesADevicesCountersUntilStopped) {
+  // This process's own loopback, which every network namespace has.
+  absl::StatusOr<std::unique_ptr<LinkSampler>> s =
+      LinkSampler::Start({{"self", getpid(), "lo"}}, absl::Milliseconds(2));
+  ASSERT_TRUE(s.ok()) << s.status();
+  absl::SleepFor(absl::Milliseconds(50));
+  (*s)->Stop();
+  ASSERT_EQ((*s)->names(), std::vector<std::string>{"self"});
+  const ByteSeries& up = (*s)->up()[0];
+  ASSERT_GE(up.at.size(), 3u);
+  EXPECT_EQ(up.at.size(), up.bytes.size());
+  EXPECT_EQ((*s)->down()[0].at.size(), up.at.size());
+  for (size_t i = 1; i < up.at.size(); ++i) {
+    EXPECT_GT(up.at[i], up.at[i - 1]);
+    EXPECT_GE(up.bytes[i], up.bytes[i - 1]);
+  }
+  (*s)->Stop();  // again: nothing to do
 }
 
 TEST(LinkSamplerTest, AHostWhoseCountersCannotBeReadIsNamed) {
@@ -87,6 +181,11 @@ TEST(LinkSamplerTest, AHostWhoseCountersCannotBeReadIsNamed) {
       LinkSampler::Start({{"w7", /*pid=*/0x3fffffff}}, absl::Milliseconds(5));
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.status().message().find("w7"), std::string::npos) << s.status();
+  absl::StatusOr<std::unique_ptr<LinkSampler>> no_dev =
+      LinkSampler::Start({{"w8", getpid(), "no-such-dev0"}}, absl::Milliseconds(5));
+  ASSERT_FALSE(no_dev.ok());
+  EXPECT_NE(no_dev.status().message().find("w8"), std::string::npos) << no_dev.status();
+  EXPECT_NE(no_dev.status().message().find("no-such-dev0"), std::string::npos) << no_dev.status();
 }
 
 }  // namespace

@@ -15,7 +15,8 @@
 #             namespace with tc tbf access links, a gpt2-xl-shaped pipeline (SWEEP_LAYERS, default 48,
 #             over 4 stages, bf16), fp32 vs tahquant/int8 links at SWEEP_RATES (default 100 Mbit/s:
 #             with SWEEP_MICRO_BATCHES 32, the paper's batch, a 100 Mbit/s fp32 step takes ~40 s, so
-#             one 600 s device call runs one or two rates: 100, then 300, then 1000,500; SWEEP_STEPS 3;
+#             one 600 s device call runs one or two rates: 100, then 300, then 1000,500; SWEEP_STEPS 3
+#             (the idle table in gpu-sweep.md profiles steps 2..N-1: 4 gives it two steps);
 #             SWEEP_SCHEDULE gpipe; SWEEP_TCP_CONGESTION the hosts' congestion control, default the
 #             bench's, cubic; "host": the machine's)
 #   dpsweep   docs/replicated-stages.md's data-parallel cells on this machine's cores (no GPU):
