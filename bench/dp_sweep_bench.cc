@@ -50,8 +50,11 @@ struct DpSample {
   std::vector<double> sync_s;
   std::vector<double> update_s;  // of sync_s, the slowest replica's update (optimizer, norm exchange)
   std::vector<std::vector<double>> phase_starts_s;  // the slowest replica's sync's phases' starts
-  // The slowest replica's bucketed parts in the last measured step (BucketSpansText), per stage.
+  // The slowest replica's bucketed parts in the last measured step (BucketSpansText), per stage,
+  // and how far apart that step's replicas of the stage started their syncs (a mean over the steps
+  // hides one step's skew, which the first bucket waits for).
   std::vector<std::string> bucket_spans;
+  std::vector<double> last_start_spread_s;
   std::vector<int64_t> busiest_link_bytes;
   // Per stage and replica (ReplicatedPipeline::ReplicaDp): its sync's start after the step's, its
   // sync's wall time, its busiest link's bytes.
@@ -167,6 +170,11 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
       }
       mean.bytes = x.bytes, mean.raw_bytes = x.raw_bytes;
       mean.bucket_spans = x.bucket_spans;  // the last step's
+      mean.last_start_spread_s.clear();
+      for (const std::vector<double>& starts : x.start_s) {
+        const auto [first, last] = std::minmax_element(starts.begin(), starts.end());
+        mean.last_start_spread_s.push_back(starts.empty() ? 0.0 : *last - *first);
+      }
     }
     return mean;
   };
@@ -198,9 +206,9 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
             const auto [first, last] = std::minmax_element(x->start_s[s].begin(), x->start_s[s].end());
             absl::StrAppendFormat(&per_stage,
                                   "%s stage %d %.3f s (%s%lld bytes on its busiest link between regions; its "
-                                  "replicas' syncs started within %.3f s)",
+                                  "replicas' syncs started within %.3f s on average, %.3f s in the last step)",
                                   s ? "," : "", s, x->sync_s[s], update, static_cast<long long>(x->busiest_link_bytes[s]),
-                                  *last - *first);
+                                  *last - *first, x->last_start_spread_s[s]);
           }
           std::fprintf(stderr, "round %lld: %s, %s: step %.3f s, sync:%s\n", static_cast<long long>(rep + 1),
                        rate > 0 ? absl::StrCat(rate, " Mbit/s").c_str() : "unshaped", c.c_str(), x->step_s,
