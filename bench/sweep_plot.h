@@ -13,10 +13,10 @@ struct PlotPoint {
   double rate = 0;     // Mbit/s, > 0
   double tokens_per_s = 0;
 };
-// `series`: the polylines in legend order, each with its legend text; `rates`: the x axis's ticks.
 struct PlotSeries {
-  std::string name, legend;
+  std::string name, legend;  // name: the points' series
 };
+// `series`: the polylines in legend order, each with its legend text; `rates`: the x axis's ticks.
 std::string ThroughputSvg(const std::vector<PlotSeries>& series, const std::vector<double>& rates,
                           const std::vector<PlotPoint>& points);
 
