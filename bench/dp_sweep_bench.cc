@@ -42,6 +42,13 @@ std::string BucketSpansText(const std::vector<collective::BucketSpan>& spans) {
   return spans.empty() ? out : out + "] ms";
 }
 
+// The largest minus the smallest of `v` (0 for none).
+double Spread(const std::vector<double>& v) {
+  if (v.empty()) return 0;
+  const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
+  return *hi - *lo;
+}
+
 // One data-parallel cell's jobs, averaged over the measured steps: the step's wall time and, per
 // stage, its slowest replica's sync wall time and the most bytes one of its replicas sent to one
 // replica in another region (the busiest directed link between regions).
@@ -171,10 +178,7 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
       mean.bytes = x.bytes, mean.raw_bytes = x.raw_bytes;
       mean.bucket_spans = x.bucket_spans;  // the last step's
       mean.last_start_spread_s.clear();
-      for (const std::vector<double>& starts : x.start_s) {
-        const auto [first, last] = std::minmax_element(starts.begin(), starts.end());
-        mean.last_start_spread_s.push_back(starts.empty() ? 0.0 : *last - *first);
-      }
+      for (const std::vector<double>& starts : x.start_s) mean.last_start_spread_s.push_back(Spread(starts));
     }
     return mean;
   };
@@ -203,12 +207,11 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
                               " s; ");
             }
             if (!x->bucket_spans[s].empty()) absl::StrAppend(&update, "its buckets ", x->bucket_spans[s], "; ");
-            const auto [first, last] = std::minmax_element(x->start_s[s].begin(), x->start_s[s].end());
             absl::StrAppendFormat(&per_stage,
                                   "%s stage %d %.3f s (%s%lld bytes on its busiest link between regions; its "
                                   "replicas' syncs started within %.3f s on average, %.3f s in the last step)",
                                   s ? "," : "", s, x->sync_s[s], update, static_cast<long long>(x->busiest_link_bytes[s]),
-                                  *last - *first, x->last_start_spread_s[s]);
+                                  Spread(x->start_s[s]), x->last_start_spread_s[s]);
           }
           std::fprintf(stderr, "round %lld: %s, %s: step %.3f s, sync:%s\n", static_cast<long long>(rep + 1),
                        rate > 0 ? absl::StrCat(rate, " Mbit/s").c_str() : "unshaped", c.c_str(), x->step_s,

@@ -76,6 +76,12 @@ IdleProfile ProfileIdle(const ByteSeries& s, absl::Time begin, absl::Time end, d
   return p;
 }
 
+IdleShares SharesOf(const LinkIdle& li, int64_t steps) {
+  const double w = std::max(li.idle.window_s, 1e-9), n = static_cast<double>(std::max<int64_t>(steps, 1));
+  return {li.link,         li.idle.busy_s / w, li.idle.between_frames_s / w, li.idle.turns_s / w,
+          li.idle.long_s / w, li.idle.turns / n, li.idle.long_gaps / n};
+}
+
 LinkIdle BusiestLinkIdle(const std::vector<std::string>& names, const std::vector<ByteSeries>& up,
                          const std::vector<ByteSeries>& down, absl::Time begin, absl::Time end,
                          double rate_bytes_per_s, double frame_s, double turn_frames) {

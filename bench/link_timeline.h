@@ -72,6 +72,14 @@ LinkIdle BusiestLinkIdle(const std::vector<std::string>& names, const std::vecto
                          const std::vector<ByteSeries>& down, absl::Time begin, absl::Time end,
                          double rate_bytes_per_s, double frame_s, double turn_frames);
 
+// A LinkIdle as shares of its window (busy and each kind of idle time), and its turns and long
+// gaps per step of the window's `steps` (> 0); `link` empty: not sampled.
+struct IdleShares {
+  std::string link;
+  double busy = 0, between_frames = 0, turns = 0, long_gaps = 0, turns_per_step = 0, long_per_step = 0;
+};
+IdleShares SharesOf(const LinkIdle& li, int64_t steps);
+
 // Samples a device's counters in every host's namespace (a pid inside it) every `period`.
 class LinkSampler {
  public:

@@ -43,13 +43,6 @@
 namespace longhaul::bench {
 namespace {
 
-// tc: the busiest link direction in steps 2..N-1 (LinkSampler) and its share of that window busy
-// and idle by gap length (link_timeline.h), and its gaps per step.
-struct IdleShares {
-  std::string link;  // "w1 (stage 1) up"; empty: not sampled
-  double busy = 0, between_frames = 0, turns = 0, long_gaps = 0, turns_per_step = 0, long_per_step = 0;
-};
-
 struct Run {
   std::string codec, backward;
   double rate = 0;  // Mbit/s, 0 = unshaped
@@ -72,7 +65,7 @@ struct Run {
   double gpipe_fraction = 0;
   double gpipe_goodput_bound = 0;
   double gpipe_goodput_fraction = 0;
-  IdleShares idle = {};  // tc: the medians of Sample::idle's
+  IdleShares idle = {};  // tc: the medians of Sample::idle's (link_timeline.h)
 };
 
 // One training job's outcome.
@@ -80,6 +73,8 @@ struct Sample {
   double tokens_per_s = 0;
   double busiest_link_bytes = 0;  // tc: the largest qdisc byte count of any host's up or down link
   double drops = 0;               // tc: packets dropped by all the qdiscs
+  // tc: the busiest link direction in steps 2..N-1 ("w1 (stage 1) up"), its share of that window
+  // busy and idle by gap length, and its gaps per step.
   IdleShares idle;
 };
 
@@ -280,20 +275,16 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
     if (sampler && window_steps > 0) {
       const double bytes_per_s = rate * 1e6 / 8;
       const double frame_s = static_cast<double>(std::max(frame[c].first, frame[c].second)) / bytes_per_s;
-      // The hosts named with their stages ("w3 (stage 1)").
+      // The hosts named with their stages ("w3 (stage 1)"), from the job's final status.
       std::vector<std::string> names = sampler->names();
-      for (int s = 0; s < stages; ++s) {
-        absl::StatusOr<std::string> w = cl.WorkerOf(*job, s);
-        if (!w.ok()) continue;
+      for (int s = 0; s < st->stages_size(); ++s) {
         for (std::string& n : names) {
-          if (n == *w) n = absl::StrCat(*w, " (stage ", s, ")");
+          if (n == st->stages(s).worker_name()) n = absl::StrCat(n, " (stage ", s, ")");
         }
       }
-      const LinkIdle li = BusiestLinkIdle(names, sampler->up(), sampler->down(), window_begin, window_end, bytes_per_s,
-                                          frame_s, TurnFrames(stages));
-      const double w = std::max(li.idle.window_s, 1e-9), steps = static_cast<double>(window_steps);
-      sample.idle = {li.link,         li.idle.busy_s / w, li.idle.between_frames_s / w, li.idle.turns_s / w,
-                     li.idle.long_s / w, li.idle.turns / steps, li.idle.long_gaps / steps};
+      sample.idle = SharesOf(BusiestLinkIdle(names, sampler->up(), sampler->down(), window_begin, window_end,
+                                             bytes_per_s, frame_s, TurnFrames(stages)),
+                             window_steps);
     }
     return sample;
   };

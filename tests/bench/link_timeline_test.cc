@@ -151,6 +151,25 @@ TEST(BusiestLinkIdleTest, TakesTheDirectionWithTheMostBytesInTheWindow) {
   EXPECT_NEAR(li.idle.busy_s, 0.9, 1e-9);
 }
 
+TEST(SharesOfTest, DividesByTheWindowAndTheGapsByItsSteps) {
+  LinkIdle li{"w1 (stage 1) up", {}};
+  li.idle.window_s = 10;
+  li.idle.busy_s = 8;
+  li.idle.between_frames_s = 0.5;
+  li.idle.turns_s = 1;
+  li.idle.long_s = 0.5;
+  li.idle.turns = 5;
+  li.idle.long_gaps = 2;
+  const IdleShares s = SharesOf(li, 2);
+  EXPECT_EQ(s.link, "w1 (stage 1) up");
+  EXPECT_DOUBLE_EQ(s.busy, 0.8);
+  EXPECT_DOUBLE_EQ(s.between_frames, 0.05);
+  EXPECT_DOUBLE_EQ(s.turns, 0.1);
+  EXPECT_DOUBLE_EQ(s.long_gaps, 0.05);
+  EXPECT_DOUBLE_EQ(s.turns_per_step, 2.5);
+  EXPECT_DOUBLE_EQ(s.long_per_step, 1);
+}
+
 TEST(TurnFramesTest, GrowsWithGPipesFillAndDrainPastFiveStages) {
   EXPECT_EQ(TurnFrames(2), 8);
   EXPECT_EQ(TurnFrames(5), 8);
