@@ -1,10 +1,14 @@
 #include "bench/link_timeline.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdio>
 #include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
@@ -159,6 +163,26 @@ void LinkSampler::Loop() {
     next = std::max(next + period_, absl::Now());
     absl::SleepFor(next - absl::Now());
   }
+}
+
+absl::Status AppendLinkTrace(const std::string& path, const std::string& cell, const LinkSampler& sampler,
+                             const std::vector<std::pair<int64_t, absl::Time>>& step_ends) {
+  const bool fresh = access(path.c_str(), F_OK) != 0;
+  std::unique_ptr<FILE, int (*)(FILE*)> out(std::fopen(path.c_str(), "a"), &std::fclose);
+  if (out == nullptr) return absl::InternalError(absl::StrCat("cannot append to the link trace ", path));
+  auto secs = [](absl::Time t) { return absl::ToDoubleSeconds(t - absl::UnixEpoch()); };
+  if (fresh) absl::FPrintF(out.get(), "cell,host,step,unix_s,up_bytes,down_bytes\n");
+  for (const auto& [step, seen] : step_ends) absl::FPrintF(out.get(), "%s,step,%d,%.6f,,\n", cell, step, secs(seen));
+  for (size_t h = 0; h < sampler.names().size(); ++h) {
+    const ByteSeries& up = sampler.up()[h];
+    const ByteSeries& down = sampler.down()[h];
+    for (size_t i = 0; i < up.at.size(); ++i) {
+      absl::FPrintF(out.get(), "%s,%s,,%.6f,%d,%d\n", cell, sampler.names()[h], secs(up.at[i]), up.bytes[i],
+                    down.bytes[i]);
+    }
+  }
+  if (std::ferror(out.get()) != 0) return absl::InternalError(absl::StrCat("cannot write the link trace ", path));
+  return absl::OkStatus();
 }
 
 }  // namespace longhaul::bench

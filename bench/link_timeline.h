@@ -18,8 +18,10 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
@@ -109,6 +111,12 @@ class LinkSampler {
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };
+
+// Appends a cell's samples to the CSV file `path` (created with its header when absent): a row
+// "cell,step,STEP,UNIX_S,," for each step end seen (`step_ends`: the step, when), then
+// "cell,HOST,,UNIX_S,UP_BYTES,DOWN_BYTES" for every sample of every host; an error naming the path.
+absl::Status AppendLinkTrace(const std::string& path, const std::string& cell, const LinkSampler& sampler,
+                             const std::vector<std::pair<int64_t, absl::Time>>& step_ends);
 
 }  // namespace longhaul::bench
 

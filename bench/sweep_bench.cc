@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -117,6 +118,11 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
   if (f.repeats < 1) return common::FlagError(cmd, "--repeats must be at least 1");
   if (f.queue_ms < 1 || f.queue_ms > 60000) return common::FlagError(cmd, "--queue-ms must be in [1, 60000]");
   const bool json = f.json;
+  if (!f.link_trace.empty()) {
+    if (std::remove(f.link_trace.c_str()) != 0 && errno != ENOENT) {
+      return common::FlagError(cmd, absl::StrCat("--link-trace: cannot replace ", f.link_trace));
+    }
+  }
   const int stages = static_cast<int>(f.stages > 0 ? f.stages : f.layers);
   if (stages < 1 || stages > f.layers) return common::FlagError(cmd, "--stages must be in [1, --layers]");
   int64_t hidden = f.hidden;
@@ -235,23 +241,36 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
     if (!job.ok()) return job.status();
     absl::Time window_begin = absl::InfiniteFuture(), window_end = absl::InfiniteFuture();
     int64_t window_steps = 0;
+    std::vector<std::pair<int64_t, absl::Time>> step_ends;  // (step the coordinator reported, when seen)
     if (sampler) {
-      // WaitForStep also returns when the job stops running: then (or when polling saw a later
-      // step) the window is what was seen, or nothing.
+      // Every step's end up to step N - 1, as polling sees it. WaitForStep also returns when the job
+      // stops running: then (or when polling saw a later step) the window is what was seen, or nothing.
       auto running = [](const v1::JobStatus& j) { return j.state() == v1::JOB_STATE_RUNNING; };
-      absl::StatusOr<v1::JobStatus> first = cl.WaitForStep(*job, 1, absl::Minutes(10));
-      if (!first.ok()) return first.status();
-      window_begin = absl::Now();
-      if (running(*first) && first->step() < f.steps - 1) {
-        absl::StatusOr<v1::JobStatus> last = cl.WaitForStep(*job, f.steps - 1, absl::Minutes(10));
-        if (!last.ok()) return last.status();
-        window_end = absl::Now();
-        if (running(*last) && last->step() <= f.steps - 1) window_steps = last->step() - first->step();
+      bool still_running = true;
+      for (int64_t k = 1; k <= f.steps - 1 && still_running;) {
+        absl::StatusOr<v1::JobStatus> seen = cl.WaitForStep(*job, k, absl::Minutes(10));
+        if (!seen.ok()) return seen.status();
+        step_ends.emplace_back(seen->step(), absl::Now());
+        still_running = running(*seen) && seen->step() <= f.steps - 1;
+        k = seen->step() + 1;
+      }
+      window_begin = step_ends.front().second;
+      const auto& [last_step, last_seen] = step_ends.back();
+      if (step_ends.size() > 1 && still_running) {
+        window_end = last_seen;
+        window_steps = last_step - step_ends.front().first;
       }
     }
     absl::StatusOr<v1::JobStatus> st = cl.WaitForEnd(*job, absl::Minutes(10));
     if (!st.ok()) return st.status();
-    if (sampler) sampler->Stop();
+    if (sampler) {
+      sampler->Stop();
+      if (!f.link_trace.empty()) {
+        if (absl::Status s = AppendLinkTrace(f.link_trace, absl::StrCat(rate, " ", c), *sampler, step_ends); !s.ok()) {
+          return s;
+        }
+      }
+    }
     if (st->state() != v1::JOB_STATE_SUCCEEDED) return absl::InternalError(st->error());
     // The job's checkpoints are not needed (a gpt2-xl stage writes gigabytes): free the disk.
     // (common/list_dir.h, not std::filesystem, which breaks in binaries that link the PyTorch wheel.)
@@ -541,6 +560,10 @@ BenchmarkRun AddSweepBench(CLI::App& app) {
       ->type_name("NAME");
   cmd->add_option("--markdown", f->markdown, "also write the table here")->type_name("PATH");
   cmd->add_option("--svg", f->svg, "also plot tokens/s against the rate here")->type_name("PATH");
+  cmd->add_option("--link-trace", f->link_trace,
+                  "tc, --steps >= 3: also write every cell's link samples (each host's eth0 bytes every 5 ms) "
+                  "and the times the coordinator saw each step end, as CSV")
+      ->type_name("PATH");
   cmd->add_flag("--json", f->json, "{\"runs\": [...]}, one object per (rate, codec), instead of the table");
   cmd->add_flag("--data-parallel", f->data_parallel,
                 "the data-parallel cells instead: replicated stages in this process, links between regions "

@@ -17,6 +17,7 @@ struct SweepFlags {
   std::vector<double> rates = {2, 10, 100};
   std::vector<std::string> codecs = {"fp32", "fp16", "int4", "tahquant"};
   std::string backward = "auto", schedule = "gpipe", shaper = "auto", markdown, svg;
+  std::string link_trace;  // tc: every cell's link samples and step times, as CSV (--link-trace)
   int64_t steps = 4, layers = 4, hidden = 128, context = 32, micro_batches = 128, micro_batch_size = 1;
   // GPU runs: a GPT-2 preset's sizes (layers, context still from the flags when given), the
   // workers' devices (dealt to them in turn), the stages' precision and where the links' codecs run.

@@ -124,7 +124,8 @@ PY
       TMPDIR=/var/tmp/longhaul build/bin/longhaul-bench sweep --shaper="$shaper" --preset=gpt2-xl --layers="${SWEEP_LAYERS:-48}" --stages=4 --device="$devices" \
         --precision=bf16 --context=1024 --micro-batches="${SWEEP_MICRO_BATCHES:-32}" --micro-batch-size=1 \
         --schedule="${SWEEP_SCHEDULE:-gpipe}" --steps="${SWEEP_STEPS:-3}" --repeats=1 --rates="${SWEEP_RATES:-100}" --codecs=fp32,tahquant --backward=int8 \
-        ${SWEEP_TCP_CONGESTION:+--tcp-congestion="$SWEEP_TCP_CONGESTION"} --markdown="$OUT/gpu-sweep.md" >"$OUT/sweep.log" 2>&1 || { tail -30 "$OUT/sweep.log"; exit 1; }
+        ${SWEEP_TCP_CONGESTION:+--tcp-congestion="$SWEEP_TCP_CONGESTION"} --markdown="$OUT/gpu-sweep.md" --link-trace="$OUT/link-trace.csv" >"$OUT/sweep.log" 2>&1 || { tail -30 "$OUT/sweep.log"; exit 1; }
+      [[ -f "$OUT/link-trace.csv" ]] && gzip -f "$OUT/link-trace.csv"
       cat "$OUT/gpu-sweep.md" ;;
     dpsweep)
       ./longhaul.sh build longhaul-bench >"$OUT/build-dpsweep.log" 2>&1 || { tail -40 "$OUT/build-dpsweep.log"; exit 1; }
