@@ -117,6 +117,7 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
   if (schedule != "gpipe" && schedule != "1f1b") return common::FlagError(cmd, "--schedule must be gpipe or 1f1b");
   if (f.repeats < 1) return common::FlagError(cmd, "--repeats must be at least 1");
   if (f.queue_ms < 1 || f.queue_ms > 60000) return common::FlagError(cmd, "--queue-ms must be in [1, 60000]");
+  if (!(f.pace >= 0 && f.pace <= 1)) return common::FlagError(cmd, "--pace must be in [0, 1]");
   const bool json = f.json;
   if (!f.link_trace.empty()) {
     if (std::remove(f.link_trace.c_str()) != 0 && errno != ENOENT) {
@@ -154,7 +155,12 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
     return common::FlagError(cmd, "--tcp-congestion is for tc shaping (--shaper=tc, or auto as root); the in-process "
                                   "shaper's links take this machine's congestion control");
   }
-  if (!json) std::fprintf(stderr, "shaping links with %s\n", tc ? "tc tbf in network namespaces" : "the in-process shaper");
+  if (!json) {
+    std::fprintf(stderr, "shaping links with %s%s\n", tc ? "tc tbf in network namespaces" : "the in-process shaper",
+                 tc && f.pace > 0
+                     ? absl::StrFormat("; senders paced at %g of the TCP payload each rate carries", f.pace).c_str()
+                     : "");
+  }
   std::unique_ptr<netem::Network> net;
   netem::Topology topo;
   if (tc) {
@@ -209,7 +215,8 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
     cl.DumpLogs();
     return 1;
   }
-  auto run = [&](const std::string& c, double rate) -> absl::StatusOr<Sample> {
+  // pace_mbit: tc, the senders' own rate (links.pace_mbit); 0 unpaced.
+  auto run = [&](const std::string& c, double rate, double pace_mbit) -> absl::StatusOr<Sample> {
     if (tc) {
       if (absl::Status s = net->SetRate(rate); !s.ok()) return s;
     }
@@ -219,9 +226,9 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
     const std::string yaml = absl::StrFormat(
         "name: sweep-%s-%g\nmodel: %s\nstages: %d\nprecision: %s\n"
         "micro_batches: %d\nmicro_batch_size: %d\nschedule: %s\ncodecs: {forward: \"%s\", backward: \"%s\"}\n"
-        "steps: %d\nlinks: {rate_mbit: %g, codec_device: %s}\ncheckpoint: {replicate: none}\n",
+        "steps: %d\nlinks: {rate_mbit: %g, pace_mbit: %g, codec_device: %s}\ncheckpoint: {replicate: none}\n",
         c, rate, model, stages, f.precision, f.micro_batches, f.micro_batch_size, schedule, c, BackwardFor(c, backward),
-        f.steps, inproc_rate, f.codec_device);
+        f.steps, inproc_rate, pace_mbit, f.codec_device);
     // tc: every worker host's link sampled while the job runs; its idle time is profiled in the
     // steps tokens/s counts (after the first) but the last, whose end the coordinator hears of only
     // after the final checkpoint's write (which tokens/s leaves out). Step ends are seen by polling
@@ -337,7 +344,7 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
           std::fprintf(stderr, "round %lld/%lld: %s, %s...\n", static_cast<long long>(rep + 1),
                        static_cast<long long>(f.repeats), where(rate).c_str(), c.c_str());
         }
-        absl::StatusOr<Sample> t = run(c, rate);
+        absl::StatusOr<Sample> t = run(c, rate, tc && rate > 0 ? f.pace * netem::TcpPayloadMbit(rate) : 0.0);
         if (!t.ok()) {
           std::fprintf(stderr, "longhaul-bench sweep: %s at %s: %s\n", c.c_str(), where(rate).c_str(),
                        std::string(t.status().message()).c_str());
@@ -444,6 +451,10 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
                           tc ? absl::StrFormat("%.0f", r.drops) : "-", tc ? absl::StrFormat("%.2f", link_busy(r)) : "-",
                           base > 0 ? absl::StrFormat("%.2fx", r.tokens_per_s / base) : "-");
   }
+  if (tc) {
+    absl::StrAppend(&md, f.pace > 0 ? absl::StrFormat("\nSenders paced at %g of the TCP payload the rate carries (links.pace_mbit).\n", f.pace)
+                                    : std::string("\nSenders unpaced.\n"));
+  }
   // tc: where the busiest link was idle (LinkSampler), a table of its own.
   if (tc && f.steps >= 3) {
     absl::StrAppendFormat(&md,
@@ -481,6 +492,7 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
           {"compute_bound", Round(r.compute_bound, 1)},
           {"link_bound", Round(r.link_bound, 1)},
           {"tcp_goodput_mbit", Round(r.goodput_mbit, 3)},
+          {"pace_mbit", Round(tc && r.rate > 0 ? f.pace * netem::TcpPayloadMbit(r.rate) : 0.0, 3)},
           {"goodput_link_bound", Round(r.goodput_link_bound, 1)},
           {"fraction_of_bound", Round(r.fraction, 3)},
           {"fraction_of_goodput_bound", Round(r.goodput_fraction, 3)},
@@ -552,6 +564,10 @@ BenchmarkRun AddSweepBench(CLI::App& app) {
   cmd->add_option("--repeats", f->repeats, "jobs per cell, in interleaved rounds (median reported)")->type_name("N");
   cmd->add_option("--shaper", f->shaper, "auto: tc as root, else inprocess")->type_name("auto|tc|inprocess");
   cmd->add_flag("--tc", f->tc, "the same as --shaper=tc");
+  cmd->add_option("--pace", f->pace,
+                  "tc: the workers pace each link they send on (the job's links.pace_mbit) at this fraction of the "
+                  "TCP payload the rate carries (rate x 1448 / 1514); 0: unpaced")
+      ->type_name("FRACTION");
   cmd->add_option("--queue-ms", f->queue_ms, "tc: each direction's tbf queue, in ms of traffic at the rate, 1..60000")
       ->type_name("N");
   cmd->add_option("--tcp-congestion", f->tcp_congestion,
@@ -601,6 +617,9 @@ BenchmarkRun AddSweepBench(CLI::App& app) {
       "next to the frame bytes the bounds count, packets dropped, and how busy that link was (its\n"
       "bytes at the rate / step time). The hosts' TCP congestion control is --tcp-congestion's,\n"
       "whatever this machine's default is (BBR under-fills tbf-shaped links whose ACKs share them).\n"
+      "--pace (default 0.98) has the workers pace what they send on each link just under what the link\n"
+      "carries: unpaced, a stage forwarding frames while its own download is full sends slower than its\n"
+      "link's rate (docs/netem-sweep.md, \"Paced senders\").\n"
       "With --steps of 3 or more, a second table (tc; --json: \"idle\") says where the busiest link\n"
       "direction was idle in steps 2..N-1 (the last one's end is seen only after the final checkpoint\n"
       "is written): each worker host's eth0 counters sampled every 5 ms, the idle time split into gaps\n"

@@ -25,6 +25,10 @@ struct SweepFlags {
   std::vector<std::string> devices = {"cpu"};
   int64_t stages = 0;  // 0: one per layer
   int64_t repeats = 3, queue_ms = 3000;
+  // tc: the workers pace what they send on each link (the job's links.pace_mbit) at this fraction of
+  // the TCP payload the rate carries (netem::TcpPayloadMbit; not the probe's goodput, which one
+  // disturbed probe would put far below it); 0: unpaced.
+  double pace = 0.98;
   std::string tcp_congestion = netem::Topology().tcp_congestion;  // tc: the hosts' congestion control
   bool tc = false, json = false;
   // --data-parallel

@@ -305,6 +305,7 @@ absl::StatusOr<v1::JobSpec> ParseJobSpec(const std::string& yaml, int64_t steps_
         v1::LinkSpec* l = s.mutable_links();
         m.Field<double>("rate_mbit", [&](double v) { l->set_rate_mbit(v); })
             .Field<double>("between_regions_mbit", [&](double v) { l->set_between_regions_mbit(v); })
+            .Field<double>("pace_mbit", [&](double v) { l->set_pace_mbit(v); })
             .Field<int64_t>("burst_bytes", [&](int64_t v) { l->set_burst_bytes(v); })
             .Field<double>("delay_ms", [&](double v) { l->set_delay_ms(v); })
             .Field<double>("jitter_ms", [&](double v) { l->set_jitter_ms(v); })
@@ -430,6 +431,11 @@ absl::Status ValidateJobSpec(const v1::JobSpec& s) {
   if (s.data_dir().empty()) p.push_back("data.corpus: must name a file or directory on the workers");
   range("links.rate_mbit", s.links().rate_mbit(), 0, 1e6);
   range("links.between_regions_mbit", s.links().between_regions_mbit(), 0, 1e6);
+  range("links.pace_mbit", s.links().pace_mbit(), 0, 1e6);
+  if (s.links().pace_mbit() > 0 && s.links().rate_mbit() > 0) {
+    p.push_back(absl::StrCat("links.pace_mbit: ", s.links().pace_mbit(), " with links.rate_mbit ", s.links().rate_mbit(),
+                             ": the emulated rate already spaces the chunks; give one of them"));
+  }
   range("links.burst_bytes", static_cast<double>(s.links().burst_bytes()), 0, 1 << 30);
   range("links.delay_ms", s.links().delay_ms(), 0, 60000);
   range("links.jitter_ms", s.links().jitter_ms(), 0, 60000);

@@ -33,6 +33,20 @@ absl::Duration TokenBucket::Acquire(int64_t bytes) {
   return d;
 }
 
+absl::Duration TokenBucket::Pace(int64_t bytes) {
+  if (unlimited()) return absl::ZeroDuration();
+  Refill();
+  absl::Duration d = absl::ZeroDuration();
+  if (tokens_ < 0) {
+    d = absl::Seconds(-tokens_ / rate_);
+    clock_->SleepFor(d);
+    Refill();
+    if (tokens_ < 0) tokens_ = 0;  // rounding, or nothing if the sleep overshot
+  }
+  tokens_ -= static_cast<double>(bytes);
+  return d;
+}
+
 LinkShaper::LinkShaper(const LinkProfile& p, common::Clock* clock)
     : p_(p), clock_(clock), bucket_(p.rate_bytes_per_s, p.EffectiveBurstBytes(), clock) {
   p_.retransmit = p.EffectiveRetransmit();

@@ -28,7 +28,12 @@ class TokenBucket {
   TokenBucket(double rate_bytes_per_s, int64_t burst_bytes, common::Clock* clock = common::RealClock());
 
   // Waits until `bytes` may be sent and takes them from the bucket. Returns the time waited.
+  // Emulation: the bytes leave once their time at the rate has passed (the caller writes them after
+  // it returns), as from a link that serialises them.
   absl::Duration Acquire(int64_t bytes);
+  // Pacing: waits out what earlier requests owe, then takes `bytes` and returns at once, so they
+  // leave now and the next request waits for them. Returns the time waited.
+  absl::Duration Pace(int64_t bytes);
 
   bool unlimited() const { return rate_ <= 0; }
   double rate_bytes_per_s() const { return rate_; }
@@ -70,6 +75,12 @@ struct LinkProfile {
   bool shaped() const {
     return rate_bytes_per_s > 0 || delay > absl::ZeroDuration() || jitter > absl::ZeroDuration() || loss > 0;
   }
+  // Not emulation: the sender's own rate on a real (or tc-shaped) link, each chunk sent as soon as
+  // the pace allows. Kept just under the bottleneck's rate, it keeps that link's queue short, and
+  // with it the delay of the ACKs that share the queue (docs/netem-sweep.md, "Paced senders").
+  // <= 0: unpaced. A profile with a rate is not paced as well (the rate already spaces the chunks).
+  double pace_bytes_per_s = 0;
+  bool paced() const { return rate_bytes_per_s <= 0 && pace_bytes_per_s > 0; }
 };
 
 // Delivery schedule of a shaped link. For each chunk the sender calls Admit(bytes): the rate is

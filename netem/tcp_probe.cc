@@ -103,9 +103,13 @@ void ServeOne(tcp::socket& s, int64_t max_bytes, const std::function<bool(const 
 }
 
 // A connected socket, retrying for `patience` while the sink may still be starting; with the
-// congestion control `congestion` unless it is empty (the machine's default).
+// congestion control `congestion` unless it is empty (the machine's default), paced by the kernel
+// at `pace_mbit` when above 0 (SO_MAX_PACING_RATE: TCP's own pacing, IP bytes).
 absl::StatusOr<tcp::socket> Connect(asio::io_context& io, const std::string& ipv4, int port, absl::Duration patience,
-                                    const std::string& congestion = "") {
+                                    const std::string& congestion = "", double pace_mbit = 0) {
+  if (!(pace_mbit >= 0 && pace_mbit <= kMaxPaceMbit)) {
+    return absl::InvalidArgumentError(absl::StrCat("pace ", pace_mbit, " Mbit/s not in [0, ", kMaxPaceMbit, "]"));
+  }
   absl::StatusOr<tcp::endpoint> ep = Endpoint(ipv4, port);
   if (!ep.ok()) return ep.status();
   const absl::Time give_up = absl::Now() + patience;
@@ -127,6 +131,12 @@ absl::StatusOr<tcp::socket> Connect(asio::io_context& io, const std::string& ipv
     return absl::InvalidArgumentError(absl::StrCat("TCP congestion control \"", congestion, "\": ", std::strerror(errno),
                                                    " (see /proc/sys/net/ipv4/tcp_available_congestion_control)"));
   }
+  if (pace_mbit > 0) {
+    const auto bytes_per_s = static_cast<uint32_t>(pace_mbit * 1e6 / 8);
+    if (setsockopt(s.native_handle(), SOL_SOCKET, SO_MAX_PACING_RATE, &bytes_per_s, sizeof(bytes_per_s)) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("pacing at ", pace_mbit, " Mbit/s: ", std::strerror(errno)));
+    }
+  }
   return s;
 }
 
@@ -137,9 +147,9 @@ struct ProbeResult {
 };
 
 absl::StatusOr<ProbeResult> RunProbe(const std::string& ipv4, int port, const Header& h, absl::Duration patience,
-                                     const std::string& congestion = "") {
+                                     const std::string& congestion = "", double pace_mbit = 0) {
   asio::io_context io;
-  absl::StatusOr<tcp::socket> s = Connect(io, ipv4, port, patience, congestion);
+  absl::StatusOr<tcp::socket> s = Connect(io, ipv4, port, patience, congestion, pace_mbit);
   if (!s.ok()) return s.status();
   const std::string where = absl::StrCat(ipv4, ":", port);
   boost::system::error_code ec;
@@ -262,9 +272,10 @@ void TcpSink::Stop() {
 }
 
 absl::StatusOr<double> TimedTcpSend(const std::string& ipv4, int port, int64_t bytes, absl::Duration patience,
-                                    const std::string& congestion) {
+                                    const std::string& congestion, double pace_mbit) {
   if (bytes < 0) return absl::InvalidArgumentError("negative byte count");
-  absl::StatusOr<ProbeResult> r = RunProbe(ipv4, port, Header{0, static_cast<uint64_t>(bytes)}, patience, congestion);
+  absl::StatusOr<ProbeResult> r =
+      RunProbe(ipv4, port, Header{0, static_cast<uint64_t>(bytes)}, patience, congestion, pace_mbit);
   if (!r.ok()) return r.status();
   return r->seconds;
 }

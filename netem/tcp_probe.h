@@ -64,9 +64,12 @@ class TcpSink {
 // Seconds from the first byte of data to the sink's confirmation of all `bytes`. Retries the
 // connection for up to `connect_patience` (the sink may still be starting). `congestion`: the
 // socket's TCP congestion control (TCP_CONGESTION), or empty for the machine's default.
+// `pace_mbit` > 0: the kernel paces the socket at that rate (SO_MAX_PACING_RATE, counting IP
+// bytes), at most kMaxPaceMbit.
+inline constexpr double kMaxPaceMbit = 34000;  // the option's 32-bit bytes per second
 absl::StatusOr<double> TimedTcpSend(const std::string& ipv4, int port, int64_t bytes,
                                     absl::Duration connect_patience = absl::ZeroDuration(),
-                                    const std::string& congestion = "");
+                                    const std::string& congestion = "", double pace_mbit = 0);
 
 struct ProbeOptions {
   int64_t bytes = 4 << 20;  // data timed for the throughput (at most the sink's cap)

@@ -47,6 +47,9 @@ absl::StatusOr<std::unique_ptr<LinkSender>> LinkSender::Start(const SenderOption
   }
   if (o.profile.shaped()) {
     s->shaper_ = std::make_unique<netem::LinkShaper>(o.profile, o.clock);  // it applies the profile's defaults
+  } else if (o.profile.paced()) {
+    const double pace = o.profile.pace_bytes_per_s;
+    s->pacer_ = std::make_unique<netem::TokenBucket>(pace, netem::DefaultBurstBytes(pace), o.clock);
   }
   // The delay line's thread exists before the sender thread, which checks for it.
   const netem::LinkProfile& pr = o.profile;
@@ -278,6 +281,7 @@ absl::Status LinkSender::WriteFrame(const Encoded& e, size_t stripe) {
     header.set_chunk_index(static_cast<uint32_t>(i));
     grpc::ByteBuffer chunk = SerializeChunk(header, e.frame, static_cast<size_t>(off), static_cast<size_t>(len));
     if (!shaper_) {
+      if (pacer_) shaped += pacer_->Pace(len);
       if (absl::Status s = Put(&chunk, e.msg.step, stripe); !s.ok()) return s;
       continue;
     }

@@ -81,15 +81,15 @@ struct SenderOptions {
   int attempt = 0;  // the job's attempt, sent as kAttemptMetadata
   int from_stage = 0;
   int from_replica = 0;  // the sending stage's replica (replicated stages)
-  // In-process link emulation (rate, delay, jitter, loss); unshaped by default. Its zero fields
-  // mean what netem::LinkProfile says (a burst of about 1 ms of traffic, as tc tbf gets).
+  // In-process link emulation (rate, delay, jitter, loss) or pacing; neither by default. Its zero
+  // fields mean what netem::LinkProfile says (a burst of about 1 ms of traffic, as tc tbf gets).
   netem::LinkProfile profile;
   size_t queue_capacity = 8;
   int codec_threads = 1;
   // gRPC streams (each on its own TCP connection) the link is striped over, 1..kMaxStripes.
   // Striping lets a fast link (datacenter, loopback) use more cores than one stream's chain of
   // threads; on a rate-limited link it hurts (the flows compete for the bottleneck and the receiver
-  // takes frames in turn, so the slower flow sets the pace). A link shaped in-process must use 1
+  // takes frames in turn, so the slower flow sets the pace). A link shaped or paced in-process must use 1
   // (worker::ResolveLinkSpec turns a job spec's links section into these settings).
   int streams = 1;
   // Where the codec runs for tensors on a CUDA device (see the top of this file); kGpu makes Send
@@ -188,6 +188,7 @@ class LinkSender {
   std::thread encoder_;
   std::thread delayer_;  // only when the profile has delay, jitter or loss (one stripe then)
   std::unique_ptr<netem::LinkShaper> shaper_;  // sender thread only (one stripe then)
+  std::unique_ptr<netem::TokenBucket> pacer_;   // profile.paced(): sender thread only (one stripe then)
 
   absl::Mutex mu_;
   // Queued by Send, not yet encoded. Not a common::BoundedQueue: its capacity rule also counts

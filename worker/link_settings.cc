@@ -15,8 +15,9 @@ absl::StatusOr<LinkSettings> ResolveLinkSpec(const v1::LinkSpec& spec, uint64_t 
   p.jitter = absl::Microseconds(static_cast<int64_t>(spec.jitter_ms() * 1000));
   p.loss = spec.loss();
   p.retransmit = absl::Microseconds(static_cast<int64_t>(spec.retransmit_ms() * 1000));
+  p.pace_bytes_per_s = netem::MbitToBytesPerSecond(spec.pace_mbit());
   p.seed = seed;
-  s.streams = p.shaped() ? 1 : std::max(1, spec.streams());
+  s.streams = p.shaped() || p.paced() ? 1 : std::max(1, spec.streams());
   if (!spec.codec_device().empty()) {
     absl::StatusOr<codec::CodecDevice> d = codec::ParseCodecDevice(spec.codec_device());
     if (!d.ok()) return absl::InvalidArgumentError(absl::StrCat("links.codec_device: ", d.status().message()));

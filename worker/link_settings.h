@@ -3,8 +3,9 @@
 //   rate_mbit 0       unshaped                               (netem::LinkProfile::shaped)
 //   burst_bytes 0     about 1 ms of traffic, as tc tbf gets  (netem::LinkProfile::EffectiveBurstBytes)
 //   retransmit_ms 0   max(200 ms, 3 x delay)                 (netem::LinkProfile::EffectiveRetransmit)
-//   streams 0         1, and 1 whatever was asked when the link is shaped in-process (the shaper
-//                     emulates one link)                     (here)
+//   pace_mbit 0       unpaced; ignored where rate_mbit applies (netem::LinkProfile::paced)
+//   streams 0         1, and 1 whatever was asked when the link is shaped or paced in-process (one
+//                     shaper or pacer per link)              (here)
 //   codec_device ""   auto                                   (here)
 #ifndef LONGHAUL_WORKER_LINK_SETTINGS_H_
 #define LONGHAUL_WORKER_LINK_SETTINGS_H_

@@ -47,9 +47,9 @@ int Sink(int port) {
   return 1;
 }
 
-int Source(const std::string& host, int port, int64_t bytes) {
+int Source(const std::string& host, int port, int64_t bytes, double pace_mbit) {
   // The sink may still be starting: retry the connection for up to 5 s.
-  absl::StatusOr<double> s = longhaul::netem::TimedTcpSend(host, port, bytes, absl::Seconds(5));
+  absl::StatusOr<double> s = longhaul::netem::TimedTcpSend(host, port, bytes, absl::Seconds(5), "", pace_mbit);
   if (!s.ok()) return Fail("source: " + std::string(s.status().message()));
   // Rounded: more digits would be noise.
   const nlohmann::ordered_json out = {{"bytes", bytes},
@@ -71,6 +71,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> command;
   int port = 0;
   int64_t bytes = 0;
+  double pace_mbit = 0;
   auto add_topology = [&topology](CLI::App* c) {
     c->add_option("topology", topology, "the topology file")->type_name("TOPOLOGY.yaml")->required();
     return c;
@@ -91,6 +92,9 @@ int main(int argc, char** argv) {
       "source", "send N bytes to a sink, print the goodput in Mbit/s (JSON: bytes, seconds, mbit_per_s)");
   source->add_option("--to", to, "the sink")->type_name("HOST:PORT")->required();
   source->add_option("--bytes", bytes, "bytes to send")->type_name("N")->required();
+  source->add_option("--pace-mbit", pace_mbit,
+                     "the kernel paces the connection at this rate (SO_MAX_PACING_RATE, IP bytes); 0: unpaced")
+      ->type_name("MBIT");
   // After the subcommands: their help shows their own flags only.
   app.footer(
       "Topology file: netem/tc/network.h (hosts with rate_mbit, delay_ms, jitter_ms, loss, queue_ms:\n"
@@ -108,7 +112,7 @@ int main(int argc, char** argv) {
       return longhaul::common::FlagError(app, "--to needs HOST:PORT");
     }
     if (bytes <= 0) return longhaul::common::FlagError(app, "--bytes needs a positive integer");
-    return Source(hp[0], to_port, bytes);
+    return Source(hp[0], to_port, bytes, pace_mbit);
   }
   absl::StatusOr<longhaul::netem::Topology> t = Load(topology);
   if (!t.ok()) return Fail(std::string(t.status().message()), 2);

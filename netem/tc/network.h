@@ -62,6 +62,11 @@ struct HostSpec {
 // Topology::tcp_congestion's value that keeps the machine's own congestion control.
 inline constexpr char kMachineCongestion[] = "host";
 
+// The TCP payload a tbf-shaped link of `mbit` carries at most: each full 1,514-byte frame on the
+// veth (MTU 1500) holds 1,448 bytes of payload after the Ethernet, IP and TCP headers (timestamps
+// on, Linux's default). Measured: 287.0 Mbit/s of TCP goodput at 300 (0.957; this gives 0.956).
+inline double TcpPayloadMbit(double mbit) { return mbit * 1448.0 / 1514.0; }
+
 struct Topology {
   std::string name = "lh";
   std::string subnet = "10.77.0";

@@ -68,7 +68,7 @@ codecs: {forward: "tahquant:g=5", backward: zstd}
 optimizer: {name: sgd, lr: -1}
 steps: 0
 checkpoint: {interval: -2}
-links: {rate_mbit: -3, between_regions_mbit: -1, streams: 9, codec_device: tpu}
+links: {rate_mbit: -3, between_regions_mbit: -1, pace_mbit: -2, streams: 9, codec_device: tpu}
 colour: blue
 )");
   ASSERT_FALSE(s.ok());
@@ -78,9 +78,19 @@ colour: blue
        {"model.hidden: 100 is not divisible by model.heads", "model.vocab", "stages: 3 stages need at least",
         "schedule: \"round-robin\"", "micro_batches (line 5): \"many\" is not an integer", "codecs.forward",
         "codecs.backward", "optimizer.name", "optimizer.lr", "steps: 0", "checkpoint.interval", "links.rate_mbit",
-        "links.between_regions_mbit", "links.streams", "links.codec_device: \"tpu\" is not auto, cpu or gpu", "colour (line 11): unknown key"}) {
+        "links.between_regions_mbit", "links.pace_mbit: -2", "links.streams", "links.codec_device: \"tpu\" is not auto, cpu or gpu", "colour (line 11): unknown key"}) {
     EXPECT_NE(m.find(want), std::string::npos) << "missing \"" << want << "\" in:\n" << m;
   }
+}
+
+TEST(JobSpecTest, PaceIsForLinksWithoutAnEmulatedRate) {
+  absl::StatusOr<v1::JobSpec> s = ParseJobSpec("links: {pace_mbit: 281.5}\n");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_DOUBLE_EQ(s->links().pace_mbit(), 281.5);
+  s = ParseJobSpec("links: {rate_mbit: 100, pace_mbit: 90}\n");
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(std::string(s.status().message()).find("links.pace_mbit: 90 with links.rate_mbit 100"), std::string::npos)
+      << s.status();
 }
 
 TEST(JobSpecTest, PresetsPrecisionAndTokenData) {

@@ -34,10 +34,29 @@ TEST(TokenBucketTest, BurstIsFreeThenRateApplies) {
   EXPECT_EQ(b.Acquire(500), absl::Milliseconds(500));
 }
 
+// Pacing sends a request at once and makes the next one wait for it (Acquire makes the request
+// itself wait: emulation); over many requests both keep the rate.
+TEST(TokenBucketTest, PaceSendsNowAndTheNextRequestWaits) {
+  common::FakeClock clock;
+  TokenBucket b(1000, 100, &clock);
+  EXPECT_EQ(b.Pace(2000), absl::ZeroDuration());  // into debt, but it leaves now
+  EXPECT_EQ(b.Pace(500), absl::Seconds(2) - absl::Milliseconds(100));  // the debt, less the burst it had
+  EXPECT_EQ(b.Pace(500), absl::Milliseconds(500));
+  clock.Advance(absl::Seconds(100));  // idle time refills at most the burst: nothing is owed
+  EXPECT_EQ(b.Pace(5000), absl::ZeroDuration());
+  const absl::Time t0 = clock.Now();
+  for (int i = 0; i < 100; ++i) b.Pace(1000);
+  // 100 requests of a second each at the rate, the first after the 4.9 s still owed.
+  EXPECT_EQ(clock.Now() - t0, absl::Seconds(4.9 + 99));
+}
+
 TEST(TokenBucketTest, UnlimitedNeverWaits) {
   common::FakeClock clock;
   TokenBucket b(0, 0, &clock);
-  for (int i = 0; i < 100; ++i) EXPECT_EQ(b.Acquire(1 << 30), absl::ZeroDuration());
+  for (int i = 0; i < 100; ++i) {
+    EXPECT_EQ(b.Acquire(1 << 30), absl::ZeroDuration());
+    EXPECT_EQ(b.Pace(1 << 30), absl::ZeroDuration());
+  }
   EXPECT_EQ(clock.total_slept(), absl::ZeroDuration());
 }
 

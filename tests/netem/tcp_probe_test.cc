@@ -47,6 +47,19 @@ TEST(TcpProbe, TimedSendTakesTheCongestionControlItIsGiven) {
   EXPECT_NE(bad.status().message().find("\"nosuchcc\""), std::string_view::npos) << bad.status();
 }
 
+// The kernel paces a socket it is told to pace: 4 MiB at 80 Mbit/s (10 MB/s) take at least about
+// 0.4 s even over loopback (a lower bound: a correctness property, not a speed assertion); a pace
+// outside the option's range is an error naming it.
+TEST(TcpProbe, TimedSendIsPacedWhenAsked) {
+  RunningSink sink(1);  // the bad pace is refused before connecting
+  absl::StatusOr<double> paced = TimedTcpSend("127.0.0.1", sink.port, 4 << 20, absl::ZeroDuration(), "", 80);
+  ASSERT_TRUE(paced.ok()) << paced.status();
+  EXPECT_GE(*paced, 0.3);
+  absl::StatusOr<double> bad = TimedTcpSend("127.0.0.1", sink.port, 1 << 20, absl::ZeroDuration(), "", -1);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("pace -1 Mbit/s"), std::string_view::npos) << bad.status();
+}
+
 TEST(TcpProbe, ProbeMeasuresRoundTripAndThroughput) {
   RunningSink sink(1);
   absl::StatusOr<LinkMeasurement> m = ProbeLink("127.0.0.1", sink.port, {.bytes = 4 << 20, .pings = 7});

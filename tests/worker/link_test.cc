@@ -141,6 +141,32 @@ TEST_F(LinkTest, DelayedLinkDeliversEverythingInOrderNoEarlierThanTheDelay) {
   EXPECT_TRUE((*sender)->Finish().ok());
 }
 
+// A paced link sends no faster than its pace (each chunk leaves at once, the next waits for it), in
+// order and intact, on one stream whatever was asked.
+TEST_F(LinkTest, PacedLinkKeepsItsPaceAndOrder) {
+  auto codec = codec::MakeCodec("fp32");
+  SenderOptions o = Opts();
+  o.profile.pace_bytes_per_s = 10e6;
+  auto sender = LinkSender::Start(o, codec->get());
+  ASSERT_TRUE(sender.ok()) << sender.status();
+  EXPECT_EQ((*sender)->streams(), 1);
+  const absl::Time t0 = absl::Now();
+  for (int mb = 0; mb < 6; ++mb) {
+    ASSERT_TRUE((*sender)->Send(Tensor(1, mb, torch::full({300, 1024}, float(mb))), false).ok());
+  }
+  for (int mb = 0; mb < 6; ++mb) {
+    auto f = router_.inbox->Pop(absl::Seconds(20));
+    ASSERT_TRUE(f.ok()) << f.status();
+    EXPECT_EQ(f->micro_batch, mb);
+    EXPECT_EQ(f->tensor[0][0].item<float>(), float(mb));
+  }
+  // A lower bound only: 6 frames of 1.2 MB at 10 MB/s, the first chunk (1 MiB) sent at once.
+  const double bytes = 6 * 300 * 1024 * 4.0;
+  EXPECT_GE(absl::ToDoubleSeconds(absl::Now() - t0), (bytes - (1 << 20)) / 10e6 * 0.99);
+  EXPECT_TRUE((*sender)->Finish().ok());
+  EXPECT_GT((*sender)->stats().shaper_wait_seconds, 0);
+}
+
 // A link striped over 3 streams (3 TCP connections): frames of very different sizes (1 KiB and
 // 1.5 MiB, so the streams run at different speeds) and norm values come out in the sender's order
 // and intact while a consumer pops concurrently through an inbox smaller than the traffic; after a
