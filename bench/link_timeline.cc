@@ -3,7 +3,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -165,23 +167,35 @@ void LinkSampler::Loop() {
   }
 }
 
-absl::Status AppendLinkTrace(const std::string& path, const std::string& cell, const LinkSampler& sampler,
-                             const std::vector<std::pair<int64_t, absl::Time>>& step_ends) {
+StepWindow WindowOf(const std::vector<StepEnd>& ends, bool still_running) {
+  StepWindow w;
+  if (ends.size() < 2 || !still_running) return w;
+  w.begin = ends.front().seen;
+  w.end = ends.back().seen;
+  w.steps = ends.back().step - ends.front().step;
+  return w;
+}
+
+absl::Status AppendLinkTrace(const std::string& path, const std::string& cell, int64_t round,
+                             const std::vector<std::string>& names, const std::vector<ByteSeries>& up,
+                             const std::vector<ByteSeries>& down, const std::vector<StepEnd>& ends) {
+  auto failed = [&path](const char* what) {
+    return absl::InternalError(absl::StrCat("cannot ", what, " the link trace ", path, ": ", std::strerror(errno)));
+  };
   const bool fresh = access(path.c_str(), F_OK) != 0;
-  std::unique_ptr<FILE, int (*)(FILE*)> out(std::fopen(path.c_str(), "a"), &std::fclose);
-  if (out == nullptr) return absl::InternalError(absl::StrCat("cannot append to the link trace ", path));
+  FILE* out = std::fopen(path.c_str(), "a");
+  if (out == nullptr) return failed("open");
   auto secs = [](absl::Time t) { return absl::ToDoubleSeconds(t - absl::UnixEpoch()); };
-  if (fresh) absl::FPrintF(out.get(), "cell,host,step,unix_s,up_bytes,down_bytes\n");
-  for (const auto& [step, seen] : step_ends) absl::FPrintF(out.get(), "%s,step,%d,%.6f,,\n", cell, step, secs(seen));
-  for (size_t h = 0; h < sampler.names().size(); ++h) {
-    const ByteSeries& up = sampler.up()[h];
-    const ByteSeries& down = sampler.down()[h];
-    for (size_t i = 0; i < up.at.size(); ++i) {
-      absl::FPrintF(out.get(), "%s,%s,,%.6f,%d,%d\n", cell, sampler.names()[h], secs(up.at[i]), up.bytes[i],
-                    down.bytes[i]);
+  if (fresh) absl::FPrintF(out, "cell,round,kind,host,step,unix_s,up_bytes,down_bytes\n");
+  for (const StepEnd& e : ends) absl::FPrintF(out, "%s,%d,step,,%d,%.6f,,\n", cell, round, e.step, secs(e.seen));
+  for (size_t h = 0; h < names.size() && h < up.size() && h < down.size(); ++h) {
+    for (size_t i = 0; i < up[h].at.size() && i < down[h].bytes.size(); ++i) {
+      absl::FPrintF(out, "%s,%d,link,%s,,%.6f,%d,%d\n", cell, round, names[h], secs(up[h].at[i]), up[h].bytes[i],
+                    down[h].bytes[i]);
     }
   }
-  if (std::ferror(out.get()) != 0) return absl::InternalError(absl::StrCat("cannot write the link trace ", path));
+  const bool written = std::fflush(out) == 0 && std::ferror(out) == 0;
+  if (std::fclose(out) != 0 || !written) return failed("write");
   return absl::OkStatus();
 }
 

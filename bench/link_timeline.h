@@ -112,11 +112,28 @@ class LinkSampler {
   std::thread thread_;
 };
 
-// Appends a cell's samples to the CSV file `path` (created with its header when absent): a row
-// "cell,step,STEP,UNIX_S,," for each step end seen (`step_ends`: the step, when), then
-// "cell,HOST,,UNIX_S,UP_BYTES,DOWN_BYTES" for every sample of every host; an error naming the path.
-absl::Status AppendLinkTrace(const std::string& path, const std::string& cell, const LinkSampler& sampler,
-                             const std::vector<std::pair<int64_t, absl::Time>>& step_ends);
+// A step the job was seen to have completed while it ran, and when the bench's poll saw it (up to
+// one poll late; polling may skip steps).
+struct StepEnd {
+  int64_t step = 0;
+  absl::Time seen;
+};
+// The whole steps between the first and the last end seen, when the job still ran at the last
+// (`still_running`) and there are two; otherwise none (steps 0, begin and end infinite).
+struct StepWindow {
+  absl::Time begin = absl::InfiniteFuture(), end = absl::InfiniteFuture();
+  int64_t steps = 0;
+};
+StepWindow WindowOf(const std::vector<StepEnd>& ends, bool still_running);
+
+// Appends one job's samples to the CSV file `path` (created with its header when absent): a row
+// "cell,round,step,,STEP,UNIX_S,," for each step end seen, then
+// "cell,round,link,HOST,,UNIX_S,UP_BYTES,DOWN_BYTES" for every sample of every host (`names`, `up`
+// and `down` in LinkSampler's order; the bytes are the eth0 counters, cumulative). An error names
+// the path and the cause.
+absl::Status AppendLinkTrace(const std::string& path, const std::string& cell, int64_t round,
+                             const std::vector<std::string>& names, const std::vector<ByteSeries>& up,
+                             const std::vector<ByteSeries>& down, const std::vector<StepEnd>& ends);
 
 }  // namespace longhaul::bench
 

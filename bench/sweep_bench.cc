@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -102,6 +103,7 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
   if (f.steps < 1) return common::FlagError(cmd, "--steps must be at least 1");
   if (f.data_parallel) {
     if (congestion_given) return common::FlagError(cmd, "--tcp-congestion is for tc-shaped sweeps, not --data-parallel");
+    if (!f.link_trace.empty()) return common::FlagError(cmd, "--link-trace is for tc-shaped sweeps, not --data-parallel");
     return RunDpSweep(f, cmd);
   }
   if (absl::Status s = netem::CheckCongestion(f.tcp_congestion); !s.ok()) {
@@ -119,11 +121,6 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
   if (f.queue_ms < 1 || f.queue_ms > 60000) return common::FlagError(cmd, "--queue-ms must be in [1, 60000]");
   if (!(f.pace >= 0 && f.pace <= 1)) return common::FlagError(cmd, "--pace must be in [0, 1]");
   const bool json = f.json;
-  if (!f.link_trace.empty()) {
-    if (std::remove(f.link_trace.c_str()) != 0 && errno != ENOENT) {
-      return common::FlagError(cmd, absl::StrCat("--link-trace: cannot replace ", f.link_trace));
-    }
-  }
   const int stages = static_cast<int>(f.stages > 0 ? f.stages : f.layers);
   if (stages < 1 || stages > f.layers) return common::FlagError(cmd, "--stages must be in [1, --layers]");
   int64_t hidden = f.hidden;
@@ -154,6 +151,12 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
   if (!tc && congestion_given) {
     return common::FlagError(cmd, "--tcp-congestion is for tc shaping (--shaper=tc, or auto as root); the in-process "
                                   "shaper's links take this machine's congestion control");
+  }
+  if (!f.link_trace.empty()) {
+    if (!tc || f.steps < 3) return common::FlagError(cmd, "--link-trace needs tc shaping and --steps of 3 or more");
+    if (std::remove(f.link_trace.c_str()) != 0 && errno != ENOENT) {
+      return common::FlagError(cmd, absl::StrCat("--link-trace: cannot replace ", f.link_trace, ": ", std::strerror(errno)));
+    }
   }
   if (!json) {
     std::fprintf(stderr, "shaping links with %s%s\n", tc ? "tc tbf in network namespaces" : "the in-process shaper",
@@ -215,8 +218,9 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
     cl.DumpLogs();
     return 1;
   }
-  // pace_mbit: tc, the senders' own rate (links.pace_mbit); 0 unpaced.
-  auto run = [&](const std::string& c, double rate, double pace_mbit) -> absl::StatusOr<Sample> {
+  // tc: the senders' own rate (links.pace_mbit) at `rate`; 0 unpaced.
+  auto pace_at = [&](double rate) { return tc && rate > 0 ? f.pace * netem::TcpPayloadMbit(rate) : 0.0; };
+  auto run = [&](const std::string& c, double rate, int64_t round) -> absl::StatusOr<Sample> {
     if (tc) {
       if (absl::Status s = net->SetRate(rate); !s.ok()) return s;
     }
@@ -228,7 +232,7 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
         "micro_batches: %d\nmicro_batch_size: %d\nschedule: %s\ncodecs: {forward: \"%s\", backward: \"%s\"}\n"
         "steps: %d\nlinks: {rate_mbit: %g, pace_mbit: %g, codec_device: %s}\ncheckpoint: {replicate: none}\n",
         c, rate, model, stages, f.precision, f.micro_batches, f.micro_batch_size, schedule, c, BackwardFor(c, backward),
-        f.steps, inproc_rate, pace_mbit, f.codec_device);
+        f.steps, inproc_rate, pace_at(rate), f.codec_device);
     // tc: every worker host's link sampled while the job runs; its idle time is profiled in the
     // steps tokens/s counts (after the first) but the last, whose end the coordinator hears of only
     // after the final checkpoint's write (which tokens/s leaves out). Step ends are seen by polling
@@ -246,38 +250,21 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
     }
     absl::StatusOr<uint64_t> job = cl.Submit(yaml);
     if (!job.ok()) return job.status();
-    absl::Time window_begin = absl::InfiniteFuture(), window_end = absl::InfiniteFuture();
-    int64_t window_steps = 0;
-    std::vector<std::pair<int64_t, absl::Time>> step_ends;  // (step the coordinator reported, when seen)
-    if (sampler) {
-      // Every step's end up to step N - 1, as polling sees it. WaitForStep also returns when the job
-      // stops running: then (or when polling saw a later step) the window is what was seen, or nothing.
-      auto running = [](const v1::JobStatus& j) { return j.state() == v1::JOB_STATE_RUNNING; };
-      bool still_running = true;
-      for (int64_t k = 1; k <= f.steps - 1 && still_running;) {
-        absl::StatusOr<v1::JobStatus> seen = cl.WaitForStep(*job, k, absl::Minutes(10));
-        if (!seen.ok()) return seen.status();
-        step_ends.emplace_back(seen->step(), absl::Now());
-        still_running = running(*seen) && seen->step() <= f.steps - 1;
-        k = seen->step() + 1;
-      }
-      window_begin = step_ends.front().second;
-      const auto& [last_step, last_seen] = step_ends.back();
-      if (step_ends.size() > 1 && still_running) {
-        window_end = last_seen;
-        window_steps = last_step - step_ends.front().first;
-      }
+    // The ends of steps 1..N-1 while the job runs, as polling sees them (each wait up to 10 minutes).
+    std::vector<StepEnd> step_ends;
+    bool still_running = true;
+    for (int64_t k = 1; sampler && k <= f.steps - 1;) {
+      absl::StatusOr<v1::JobStatus> seen = cl.WaitForStep(*job, k, absl::Minutes(10));
+      if (!seen.ok()) return seen.status();
+      still_running = seen->state() == v1::JOB_STATE_RUNNING && seen->step() <= f.steps - 1;
+      if (!still_running) break;
+      step_ends.push_back({seen->step(), absl::Now()});
+      k = seen->step() + 1;
     }
+    const StepWindow window = WindowOf(step_ends, still_running);
     absl::StatusOr<v1::JobStatus> st = cl.WaitForEnd(*job, absl::Minutes(10));
     if (!st.ok()) return st.status();
-    if (sampler) {
-      sampler->Stop();
-      if (!f.link_trace.empty()) {
-        if (absl::Status s = AppendLinkTrace(f.link_trace, absl::StrCat(rate, " ", c), *sampler, step_ends); !s.ok()) {
-          return s;
-        }
-      }
-    }
+    if (sampler) sampler->Stop();
     if (st->state() != v1::JOB_STATE_SUCCEEDED) return absl::InternalError(st->error());
     // The job's checkpoints are not needed (a gpt2-xl stage writes gigabytes): free the disk.
     // (common/list_dir.h, not std::filesystem, which breaks in binaries that link the PyTorch wheel.)
@@ -298,9 +285,7 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
         sample.drops += static_cast<double>(h.up.drops + h.down.drops);
       }
     }
-    if (sampler && window_steps > 0) {
-      const double bytes_per_s = rate * 1e6 / 8;
-      const double frame_s = static_cast<double>(std::max(frame[c].first, frame[c].second)) / bytes_per_s;
+    if (sampler) {
       // The hosts named with their stages ("w3 (stage 1)"), from the job's final status.
       std::vector<std::string> names = sampler->names();
       for (int s = 0; s < st->stages_size(); ++s) {
@@ -308,9 +293,20 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
           if (n == st->stages(s).worker_name()) n = absl::StrCat(n, " (stage ", s, ")");
         }
       }
-      sample.idle = SharesOf(BusiestLinkIdle(names, sampler->up(), sampler->down(), window_begin, window_end,
-                                             bytes_per_s, frame_s, TurnFrames(stages)),
-                             window_steps);
+      if (window.steps > 0) {
+        const double bytes_per_s = rate * 1e6 / 8;
+        const double frame_s = static_cast<double>(std::max(frame[c].first, frame[c].second)) / bytes_per_s;
+        sample.idle = SharesOf(BusiestLinkIdle(names, sampler->up(), sampler->down(), window.begin, window.end,
+                                               bytes_per_s, frame_s, TurnFrames(stages)),
+                               window.steps);
+      }
+      if (!f.link_trace.empty()) {  // a trace that cannot be written costs the trace, not the cell
+        if (absl::Status s = AppendLinkTrace(f.link_trace, absl::StrCat(rate, " ", c), round, names, sampler->up(),
+                                             sampler->down(), step_ends);
+            !s.ok()) {
+          std::fprintf(stderr, "longhaul-bench sweep: %s\n", std::string(s.message()).c_str());
+        }
+      }
     }
     return sample;
   };
@@ -344,7 +340,7 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
           std::fprintf(stderr, "round %lld/%lld: %s, %s...\n", static_cast<long long>(rep + 1),
                        static_cast<long long>(f.repeats), where(rate).c_str(), c.c_str());
         }
-        absl::StatusOr<Sample> t = run(c, rate, tc && rate > 0 ? f.pace * netem::TcpPayloadMbit(rate) : 0.0);
+        absl::StatusOr<Sample> t = run(c, rate, rep + 1);
         if (!t.ok()) {
           std::fprintf(stderr, "longhaul-bench sweep: %s at %s: %s\n", c.c_str(), where(rate).c_str(),
                        std::string(t.status().message()).c_str());
@@ -492,7 +488,7 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
           {"compute_bound", Round(r.compute_bound, 1)},
           {"link_bound", Round(r.link_bound, 1)},
           {"tcp_goodput_mbit", Round(r.goodput_mbit, 3)},
-          {"pace_mbit", Round(tc && r.rate > 0 ? f.pace * netem::TcpPayloadMbit(r.rate) : 0.0, 3)},
+          {"pace_mbit", Round(pace_at(r.rate), 3)},
           {"goodput_link_bound", Round(r.goodput_link_bound, 1)},
           {"fraction_of_bound", Round(r.fraction, 3)},
           {"fraction_of_goodput_bound", Round(r.goodput_fraction, 3)},
@@ -566,8 +562,9 @@ BenchmarkRun AddSweepBench(CLI::App& app) {
   cmd->add_flag("--tc", f->tc, "the same as --shaper=tc");
   cmd->add_option("--pace", f->pace,
                   "tc: the workers pace each link they send on (the job's links.pace_mbit) at this fraction of the "
-                  "TCP payload the rate carries (rate x 1448 / 1514); 0: unpaced")
-      ->type_name("FRACTION");
+                  "TCP payload the rate carries; 0: unpaced")
+      ->type_name("FRACTION")
+      ->capture_default_str();
   cmd->add_option("--queue-ms", f->queue_ms, "tc: each direction's tbf queue, in ms of traffic at the rate, 1..60000")
       ->type_name("N");
   cmd->add_option("--tcp-congestion", f->tcp_congestion,
@@ -577,8 +574,8 @@ BenchmarkRun AddSweepBench(CLI::App& app) {
   cmd->add_option("--markdown", f->markdown, "also write the table here")->type_name("PATH");
   cmd->add_option("--svg", f->svg, "also plot tokens/s against the rate here")->type_name("PATH");
   cmd->add_option("--link-trace", f->link_trace,
-                  "tc, --steps >= 3: also write every cell's link samples (each host's eth0 bytes every 5 ms) "
-                  "and the times the coordinator saw each step end, as CSV")
+                  "tc, --steps >= 3: also write every job's link samples (each host's cumulative eth0 bytes "
+                  "every 5 ms) and the steps it was seen to end (polled), as CSV")
       ->type_name("PATH");
   cmd->add_flag("--json", f->json, "{\"runs\": [...]}, one object per (rate, codec), instead of the table");
   cmd->add_flag("--data-parallel", f->data_parallel,
@@ -617,9 +614,9 @@ BenchmarkRun AddSweepBench(CLI::App& app) {
       "next to the frame bytes the bounds count, packets dropped, and how busy that link was (its\n"
       "bytes at the rate / step time). The hosts' TCP congestion control is --tcp-congestion's,\n"
       "whatever this machine's default is (BBR under-fills tbf-shaped links whose ACKs share them).\n"
-      "--pace (default 0.98) has the workers pace what they send on each link just under what the link\n"
-      "carries: unpaced, a stage forwarding frames while its own download is full sends slower than its\n"
-      "link's rate (docs/netem-sweep.md, \"Paced senders\").\n"
+      "--pace has the workers pace what they send on each link just under what the link carries\n"
+      "(netem::TcpPayloadMbit): unpaced, a stage forwarding frames while its own download is full\n"
+      "sends slower than its link's rate (docs/netem-sweep.md, \"Paced senders\").\n"
       "With --steps of 3 or more, a second table (tc; --json: \"idle\") says where the busiest link\n"
       "direction was idle in steps 2..N-1 (the last one's end is seen only after the final checkpoint\n"
       "is written): each worker host's eth0 counters sampled every 5 ms, the idle time split into gaps\n"

@@ -59,6 +59,13 @@ std::string Duration(double s) {
                    : absl::StrFormat("%d:%02d", t / 60, t % 60);
 }
 
+// A job's links as `status` shows them: emulated at a rate, paced, or neither.
+std::string LinkSummary(const v1::LinkSpec& l) {
+  if (l.rate_mbit() > 0) return absl::StrCat(l.rate_mbit(), " Mbit/s");
+  if (l.pace_mbit() > 0) return absl::StrCat("paced at ", l.pace_mbit(), " Mbit/s");
+  return "unshaped";
+}
+
 double Ratio(const v1::JobStatus& j) {
   return j.wire_bytes() > 0 ? static_cast<double>(j.raw_bytes()) / j.wire_bytes() : 0.0;
 }
@@ -118,6 +125,7 @@ nlohmann::json Summary(const v1::JobStatus& j) {
       {"forward_codec", j.spec().forward_codec()},
       {"backward_codec", j.spec().backward_codec()},
       {"link_rate_mbit", j.spec().links().rate_mbit()},
+      {"link_pace_mbit", j.spec().links().pace_mbit()},
       {"wall_seconds", j.finished_unix() > 0 && j.started_unix() > 0 ? j.finished_unix() - j.started_unix() : 0.0},
       {"placement", j.placement()},
       {"predicted_step_seconds", j.predicted_step_seconds()},
@@ -175,8 +183,7 @@ void PrintDetail(const v1::JobStatus& j) {
               static_cast<long long>(j.steps()), j.loss(), j.initial_loss(), j.tokens_per_s());
   std::printf("  links: forward %s, backward %s, %s; wire %s vs %s uncompressed (%.2fx); forward rel. error %.4f\n",
               j.spec().forward_codec().c_str(), j.spec().backward_codec().c_str(),
-              j.spec().links().rate_mbit() > 0 ? absl::StrCat(j.spec().links().rate_mbit(), " Mbit/s").c_str()
-                                               : "unshaped",
+              LinkSummary(j.spec().links()).c_str(),
               HumanBytes(j.wire_bytes()).c_str(), HumanBytes(j.raw_bytes()).c_str(), Ratio(j), j.mean_rel_error());
   if (longhaul::HasReplicas(j.spec())) {  // docs/replicated-stages.md
     std::printf("  data parallel: %s, %s; %s per step vs %s as fp32, sync %.3f s\n",

@@ -248,8 +248,10 @@ int RunPlanSimulation(const PlanFlags& flags) {
   o.solve.seed = flags.seed;
   o.seed = flags.seed;
   o.random_placements = flags.random;
-  const bool links_emulated = spec->links().rate_mbit() > 0 || spec->links().delay_ms() > 0;
-  const std::string note = links_emulated ? "the spec's links: emulation is ignored (the simulated topology is the network)" : "";
+  const bool links_emulated =
+      spec->links().rate_mbit() > 0 || spec->links().delay_ms() > 0 || spec->links().pace_mbit() > 0;
+  const std::string note =
+      links_emulated ? "the spec's links: emulation and pace are ignored (the simulated topology is the network)" : "";
   if (!counts.empty()) return RunCountsSimulation(flags, *spec, job, counts, *topo, o, note);
   const pl::SimResult r = pl::SimulatePlan(job, topo->cluster, o);
   const pl::Placement& p = r.solution.placement;

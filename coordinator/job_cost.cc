@@ -83,7 +83,9 @@ placement::Link EffectiveLink(double rtt_ms, double mbit_per_s, const v1::LinkSp
   placement::Link l;
   l.latency_s = std::max(rtt_ms, 0.0) / 2e3 + std::max(emulation.delay_ms(), 0.0) / 1e3;
   double mbit = mbit_per_s;
-  if (emulation.rate_mbit() > 0) mbit = mbit > 0 ? std::min(mbit, emulation.rate_mbit()) : 0;
+  // An emulated rate caps the link; so does the senders' pace on a real one (LinkProfile::paced).
+  const double cap = emulation.rate_mbit() > 0 ? emulation.rate_mbit() : emulation.pace_mbit();
+  if (cap > 0) mbit = mbit > 0 ? std::min(mbit, cap) : 0;
   l.bytes_per_s = mbit > 0 ? mbit * 1e6 / 8 : 0;
   return l;
 }

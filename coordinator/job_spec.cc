@@ -432,9 +432,10 @@ absl::Status ValidateJobSpec(const v1::JobSpec& s) {
   range("links.rate_mbit", s.links().rate_mbit(), 0, 1e6);
   range("links.between_regions_mbit", s.links().between_regions_mbit(), 0, 1e6);
   range("links.pace_mbit", s.links().pace_mbit(), 0, 1e6);
-  if (s.links().pace_mbit() > 0 && s.links().rate_mbit() > 0) {
-    p.push_back(absl::StrCat("links.pace_mbit: ", s.links().pace_mbit(), " with links.rate_mbit ", s.links().rate_mbit(),
-                             ": the emulated rate already spaces the chunks; give one of them"));
+  if (const v1::LinkSpec& l = s.links();
+      l.pace_mbit() > 0 && (l.rate_mbit() > 0 || l.delay_ms() > 0 || l.jitter_ms() > 0 || l.loss() > 0)) {
+    p.push_back(absl::StrCat("links.pace_mbit: ", l.pace_mbit(),
+                             " paces real links; not with in-process emulation (rate_mbit, delay_ms, jitter_ms, loss)"));
   }
   range("links.burst_bytes", static_cast<double>(s.links().burst_bytes()), 0, 1 << 30);
   range("links.delay_ms", s.links().delay_ms(), 0, 60000);

@@ -76,11 +76,13 @@ struct LinkProfile {
     return rate_bytes_per_s > 0 || delay > absl::ZeroDuration() || jitter > absl::ZeroDuration() || loss > 0;
   }
   // Not emulation: the sender's own rate on a real (or tc-shaped) link, each chunk sent as soon as
-  // the pace allows. Kept just under the bottleneck's rate, it keeps that link's queue short, and
-  // with it the delay of the ACKs that share the queue (docs/netem-sweep.md, "Paced senders").
-  // <= 0: unpaced. A profile with a rate is not paced as well (the rate already spaces the chunks).
+  // the pace allows (a token bucket of DefaultBurstBytes: burst_bytes is the emulation's). Kept just
+  // under the bottleneck's rate, it keeps that link's queue short, and with it the delay of the ACKs
+  // that share the queue (docs/netem-sweep.md, "Paced senders"). Per link, not per host: a host
+  // sending on two links at once sends at twice the pace. <= 0: unpaced. An emulated (shaped)
+  // profile is not paced as well.
   double pace_bytes_per_s = 0;
-  bool paced() const { return rate_bytes_per_s <= 0 && pace_bytes_per_s > 0; }
+  bool paced() const { return !shaped() && pace_bytes_per_s > 0; }
 };
 
 // Delivery schedule of a shaped link. For each chunk the sender calls Admit(bytes): the rate is

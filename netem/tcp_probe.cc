@@ -104,7 +104,8 @@ void ServeOne(tcp::socket& s, int64_t max_bytes, const std::function<bool(const 
 
 // A connected socket, retrying for `patience` while the sink may still be starting; with the
 // congestion control `congestion` unless it is empty (the machine's default), paced by the kernel
-// at `pace_mbit` when above 0 (SO_MAX_PACING_RATE: TCP's own pacing, IP bytes).
+// at `pace_mbit` when above 0 (SO_MAX_PACING_RATE: TCP's internal pacing, which counts payload
+// bytes; the fq qdisc would count whole packets).
 absl::StatusOr<tcp::socket> Connect(asio::io_context& io, const std::string& ipv4, int port, absl::Duration patience,
                                     const std::string& congestion = "", double pace_mbit = 0) {
   if (!(pace_mbit >= 0 && pace_mbit <= kMaxPaceMbit)) {
@@ -134,7 +135,8 @@ absl::StatusOr<tcp::socket> Connect(asio::io_context& io, const std::string& ipv
   if (pace_mbit > 0) {
     const auto bytes_per_s = static_cast<uint32_t>(pace_mbit * 1e6 / 8);
     if (setsockopt(s.native_handle(), SOL_SOCKET, SO_MAX_PACING_RATE, &bytes_per_s, sizeof(bytes_per_s)) != 0) {
-      return absl::InvalidArgumentError(absl::StrCat("pacing at ", pace_mbit, " Mbit/s: ", std::strerror(errno)));
+      return absl::InvalidArgumentError(absl::StrCat("pacing at ", pace_mbit, " Mbit/s (SO_MAX_PACING_RATE): ",
+                                                     std::strerror(errno)));
     }
   }
   return s;

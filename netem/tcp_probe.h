@@ -61,12 +61,13 @@ class TcpSink {
   int64_t max_probe_bytes_ = 0;
 };
 
+inline constexpr double kMaxPaceMbit = 34000;  // SO_MAX_PACING_RATE's 32-bit bytes per second
+
 // Seconds from the first byte of data to the sink's confirmation of all `bytes`. Retries the
 // connection for up to `connect_patience` (the sink may still be starting). `congestion`: the
 // socket's TCP congestion control (TCP_CONGESTION), or empty for the machine's default.
-// `pace_mbit` > 0: the kernel paces the socket at that rate (SO_MAX_PACING_RATE, counting IP
-// bytes), at most kMaxPaceMbit.
-inline constexpr double kMaxPaceMbit = 34000;  // the option's 32-bit bytes per second
+// `pace_mbit` > 0: the kernel paces the socket at that rate (SO_MAX_PACING_RATE; TCP's internal
+// pacing counts payload bytes and leaves the first ten segments unpaced), at most kMaxPaceMbit.
 absl::StatusOr<double> TimedTcpSend(const std::string& ipv4, int port, int64_t bytes,
                                     absl::Duration connect_patience = absl::ZeroDuration(),
                                     const std::string& congestion = "", double pace_mbit = 0);

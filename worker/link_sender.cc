@@ -23,8 +23,9 @@ absl::StatusOr<std::unique_ptr<LinkSender>> LinkSender::Start(const SenderOption
   if (o.streams < 1 || o.streams > kMaxStripes) {
     return absl::InvalidArgumentError(absl::StrCat("link to ", o.peer, ": streams must be 1..", kMaxStripes));
   }
-  if (o.profile.shaped() && o.streams != 1) {  // ResolveLinkSpec (link_settings.h) says so for job specs
-    return absl::InvalidArgumentError(absl::StrCat("link to ", o.peer, ": a link shaped in-process has one stream"));
+  if ((o.profile.shaped() || o.profile.paced()) && o.streams != 1) {  // ResolveLinkSpec (link_settings.h) says so
+    return absl::InvalidArgumentError(
+        absl::StrCat("link to ", o.peer, ": a link shaped or paced in-process has one stream"));
   }
   std::unique_ptr<LinkSender> s(new LinkSender(o, codec));
   const int n = o.streams;

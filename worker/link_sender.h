@@ -2,8 +2,8 @@
 // (link_service.h). The receiving half is that worker's Inbox (inbox.h); GrpcLink pairs them.
 //
 //   compute thread --Send()--> [bounded queue] --encoder thread: encode + CRC, up to kEncodedAhead
-//   frames ahead per stream--> [one queue per stream] --sender thread per stream: shape, chunk,
-//   Write--> (delay line, when the link has delay, jitter or loss) --> gRPC stream (LinkStream)
+//   frames ahead per stream--> [one queue per stream] --sender thread per stream: chunk, shape or
+//   pace, Write--> (delay line, when the link has delay, jitter or loss) --> gRPC stream (LinkStream)
 //
 // A link may be striped over several gRPC streams (SenderOptions::streams), each on its own
 // channel and so its own TCP connection: the encoder deals frame k to stream k % streams and each

@@ -272,7 +272,7 @@ absl::StatusOr<std::unique_ptr<GrpcLink>> StageRunner::Connect(Neighbour& n, boo
   so.from_stage = a_.stage();
   so.from_replica = a_.replica_index();
   so.profile = ls->profile;
-  n.rate = ls->profile.rate_bytes_per_s;
+  n.rate = ls->profile.paced() ? ls->profile.pace_bytes_per_s : ls->profile.rate_bytes_per_s;
   so.streams = ls->streams;
   so.codec_device = ls->codec_device;
   so.queue_capacity = stage_runtime::LinkCapacity(opt_);

@@ -52,11 +52,11 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r)
       send_blocked_(Build(prometheus::BuildCounter(), r, "longhaul_link_send_blocked_seconds_total",
                           "Time the stage's compute thread was blocked in Send on the link's full queue")),
       shaper_wait_(Build(prometheus::BuildCounter(), r, "longhaul_link_shaper_wait_seconds_total",
-                         "Time the link's sender waited for the rate limiter (in-process shaping)")),
+                         "Time the link's sender waited for its in-process shaper or pacer (links.rate_mbit or pace_mbit)")),
       queue_depth_(Build(prometheus::BuildGauge(), r, "longhaul_link_send_queue_depth",
                          "Messages queued on the link and not yet written, at the end of the last step")),
       rate_limit_(Build(prometheus::BuildGauge(), r, "longhaul_link_rate_limit_bytes_per_second",
-                        "Configured rate of the link (links.rate); no series for an unlimited link")),
+                        "Configured rate of the link (links.rate_mbit, or the senders' links.pace_mbit); no series for an unlimited link")),
       error_(Build(prometheus::BuildGauge(), r, "longhaul_link_quantization_error_ratio",
                    "Mean relative L2 error ||x - dec(enc(x))|| / ||x|| of the frames measured during the last "
                    "step (the encoder samples the real tensors)")),

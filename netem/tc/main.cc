@@ -93,7 +93,7 @@ int main(int argc, char** argv) {
   source->add_option("--to", to, "the sink")->type_name("HOST:PORT")->required();
   source->add_option("--bytes", bytes, "bytes to send")->type_name("N")->required();
   source->add_option("--pace-mbit", pace_mbit,
-                     "the kernel paces the connection at this rate (SO_MAX_PACING_RATE, IP bytes); 0: unpaced")
+                     "the kernel paces the connection at this rate of TCP payload (SO_MAX_PACING_RATE); 0: unpaced")
       ->type_name("MBIT");
   // After the subcommands: their help shows their own flags only.
   app.footer(

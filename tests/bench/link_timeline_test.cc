@@ -4,9 +4,13 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/time/clock.h"
+#include "common/read_file.h"
 
 namespace longhaul::bench {
 namespace {
@@ -205,6 +209,43 @@ TEST(LinkSamplerTest, AHostWhoseCountersCannotBeReadIsNamed) {
   ASSERT_FALSE(no_dev.ok());
   EXPECT_NE(no_dev.status().message().find("w8"), std::string::npos) << no_dev.status();
   EXPECT_NE(no_dev.status().message().find("no-such-dev0"), std::string::npos) << no_dev.status();
+}
+
+TEST(WindowOfTest, TheStepsBetweenTheFirstAndLastEndSeenWhileTheJobRan) {
+  const absl::Time t = absl::FromUnixSeconds(1000);
+  const std::vector<StepEnd> ends = {{1, t}, {3, t + absl::Seconds(4)}, {4, t + absl::Seconds(6)}};
+  const StepWindow w = WindowOf(ends, /*still_running=*/true);
+  EXPECT_EQ(w.begin, t);
+  EXPECT_EQ(w.end, t + absl::Seconds(6));
+  EXPECT_EQ(w.steps, 3);  // polling skipped step 2's end; the steps between are still whole
+  EXPECT_EQ(WindowOf(ends, /*still_running=*/false).steps, 0);  // the job ended (or ran past) while watched
+  EXPECT_EQ(WindowOf({ends[0]}, true).steps, 0);
+  const StepWindow none = WindowOf({}, true);
+  EXPECT_EQ(none.steps, 0);
+  EXPECT_EQ(none.begin, absl::InfiniteFuture());
+}
+
+TEST(AppendLinkTraceTest, WritesAHeaderOnceThenStepsAndSamplesPerJob) {
+  const std::string path = ::testing::TempDir() + "/link-trace-test.csv";
+  std::remove(path.c_str());
+  const absl::Time t = absl::FromUnixSeconds(1000);
+  const std::vector<ByteSeries> up = {{{t, t + absl::Milliseconds(5)}, {10, 20}}};
+  const std::vector<ByteSeries> down = {{{t, t + absl::Milliseconds(5)}, {30, 45}}};
+  ASSERT_TRUE(AppendLinkTrace(path, "300 fp32", 1, {"w1 (stage 0)"}, up, down, {{2, t + absl::Seconds(1)}}).ok());
+  ASSERT_TRUE(AppendLinkTrace(path, "300 fp32", 2, {"w1 (stage 0)"}, up, down, {}).ok());
+  absl::StatusOr<std::string> text = common::ReadFile(path);
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(*text,
+            "cell,round,kind,host,step,unix_s,up_bytes,down_bytes\n"
+            "300 fp32,1,step,,2,1001.000000,,\n"
+            "300 fp32,1,link,w1 (stage 0),,1000.000000,10,30\n"
+            "300 fp32,1,link,w1 (stage 0),,1000.005000,20,45\n"
+            "300 fp32,2,link,w1 (stage 0),,1000.000000,10,30\n"
+            "300 fp32,2,link,w1 (stage 0),,1000.005000,20,45\n");
+  absl::Status bad = AppendLinkTrace("/nonexistent-dir/trace.csv", "x", 1, {}, {}, {}, {});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.message().find("/nonexistent-dir/trace.csv"), std::string::npos) << bad;
+  std::remove(path.c_str());
 }
 
 }  // namespace

@@ -87,10 +87,16 @@ TEST(JobSpecTest, PaceIsForLinksWithoutAnEmulatedRate) {
   absl::StatusOr<v1::JobSpec> s = ParseJobSpec("links: {pace_mbit: 281.5}\n");
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_DOUBLE_EQ(s->links().pace_mbit(), 281.5);
-  s = ParseJobSpec("links: {rate_mbit: 100, pace_mbit: 90}\n");
-  ASSERT_FALSE(s.ok());
-  EXPECT_NE(std::string(s.status().message()).find("links.pace_mbit: 90 with links.rate_mbit 100"), std::string::npos)
-      << s.status();
+  for (const char* emulation : {"rate_mbit: 100", "delay_ms: 20", "jitter_ms: 0", "loss: 0.01"}) {
+    s = ParseJobSpec(absl::StrCat("links: {", emulation, ", pace_mbit: 90}\n"));
+    if (std::string(emulation) == "jitter_ms: 0") {  // zero emulates nothing
+      EXPECT_TRUE(s.ok()) << s.status();
+      continue;
+    }
+    ASSERT_FALSE(s.ok()) << emulation;
+    EXPECT_NE(std::string(s.status().message()).find("links.pace_mbit: 90 paces real links"), std::string::npos)
+        << s.status();
+  }
 }
 
 TEST(JobSpecTest, PresetsPrecisionAndTokenData) {

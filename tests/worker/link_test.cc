@@ -142,14 +142,17 @@ TEST_F(LinkTest, DelayedLinkDeliversEverythingInOrderNoEarlierThanTheDelay) {
 }
 
 // A paced link sends no faster than its pace (each chunk leaves at once, the next waits for it), in
-// order and intact, on one stream whatever was asked.
+// order and intact, on one stream (one pacer): more are refused.
 TEST_F(LinkTest, PacedLinkKeepsItsPaceAndOrder) {
   auto codec = codec::MakeCodec("fp32");
-  SenderOptions o = Opts();
+  SenderOptions o = Opts(3);
   o.profile.pace_bytes_per_s = 10e6;
+  absl::StatusOr<std::unique_ptr<LinkSender>> striped = LinkSender::Start(o, codec->get());
+  ASSERT_FALSE(striped.ok());
+  EXPECT_NE(std::string(striped.status().message()).find("one stream"), std::string::npos) << striped.status();
+  o.streams = 1;
   auto sender = LinkSender::Start(o, codec->get());
   ASSERT_TRUE(sender.ok()) << sender.status();
-  EXPECT_EQ((*sender)->streams(), 1);
   const absl::Time t0 = absl::Now();
   for (int mb = 0; mb < 6; ++mb) {
     ASSERT_TRUE((*sender)->Send(Tensor(1, mb, torch::full({300, 1024}, float(mb))), false).ok());
@@ -160,7 +163,8 @@ TEST_F(LinkTest, PacedLinkKeepsItsPaceAndOrder) {
     EXPECT_EQ(f->micro_batch, mb);
     EXPECT_EQ(f->tensor[0][0].item<float>(), float(mb));
   }
-  // A lower bound only: 6 frames of 1.2 MB at 10 MB/s, the first chunk (1 MiB) sent at once.
+  // A lower bound only: 6 frames of 1.2 MB at 10 MB/s; nothing waits for the last chunk (1 MiB at
+  // most) to be paid for.
   const double bytes = 6 * 300 * 1024 * 4.0;
   EXPECT_GE(absl::ToDoubleSeconds(absl::Now() - t0), (bytes - (1 << 20)) / 10e6 * 0.99);
   EXPECT_TRUE((*sender)->Finish().ok());
