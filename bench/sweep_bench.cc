@@ -5,7 +5,7 @@
 //   compute bound: the same codec with unshaped links, measured in this run;
 //   link bound:    tokens per step / (bytes per step on the busiest link direction / rate),
 //                  from the frame sizes of the codecs on tensors of the job's activation shape.
-// Writes a markdown table (--markdown) and an SVG plot (--svg).
+// Writes the tables (sweep_report.h) to --markdown and an SVG plot (--svg).
 //
 // --data-parallel: the data-parallel cells instead (dp_sweep_bench.cc).
 #include <signal.h>
@@ -23,7 +23,6 @@
 #include <thread>
 #include <vector>
 
-#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include "absl/strings/str_cat.h"
@@ -33,6 +32,7 @@
 #include "bench/link_timeline.h"
 #include "bench/sweep_flags.h"
 #include "bench/sweep_plot.h"
+#include "bench/sweep_report.h"
 #include "codec/codec.h"
 #include "netem/tc/network.h"
 #include "stage_runtime/data.h"
@@ -44,31 +44,6 @@
 
 namespace longhaul::bench {
 namespace {
-
-struct Run {
-  std::string codec, backward;
-  double rate = 0;  // Mbit/s, 0 = unshaped
-  double tokens_per_s = 0;
-  double compute_bound = 0;
-  double link_bound = 0;          // at the configured rate
-  double goodput_link_bound = 0;  // at the TCP goodput measured on the shaped link (tc); = link_bound in-process
-  double goodput_mbit = 0;
-  // tc only: what the busiest access-link direction actually carried per step (qdisc counters:
-  // frames plus chunk/gRPC/HTTP2/TCP/IP headers, ACKs and window updates of the other direction's
-  // traffic, the control plane), and packets the qdiscs dropped in the whole job. 0 in-process.
-  double wire_bytes_per_step = 0;
-  double drops = 0;
-  double frame_bytes_per_step = 0;  // what the link bound counts on the busiest link
-  double fraction = 0;              // tokens/s / min(compute, link bound at the rate)
-  double goodput_fraction = 0;      // tokens/s / min(compute, link bound at the goodput)
-  // GPipe only (0 otherwise): the link bound with the schedule's fill and drain (GPipeLinkSteps),
-  // at the rate and at the TCP goodput, and tokens/s / min(compute, each).
-  double gpipe_link_bound = 0;
-  double gpipe_fraction = 0;
-  double gpipe_goodput_bound = 0;
-  double gpipe_goodput_fraction = 0;
-  IdleShares idle = {};  // tc: the medians of Sample::idle's (link_timeline.h)
-};
 
 // One training job's outcome.
 struct Sample {
@@ -219,7 +194,6 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
     return 1;
   }
   // tc: the senders' own rate (links.pace_mbit) at `rate`; 0 unpaced.
-  auto pace_at = [&](double rate) { return tc && rate > 0 ? f.pace * netem::TcpPayloadMbit(rate) : 0.0; };
   auto run = [&](const std::string& c, double rate, int64_t round) -> absl::StatusOr<Sample> {
     if (tc) {
       if (absl::Status s = net->SetRate(rate); !s.ok()) return s;
@@ -232,7 +206,7 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
         "micro_batches: %d\nmicro_batch_size: %d\nschedule: %s\ncodecs: {forward: \"%s\", backward: \"%s\"}\n"
         "steps: %d\nlinks: {rate_mbit: %g, pace_mbit: %g, codec_device: %s}\ncheckpoint: {replicate: none}\n",
         c, rate, model, stages, f.precision, f.micro_batches, f.micro_batch_size, schedule, c, BackwardFor(c, backward),
-        f.steps, inproc_rate, pace_at(rate), f.codec_device);
+        f.steps, inproc_rate, SweepPaceMbit(tc, f.pace, rate), f.codec_device);
     // tc: every worker host's link sampled while the job runs; its idle time is profiled in the
     // steps tokens/s counts (after the first) but the last, whose end the coordinator hears of only
     // after the final checkpoint's write (which tokens/s leaves out). Step ends are seen by polling
@@ -378,11 +352,11 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
   // its backward output in the same direction. Only 1F1B over the in-process shaper (each directed
   // link has the rate to itself) is bounded by the larger of the two.
   const bool sum_directions = tc || schedule == "gpipe";
-  std::vector<Run> runs;
+  std::vector<SweepRun> runs;
   for (double rate : rates) {
     for (const std::string& c : codecs) {
       const std::vector<Sample>& cell = samples[{rate, c}];
-      Run r{c, BackwardFor(c, backward), rate, median_of(cell, &Sample::tokens_per_s),
+      SweepRun r{c, BackwardFor(c, backward), rate, median_of(cell, &Sample::tokens_per_s),
             median_of(samples[{0, c}], &Sample::tokens_per_s)};
       r.wire_bytes_per_step = median_of(cell, &Sample::busiest_link_bytes) / static_cast<double>(f.steps);
       r.drops = median_of(cell, &Sample::drops);
@@ -416,97 +390,10 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
     }
   }
 
-  auto fp32_at = [&](double rate) {
-    for (const Run& r : runs) {
-      if (r.rate == rate && r.codec == "fp32") return r.tokens_per_s;
-    }
-    return 0.0;
-  };
-  // The share of each step the busiest link spent transmitting what the qdisc counted (tc).
-  auto link_busy = [&](const Run& r) {
-    return r.wire_bytes_per_step / (r.rate * 1e6 / 8) / (tokens_per_step / r.tokens_per_s);
-  };
-  std::string md = absl::StrFormat(
-      "| link Mbit/s | forward / backward | tokens/s | compute bound | link bound at the rate | "
-      "TCP goodput Mbit/s | link bound at the goodput | tokens/s / min(compute, rate bound) | "
-      "tokens/s / min(compute, goodput bound) | GPipe link bound at the rate (fill and drain) | "
-      "tokens/s / min(compute, GPipe bound) | tokens/s / min(compute, GPipe bound at the goodput) | "
-      "busiest link KB/step: frames / on the wire | drops | link busy | speed-up vs fp32 |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-  for (const Run& r : runs) {
-    const double base = fp32_at(r.rate);
-    const bool gpipe = r.gpipe_link_bound > 0;
-    absl::StrAppendFormat(&md, "| %g | %s / %s | %.0f | %.0f | %.0f | %.2f | %.0f | %.2f | %.2f | %s | %s | %s | %s | %s | %s | %s |\n",
-                          r.rate, r.codec, r.backward, r.tokens_per_s, r.compute_bound, r.link_bound, r.goodput_mbit,
-                          r.goodput_link_bound, r.fraction, r.goodput_fraction,
-                          gpipe ? absl::StrFormat("%.0f", r.gpipe_link_bound) : "-",
-                          gpipe ? absl::StrFormat("%.2f", r.gpipe_fraction) : "-",
-                          gpipe ? absl::StrFormat("%.2f", r.gpipe_goodput_fraction) : "-",
-                          tc ? absl::StrFormat("%.0f / %.0f", r.frame_bytes_per_step / 1e3, r.wire_bytes_per_step / 1e3)
-                             : absl::StrFormat("%.0f / -", r.frame_bytes_per_step / 1e3),
-                          tc ? absl::StrFormat("%.0f", r.drops) : "-", tc ? absl::StrFormat("%.2f", link_busy(r)) : "-",
-                          base > 0 ? absl::StrFormat("%.2fx", r.tokens_per_s / base) : "-");
-  }
-  if (tc) {
-    absl::StrAppend(&md, f.pace > 0 ? absl::StrFormat("\nSenders paced at %g of the TCP payload the rate carries (links.pace_mbit).\n", f.pace)
-                                    : std::string("\nSenders unpaced.\n"));
-  }
-  // tc: where the busiest link was idle (LinkSampler), a table of its own.
-  if (tc && f.steps >= 3) {
-    absl::StrAppendFormat(&md,
-                          "\nWhere the busiest link was idle in steps 2-%d (its bytes sampled every 5 ms; gaps in "
-                          "frame times: shorter than one, up to %g, longer; the link: the last round's):\n\n"
-                          "| link Mbit/s | forward / backward | link | busy | idle between frames | idle in turns | "
-                          "turns a step | idle in long gaps | long gaps a step |\n|---|---|---|---|---|---|---|---|---|\n",
-                          f.steps - 1, TurnFrames(stages));
-    for (const Run& r : runs) {
-      const IdleShares& i = r.idle;
-      absl::StrAppendFormat(&md, "| %g | %s / %s | %s | %.2f | %.2f | %.2f | %.1f | %.2f | %.1f |\n", r.rate, r.codec,
-                            r.backward, i.link, i.busy, i.between_frames, i.turns, i.turns_per_step, i.long_gaps,
-                            i.long_per_step);
-    }
-  }
+  const ReportSettings report{tc, f.pace, f.steps, stages, tokens_per_step};
+  const std::string md = SweepMarkdown(runs, report);
   if (json) {
-    // null where the link was not sampled (in-process shaper, fewer than 3 steps)
-    auto idle_json = [](const IdleShares& i) {
-      if (i.link.empty()) return nlohmann::ordered_json(nullptr);
-      return nlohmann::ordered_json{{"link", i.link},
-                                    {"busy", Round(i.busy, 3)},
-                                    {"between_frames", Round(i.between_frames, 3)},
-                                    {"turns", Round(i.turns, 3)},
-                                    {"turns_per_step", Round(i.turns_per_step, 2)},
-                                    {"long_gaps", Round(i.long_gaps, 3)},
-                                    {"long_gaps_per_step", Round(i.long_per_step, 2)}};
-    };
-    nlohmann::ordered_json rows = nlohmann::ordered_json::array();
-    for (const Run& r : runs) {
-      rows.push_back({
-          {"rate_mbit", r.rate},
-          {"forward", r.codec},
-          {"backward", r.backward},
-          {"tokens_per_s", Round(r.tokens_per_s, 1)},
-          {"compute_bound", Round(r.compute_bound, 1)},
-          {"link_bound", Round(r.link_bound, 1)},
-          {"tcp_goodput_mbit", Round(r.goodput_mbit, 3)},
-          {"pace_mbit", Round(pace_at(r.rate), 3)},
-          {"goodput_link_bound", Round(r.goodput_link_bound, 1)},
-          {"fraction_of_bound", Round(r.fraction, 3)},
-          {"fraction_of_goodput_bound", Round(r.goodput_fraction, 3)},
-          {"gpipe_link_bound", r.gpipe_link_bound > 0 ? nlohmann::ordered_json(Round(r.gpipe_link_bound, 1)) : nullptr},
-          {"fraction_of_gpipe_bound", r.gpipe_link_bound > 0 ? nlohmann::ordered_json(Round(r.gpipe_fraction, 3)) : nullptr},
-          {"gpipe_goodput_bound",
-           r.gpipe_link_bound > 0 ? nlohmann::ordered_json(Round(r.gpipe_goodput_bound, 1)) : nullptr},
-          {"fraction_of_gpipe_goodput_bound",
-           r.gpipe_link_bound > 0 ? nlohmann::ordered_json(Round(r.gpipe_goodput_fraction, 3)) : nullptr},
-          {"frame_bytes_per_step", Round(r.frame_bytes_per_step, 0)},
-          {"wire_bytes_per_step", Round(r.wire_bytes_per_step, 0)},
-          {"drops", Round(r.drops, 0)},
-          {"link_busy", Round(tc ? link_busy(r) : 0.0, 3)},
-          {"idle", idle_json(r.idle)},
-          {"speedup_vs_fp32", Round(fp32_at(r.rate) > 0 ? r.tokens_per_s / fp32_at(r.rate) : 0.0, 3)},
-      });
-    }
-    std::printf("%s\n", nlohmann::ordered_json{{"runs", rows}}.dump(2).c_str());
+    std::printf("%s\n", SweepJson(runs, report).dump(2).c_str());
   } else {
     std::printf("%s", md.c_str());
   }
@@ -517,7 +404,7 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
     std::vector<PlotSeries> series;
     for (const std::string& c : codecs) series.push_back({c, absl::StrCat(c, " / ", BackwardFor(c, backward))});
     std::vector<PlotPoint> points;
-    for (const Run& r : runs) points.push_back({r.codec, r.rate, r.tokens_per_s});
+    for (const SweepRun& r : runs) points.push_back({r.codec, r.rate, r.tokens_per_s});
     std::ofstream(f.svg) << ThroughputSvg(series, rates, points);
   }
   return 0;

@@ -426,6 +426,11 @@ TEST(JobCostTest, EmulatedRateAndDelayApplyOnTopOfTheMeasurement) {
   EXPECT_DOUBLE_EQ(l.latency_s, 21e-3);
   EXPECT_DOUBLE_EQ(l.bytes_per_s, 10e6);
   EXPECT_DOUBLE_EQ(EffectiveLink(2, 40, shaped).bytes_per_s, 5e6);  // slower than the emulated rate
+  v1::LinkSpec paced;  // the senders' pace on a real link caps it too; a slower measurement wins
+  paced.set_pace_mbit(160);
+  EXPECT_DOUBLE_EQ(EffectiveLink(2, 800, paced).bytes_per_s, 20e6);
+  EXPECT_DOUBLE_EQ(EffectiveLink(2, 40, paced).bytes_per_s, 5e6);
+  EXPECT_DOUBLE_EQ(EffectiveLink(2, 800, paced).latency_s, 1e-3);
 }
 
 // links.between_regions_mbit caps the links between workers of different regions instead of
