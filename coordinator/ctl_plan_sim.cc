@@ -251,7 +251,7 @@ int RunPlanSimulation(const PlanFlags& flags) {
   const bool links_emulated =
       spec->links().rate_mbit() > 0 || spec->links().delay_ms() > 0 || spec->links().pace_mbit() > 0;
   const std::string note =
-      links_emulated ? "the spec's links: emulation and pace are ignored (the simulated topology is the network)" : "";
+      links_emulated ? "the spec's links: emulation is ignored, and its pace (the simulated topology is the network)" : "";
   if (!counts.empty()) return RunCountsSimulation(flags, *spec, job, counts, *topo, o, note);
   const pl::SimResult r = pl::SimulatePlan(job, topo->cluster, o);
   const pl::Placement& p = r.solution.placement;
