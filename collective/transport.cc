@@ -94,7 +94,17 @@ int64_t Mailbox::buffered_bytes() {
   return buffered_;
 }
 
-PeerShaper::PeerShaper(const netem::LinkProfile& p) : shaped_(p.shaped()), shaper_(p) {}
+PeerShaper::PeerShaper(const netem::LinkProfile& p)
+    : shaped_(p.shaped()),
+      paced_(p.paced()),
+      shaper_(p),
+      pacer_(paced_ ? p.pace_bytes_per_s : 0, netem::DefaultBurstBytes(p.pace_bytes_per_s)) {}
+
+absl::Duration PeerShaper::PaceChunk(int64_t bytes) {
+  if (!paced_) return absl::ZeroDuration();
+  absl::MutexLock l(&mu_);
+  return pacer_.Pace(bytes);
+}
 
 absl::Time PeerShaper::Admit(int64_t bytes) {
   if (!shaped_) return absl::Now();

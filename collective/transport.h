@@ -119,11 +119,17 @@ class Mailbox {
 // chunk by chunk at the link's rate; it counts as delivered when its last chunk would arrive, which
 // the sender waits for before handing the message over (so a message pays the one-way delay once,
 // and back-to-back messages to one peer do not overlap their delays: a collective step waits for
-// its messages anyway). Thread-safe.
+// its messages anyway). Or, on a real link (LinkProfile::paced), the sender's pace: the gRPC
+// transport's chunks leave no faster than it (the in-process transport has no network to pace).
+// Thread-safe.
 class PeerShaper {
  public:
   explicit PeerShaper(const netem::LinkProfile& p);
   bool shaped() const { return shaped_; }
+  bool paced() const { return paced_; }
+  // A paced link: waits out what earlier chunks owe, then charges `bytes`, which leave now
+  // (netem::TokenBucket::Pace). Returns the time waited.
+  absl::Duration PaceChunk(int64_t bytes);
   // Paces `bytes` in pieces of `chunk_bytes` and returns when they arrive; DeadlineExceeded (after
   // sleeping until `deadline`) when that is later than `deadline`; the abort reason at once when
   // `abort_on` (if given) is aborted meanwhile.
@@ -132,9 +138,10 @@ class PeerShaper {
   absl::Time Admit(int64_t bytes);
 
  private:
-  const bool shaped_;
+  const bool shaped_, paced_;
   absl::Mutex mu_;
   netem::LinkShaper shaper_ ABSL_GUARDED_BY(mu_);
+  netem::TokenBucket pacer_ ABSL_GUARDED_BY(mu_);
 };
 
 // Sleeps until `t` unless that is after `deadline` (then until `deadline`, returning

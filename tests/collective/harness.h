@@ -59,7 +59,7 @@ class Cluster {
         t.rank = r;
         t.addresses = addresses;
         t.max_message_bytes = o.max_message_bytes;
-        if (o.link.shaped()) t.links.assign(static_cast<size_t>(n), o.link);
+        if (o.link.shaped() || o.link.paced()) t.links.assign(static_cast<size_t>(n), o.link);
         transports_.push_back(*GrpcTransport::Create(servers_[r].service.get(), t));
       }
       addresses_ = addresses;

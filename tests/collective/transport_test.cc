@@ -110,6 +110,24 @@ TEST_P(TransportTest, ShapedLinksPaceTheSender) {
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
 }
 
+// A paced link (a real one: LinkProfile::paced) sends over gRPC no faster than its pace, and
+// intact; the in-process transport has no network to pace.
+TEST_P(TransportTest, PacedLinksSendNoFasterThanThePace) {
+  testing::ClusterOptions o;
+  o.link.pace_bytes_per_s = 2e6;  // 16 Mbit/s
+  Cluster c(GetParam(), {"a", "b"}, o);
+  const std::string msg(3 << 20, 'p');
+  const absl::Time t0 = absl::Now();
+  ASSERT_TRUE(c.transport(0).Send(1, 1, msg, t0 + absl::Seconds(20)).ok());
+  absl::StatusOr<std::string> got = c.transport(1).Recv(0, 1, absl::Now() + absl::Seconds(20));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, msg);
+  if (GetParam() == Kind::kGrpc) {
+    // A lower bound only: three 1 MiB chunks, nothing waiting for the last to be paid for.
+    EXPECT_GE(absl::Now() - t0, absl::Seconds((2 << 20) / 2e6 * 0.99));
+  }
+}
+
 TEST_P(TransportTest, SendToADeadPeerFailsWithinTheDeadlineNamingIt) {
   Cluster c(GetParam(), {"a", "a", "a"});
   c.Kill(2);
