@@ -193,7 +193,7 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
     cl.DumpLogs();
     return 1;
   }
-  // tc: the senders' own rate (links.pace_mbit) at `rate`; 0 unpaced.
+  // One job of codec `c` at `rate` (0: unshaped), in sweep round `round` (from 1; the link trace's).
   auto run = [&](const std::string& c, double rate, int64_t round) -> absl::StatusOr<Sample> {
     if (tc) {
       if (absl::Status s = net->SetRate(rate); !s.ok()) return s;
@@ -357,7 +357,7 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
     for (const std::string& c : codecs) {
       const std::vector<Sample>& cell = samples[{rate, c}];
       SweepRun r{c, BackwardFor(c, backward), rate, median_of(cell, &Sample::tokens_per_s),
-            median_of(samples[{0, c}], &Sample::tokens_per_s)};
+                 median_of(samples[{0, c}], &Sample::tokens_per_s)};
       r.wire_bytes_per_step = median_of(cell, &Sample::busiest_link_bytes) / static_cast<double>(f.steps);
       r.drops = median_of(cell, &Sample::drops);
       auto idle_median = [&](double IdleShares::*field) {
