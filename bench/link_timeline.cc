@@ -179,12 +179,12 @@ StepWindow WindowOf(const std::vector<StepEnd>& ends, bool still_running) {
 absl::Status AppendLinkTrace(const std::string& path, const std::string& cell, int64_t round,
                              const std::vector<std::string>& names, const std::vector<ByteSeries>& up,
                              const std::vector<ByteSeries>& down, const std::vector<StepEnd>& ends) {
-  auto failed = [&path](const char* what) {
-    return absl::InternalError(absl::StrCat("cannot ", what, " the link trace ", path, ": ", std::strerror(errno)));
+  auto failed = [&path](const char* what, int err) {
+    return absl::InternalError(absl::StrCat("cannot ", what, " the link trace ", path, ": ", std::strerror(err)));
   };
   const bool fresh = access(path.c_str(), F_OK) != 0;
   FILE* out = std::fopen(path.c_str(), "a");
-  if (out == nullptr) return failed("open");
+  if (out == nullptr) return failed("open", errno);
   auto secs = [](absl::Time t) { return absl::ToDoubleSeconds(t - absl::UnixEpoch()); };
   if (fresh) absl::FPrintF(out, "cell,round,kind,host,step,unix_s,up_bytes,down_bytes\n");
   for (const StepEnd& e : ends) absl::FPrintF(out, "%s,%d,step,,%d,%.6f,,\n", cell, round, e.step, secs(e.seen));
@@ -194,8 +194,11 @@ absl::Status AppendLinkTrace(const std::string& path, const std::string& cell, i
                     down[h].bytes[i]);
     }
   }
-  const bool written = std::fflush(out) == 0 && std::ferror(out) == 0;
-  if (std::fclose(out) != 0 || !written) return failed("write");
+  // The first failure's errno (a failed print leaves the stream's error flag; EIO if it left no errno).
+  int err = 0;
+  if (std::fflush(out) != 0 || std::ferror(out) != 0) err = errno != 0 ? errno : EIO;
+  if (std::fclose(out) != 0 && err == 0) err = errno;
+  if (err != 0) return failed("write", err);
   return absl::OkStatus();
 }
 

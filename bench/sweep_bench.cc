@@ -238,7 +238,26 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
     const StepWindow window = WindowOf(step_ends, still_running);
     absl::StatusOr<v1::JobStatus> st = cl.WaitForEnd(*job, absl::Minutes(10));
     if (!st.ok()) return st.status();
-    if (sampler) sampler->Stop();
+    // The hosts named with their stages ("w3 (stage 1)"), from the job's final status; the trace is
+    // written whatever the job's outcome (a failed cell's is the one to look at), and one that
+    // cannot be written costs the trace, not the cell.
+    std::vector<std::string> names;
+    if (sampler) {
+      sampler->Stop();
+      names = sampler->names();
+      for (int s = 0; s < st->stages_size(); ++s) {
+        for (std::string& n : names) {
+          if (n == st->stages(s).worker_name()) n = absl::StrCat(n, " (stage ", s, ")");
+        }
+      }
+      if (!f.link_trace.empty()) {
+        if (absl::Status s = AppendLinkTrace(f.link_trace, absl::StrCat(rate, " ", c), round, names, sampler->up(),
+                                             sampler->down(), step_ends);
+            !s.ok()) {
+          std::fprintf(stderr, "longhaul-bench sweep: %s\n", std::string(s.message()).c_str());
+        }
+      }
+    }
     if (st->state() != v1::JOB_STATE_SUCCEEDED) return absl::InternalError(st->error());
     // The job's checkpoints are not needed (a gpt2-xl stage writes gigabytes): free the disk.
     // (common/list_dir.h, not std::filesystem, which breaks in binaries that link the PyTorch wheel.)
@@ -259,28 +278,12 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
         sample.drops += static_cast<double>(h.up.drops + h.down.drops);
       }
     }
-    if (sampler) {
-      // The hosts named with their stages ("w3 (stage 1)"), from the job's final status.
-      std::vector<std::string> names = sampler->names();
-      for (int s = 0; s < st->stages_size(); ++s) {
-        for (std::string& n : names) {
-          if (n == st->stages(s).worker_name()) n = absl::StrCat(n, " (stage ", s, ")");
-        }
-      }
-      if (window.steps > 0) {
-        const double bytes_per_s = rate * 1e6 / 8;
-        const double frame_s = static_cast<double>(std::max(frame[c].first, frame[c].second)) / bytes_per_s;
-        sample.idle = SharesOf(BusiestLinkIdle(names, sampler->up(), sampler->down(), window.begin, window.end,
-                                               bytes_per_s, frame_s, TurnFrames(stages)),
-                               window.steps);
-      }
-      if (!f.link_trace.empty()) {  // a trace that cannot be written costs the trace, not the cell
-        if (absl::Status s = AppendLinkTrace(f.link_trace, absl::StrCat(rate, " ", c), round, names, sampler->up(),
-                                             sampler->down(), step_ends);
-            !s.ok()) {
-          std::fprintf(stderr, "longhaul-bench sweep: %s\n", std::string(s.message()).c_str());
-        }
-      }
+    if (sampler && window.steps > 0) {
+      const double bytes_per_s = rate * 1e6 / 8;
+      const double frame_s = static_cast<double>(std::max(frame[c].first, frame[c].second)) / bytes_per_s;
+      sample.idle = SharesOf(BusiestLinkIdle(names, sampler->up(), sampler->down(), window.begin, window.end,
+                                             bytes_per_s, frame_s, TurnFrames(stages)),
+                             window.steps);
     }
     return sample;
   };
@@ -449,7 +452,7 @@ BenchmarkRun AddSweepBench(CLI::App& app) {
   cmd->add_flag("--tc", f->tc, "the same as --shaper=tc");
   cmd->add_option("--pace", f->pace,
                   "tc: the workers pace each link they send on (the job's links.pace_mbit) at this fraction of the "
-                  "TCP payload the rate carries; 0: unpaced")
+                  "TCP payload the rate carries (rate x 1448 / 1514); 0: unpaced")
       ->type_name("FRACTION")
       ->capture_default_str();
   cmd->add_option("--queue-ms", f->queue_ms, "tc: each direction's tbf queue, in ms of traffic at the rate, 1..60000")
@@ -502,8 +505,9 @@ BenchmarkRun AddSweepBench(CLI::App& app) {
       "bytes at the rate / step time). The hosts' TCP congestion control is --tcp-congestion's,\n"
       "whatever this machine's default is (BBR under-fills tbf-shaped links whose ACKs share them).\n"
       "--pace has the workers pace what they send on each link just under what the link carries\n"
-      "(netem::TcpPayloadMbit): unpaced, a stage forwarding frames while its own download is full\n"
-      "sends slower than its link's rate (docs/netem-sweep.md, \"Paced senders\").\n"
+      "(rate x 1448 / 1514, the TCP payload of full frames): unpaced, a stage forwarding frames while\n"
+      "its own download is full sends slower than its link's rate (docs/netem-sweep.md, \"Paced\n"
+      "senders\").\n"
       "With --steps of 3 or more, a second table (tc; --json: \"idle\") says where the busiest link\n"
       "direction was idle in steps 2..N-1 (the last one's end is seen only after the final checkpoint\n"
       "is written): each worker host's eth0 counters sampled every 5 ms, the idle time split into gaps\n"

@@ -248,7 +248,9 @@ absl::Status GrpcTransport::SendMessage(int peer, uint64_t tag, absl::string_vie
     c.set_chunk_index(static_cast<uint32_t>(i));
     c.set_data(data.data() + off, len);
     if (shaper.shaped()) arrival = shaper.Admit(static_cast<int64_t>(len));
-    if (shaper.paced()) shaper.PaceChunk(static_cast<int64_t>(len));
+    // An abort notice (not cancellable: a few hundred bytes) is not paced: it must not wait behind
+    // the data this rank's senders have been charged for.
+    if (shaper.paced() && cancellable) shaper.PaceChunk(static_cast<int64_t>(len));
     *wire_bytes += static_cast<int64_t>(c.ByteSizeLong()) + kGrpcMessagePrefixBytes;
     ok = w->Write(c);
   }

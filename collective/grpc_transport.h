@@ -12,11 +12,12 @@
 // chunking rule before copying data, refuses sizes above the mailbox's limit before allocating,
 // checks the CRC and delivers the whole message into the (group, rank) Mailbox, waiting for buffer
 // room up to the call's deadline. Several groups (stages, jobs) share one service.
-// Sending side: one channel per peer (its own TCP connection, as pipeline links), shaped per peer
-// by the optional netem::LinkProfile, counters as TransportCounters.
+// Sending side: one channel per peer (its own TCP connection, as pipeline links), shaped or paced per
+// peer by the optional netem::LinkProfile, counters as TransportCounters.
 // Threading: as Transport (Abort also cancels the calls of messages being sent and ends their waits
-// for a shaped link); the service must outlive the server it is registered with, and each transport
-// unregisters its mailbox on destruction.
+// for a shaped link's delivery; a pace's wait, one chunk's time at most, is not cut short); the
+// service must outlive the server it is registered with, and each transport unregisters its
+// mailbox on destruction.
 #ifndef LONGHAUL_COLLECTIVE_GRPC_TRANSPORT_H_
 #define LONGHAUL_COLLECTIVE_GRPC_TRANSPORT_H_
 
@@ -75,7 +76,7 @@ struct GrpcTransportOptions {
   // Every rank's worker name (empty: not checked). With TLS, messages go only to, and are taken
   // only from, the certificate of that name (security::DataPlaneChannel's peer_name).
   std::vector<std::string> names;
-  // The link from this rank to each peer (empty: unshaped; else one per rank).
+  // The link from this rank to each peer (empty: unshaped and unpaced; else one per rank).
   std::vector<netem::LinkProfile> links;
   int64_t max_message_bytes = kDefaultMaxMessageBytes;
   int64_t max_buffered_bytes = kDefaultMaxBufferedBytes;

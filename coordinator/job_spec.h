@@ -45,8 +45,8 @@
 //           in-process emulation by every link's sender (netem/shaper.h); pace_mbit (not with
 //           rate_mbit, delay_ms, jitter_ms or loss): not emulation but every data-plane link's
 //           sender's own pace (pipeline and data-parallel) on real or tc-shaped links, set just
-//           under the slowest access link so that its queue stays short (per link, not per host);
-//           between_regions_mbit:
+//           under the slowest access link so that its queue stays short (per link, not per host;
+//           links between regions emulated at between_regions_mbit are not paced); between_regions_mbit:
 //           the rate of links between workers of different --region (pipeline and data-parallel)
 //           instead of rate_mbit (proto/link_spec.h), as longhaul-netem's between_regions; streams: gRPC streams
 //           (TCP connections) each data-plane link is striped over, 1..8, for fast links (one

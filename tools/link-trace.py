@@ -55,8 +55,9 @@ def main():
     jobs = read(a.trace)
     if a.cell is None:
         for (cell, rnd), job in jobs.items():
-            print(f"{cell!r} round {rnd}: {len(job['hosts'])} hosts, steps seen at "
-                  + ", ".join(f"{t - job['steps'][0]:+.2f}" for t in job["steps"]) + " s")
+            first = min(s[0][0] for s in job["hosts"].values())
+            print(f"{cell!r} round {rnd}: {len(job['hosts'])} hosts, steps seen ending at "
+                  + ", ".join(f"{t - first:.2f}" for t in job["steps"]) + " s (--from counts from the first sample)")
         return 0
     job = jobs.get((a.cell, a.round))
     if job is None:

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "proto/link_spec.h"
 
 namespace longhaul::worker {
 
@@ -24,6 +25,25 @@ absl::StatusOr<LinkSettings> ResolveLinkSpec(const v1::LinkSpec& spec, uint64_t 
     s.codec_device = *d;
   }
   return s;
+}
+
+absl::StatusOr<std::vector<netem::LinkProfile>> ReplicaLinkProfiles(const v1::LinkSpec& spec,
+                                                                    const std::vector<std::string>& regions,
+                                                                    int rank, uint64_t seed) {
+  if (rank < 0 || rank >= static_cast<int>(regions.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("replica ", rank, " of a group of ", regions.size()));
+  }
+  std::vector<netem::LinkProfile> links;
+  if (!(spec.rate_mbit() > 0 || spec.between_regions_mbit() > 0 || spec.delay_ms() > 0 || spec.loss() > 0 ||
+        spec.pace_mbit() > 0)) {
+    return links;
+  }
+  for (const std::string& peer : regions) {
+    absl::StatusOr<LinkSettings> ls = ResolveLinkSpec(LinkSpecBetween(spec, regions[static_cast<size_t>(rank)], peer), seed);
+    if (!ls.ok()) return ls.status();
+    links.push_back(ls->profile);
+  }
+  return links;
 }
 
 }  // namespace longhaul::worker

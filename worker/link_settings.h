@@ -3,7 +3,8 @@
 //   rate_mbit 0       unshaped                               (netem::LinkProfile::shaped)
 //   burst_bytes 0     about 1 ms of traffic, as tc tbf gets  (netem::LinkProfile::EffectiveBurstBytes)
 //   retransmit_ms 0   max(200 ms, 3 x delay)                 (netem::LinkProfile::EffectiveRetransmit)
-//   pace_mbit 0       unpaced; ignored where rate_mbit applies (netem::LinkProfile::paced)
+//   pace_mbit 0       unpaced; ignored wherever in-process emulation applies, as on links between
+//                     regions at between_regions_mbit (netem::LinkProfile::paced)
 //   streams 0         1, and 1 whatever was asked when the link is shaped or paced in-process (one
 //                     shaper or pacer per link)              (here)
 //   codec_device ""   auto                                   (here)
@@ -11,6 +12,8 @@
 #define LONGHAUL_WORKER_LINK_SETTINGS_H_
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "codec/codec.h"
@@ -30,6 +33,14 @@ struct LinkSettings {
 // `seed` seeds the profile's jitter and loss draws. Fails only for a codec_device the job spec's
 // validation would have rejected.
 absl::StatusOr<LinkSettings> ResolveLinkSpec(const v1::LinkSpec& spec, uint64_t seed);
+
+// The data-parallel links from replica `rank` to every replica of its group (`regions`: each one's
+// region), as the spec's links: section makes them (proto/link_spec.h's LinkSpecBetween per pair:
+// emulated, at between_regions_mbit across regions, or paced); empty when the section neither
+// emulates nor paces (the collective transport's default). `seed` seeds the jitter and loss draws.
+absl::StatusOr<std::vector<netem::LinkProfile>> ReplicaLinkProfiles(const v1::LinkSpec& spec,
+                                                                    const std::vector<std::string>& regions,
+                                                                    int rank, uint64_t seed);
 
 }  // namespace longhaul::worker
 

@@ -1,7 +1,6 @@
 // StageRunner's replicated-stage part (stage_runner.h): the synchronisation among a stage's
 // replicas after each backward pass, over the worker's Collective service (replica_sync.h).
 #include "absl/strings/str_cat.h"
-#include "proto/link_spec.h"
 #include "worker/link_settings.h"
 #include "worker/stage_runner.h"
 
@@ -26,22 +25,14 @@ absl::Status StageRunner::SetupReplicaSync() {
   ro.weight_bits = spec.data_parallel().weight_bits();
   if (spec.data_parallel().timeout_seconds() > 0) ro.timeout = absl::Seconds(spec.data_parallel().timeout_seconds());
   ro.seed = spec.seed() * 1000 + static_cast<uint64_t>(a_.stage());
-  // The same emulated links as the pipeline's (links: in the spec), per peer: those in other regions
-  // at links.between_regions_mbit when it is set.
-  const v1::LinkSpec& l = spec.links();
-  if (ro.rank < 0 || ro.rank >= static_cast<int>(ro.regions.size())) {
-    return absl::InvalidArgumentError(absl::StrCat("job ", a_.job_id(), " stage ", a_.stage(), ": replica ", ro.rank,
-                                                   " of a group of ", ro.regions.size()));
+  // The same emulated (or paced) links as the pipeline's (links: in the spec), per peer: those in
+  // other regions at links.between_regions_mbit when it is set.
+  absl::StatusOr<std::vector<netem::LinkProfile>> links = ReplicaLinkProfiles(
+      spec.links(), ro.regions, ro.rank, spec.seed() * 1000 + 500 + a_.stage() * 64 + ro.rank);
+  if (!links.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("job ", a_.job_id(), " stage ", a_.stage(), ": ", links.status().message()));
   }
-  if (l.rate_mbit() > 0 || l.between_regions_mbit() > 0 || l.delay_ms() > 0 || l.loss() > 0) {
-    const std::string& mine = ro.regions[static_cast<size_t>(ro.rank)];
-    for (size_t p = 0; p < ro.addresses.size(); ++p) {
-      absl::StatusOr<LinkSettings> ls = ResolveLinkSpec(LinkSpecBetween(l, mine, ro.regions[p]),
-                                                        spec.seed() * 1000 + 500 + a_.stage() * 64 + ro.rank);
-      if (!ls.ok()) return ls.status();
-      ro.links.push_back(ls->profile);
-    }
-  }
+  ro.links = std::move(*links);
   absl::StatusOr<std::unique_ptr<ReplicaSync>> rs = ReplicaSync::Create(collective_, std::move(ro), exec_.get(), opt_.optimizer);
   if (!rs.ok()) return rs.status();
   sync_ = std::move(*rs);

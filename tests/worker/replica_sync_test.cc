@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "collective/in_process_transport.h"
+#include "worker/link_settings.h"
 
 namespace longhaul::worker {
 namespace {
@@ -85,6 +86,36 @@ TEST_F(ReplicaSyncRestoreTest, AnythingButThisReplicasShardIsRefusedNamingIt) {
   ExpectRefused(other, "holds 4 optimizer shard tensors");
   // Nothing was taken from the refused ones: the state is still empty.
   EXPECT_EQ(sync_->CheckpointState().tensors.at("main").numel(), 0);
+}
+
+// The replicas' links from the spec's links: section (worker/link_settings.h): none without
+// emulation or a pace; a pace alone paces every link; links between regions emulated at
+// between_regions_mbit are not paced as well, those within the region are.
+TEST(ReplicaLinkProfilesTest, EmulatedOrPacedPerPeer) {
+  const std::vector<std::string> regions = {"eu", "eu", "us"};
+  v1::LinkSpec none;
+  absl::StatusOr<std::vector<netem::LinkProfile>> l = ReplicaLinkProfiles(none, regions, 0, 1);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_TRUE(l->empty());
+  v1::LinkSpec paced;
+  paced.set_pace_mbit(80);
+  l = ReplicaLinkProfiles(paced, regions, 0, 1);
+  ASSERT_TRUE(l.ok()) << l.status();
+  ASSERT_EQ(l->size(), 3u);
+  for (const netem::LinkProfile& p : *l) {
+    EXPECT_TRUE(p.paced());
+    EXPECT_DOUBLE_EQ(p.pace_bytes_per_s, 10e6);
+  }
+  paced.set_between_regions_mbit(8);
+  l = ReplicaLinkProfiles(paced, regions, 0, 1);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_TRUE((*l)[1].paced());
+  EXPECT_FALSE((*l)[2].paced());
+  EXPECT_TRUE((*l)[2].shaped());
+  EXPECT_DOUBLE_EQ((*l)[2].rate_bytes_per_s, 1e6);
+  absl::StatusOr<std::vector<netem::LinkProfile>> bad = ReplicaLinkProfiles(paced, regions, 3, 1);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("replica 3 of a group of 3"), std::string::npos) << bad.status();
 }
 
 }  // namespace
