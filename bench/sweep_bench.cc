@@ -344,10 +344,13 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
     std::sort(v.begin(), v.end());
     return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
   };
-  auto median_of = [&](const std::vector<Sample>& v, double Sample::*field) {
+  auto median_by = [&](const std::vector<Sample>& v, const std::function<double(const Sample&)>& get) {
     std::vector<double> x;
-    for (const Sample& s : v) x.push_back(s.*field);
+    for (const Sample& s : v) x.push_back(get(s));
     return median(x);
+  };
+  auto median_of = [&](const std::vector<Sample>& v, double Sample::*field) {
+    return median_by(v, [field](const Sample& s) { return s.*field; });
   };
   // The bytes per step that must cross the busiest link. GPipe runs all forwards, then all
   // backwards, so a link's two directions never overlap and a step needs forward + backward
@@ -364,9 +367,7 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
       r.wire_bytes_per_step = median_of(cell, &Sample::busiest_link_bytes) / static_cast<double>(f.steps);
       r.drops = median_of(cell, &Sample::drops);
       auto idle_median = [&](double IdleShares::*field) {
-        std::vector<double> x;
-        for (const Sample& v : cell) x.push_back(v.idle.*field);
-        return median(x);
+        return median_by(cell, [field](const Sample& s) { return s.idle.*field; });
       };
       r.idle = {cell.back().idle.link,
                 idle_median(&IdleShares::busy),

@@ -98,7 +98,7 @@ PeerShaper::PeerShaper(const netem::LinkProfile& p)
     : shaped_(p.shaped()),
       paced_(p.paced()),
       shaper_(p),
-      pacer_(paced_ ? p.pace_bytes_per_s : 0, netem::DefaultBurstBytes(p.pace_bytes_per_s)) {}
+      pacer_(netem::LinkPacer(p)) {}
 
 absl::Duration PeerShaper::PaceChunk(int64_t bytes) {
   if (!paced_) return absl::ZeroDuration();

@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "codec/spec.h"
+#include "proto/link_spec.h"
 #include "stage_runtime/model_presets.h"
 #include "stage_runtime/partition.h"
 
@@ -432,8 +433,7 @@ absl::Status ValidateJobSpec(const v1::JobSpec& s) {
   range("links.rate_mbit", s.links().rate_mbit(), 0, 1e6);
   range("links.between_regions_mbit", s.links().between_regions_mbit(), 0, 1e6);
   range("links.pace_mbit", s.links().pace_mbit(), 0, 1e6);
-  if (const v1::LinkSpec& l = s.links();
-      l.pace_mbit() > 0 && (l.rate_mbit() > 0 || l.delay_ms() > 0 || l.jitter_ms() > 0 || l.loss() > 0)) {
+  if (const v1::LinkSpec& l = s.links(); l.pace_mbit() > 0 && EmulatesLink(l)) {
     p.push_back(absl::StrCat("links.pace_mbit: ", l.pace_mbit(),
                              " paces real links; not with in-process emulation (rate_mbit, delay_ms, jitter_ms, loss)"));
   }

@@ -76,7 +76,7 @@ struct LinkProfile {
     return rate_bytes_per_s > 0 || delay > absl::ZeroDuration() || jitter > absl::ZeroDuration() || loss > 0;
   }
   // Not emulation: the sender's own rate on a real (or tc-shaped) link, each chunk sent as soon as
-  // the pace allows (a token bucket of DefaultBurstBytes: burst_bytes is the emulation's). Kept just
+  // the pace allows (LinkPacer: a token bucket of DefaultBurstBytes; burst_bytes is the emulation's). Kept just
   // under the bottleneck's rate, it keeps that link's queue short, and with it the delay of the ACKs
   // that share the queue (docs/netem-sweep.md, "Paced senders"). Per link, not per host: a host
   // sending on two links at once sends at twice the pace. <= 0: unpaced. An emulated (shaped)
@@ -84,6 +84,13 @@ struct LinkProfile {
   double pace_bytes_per_s = 0;
   bool paced() const { return !shaped() && pace_bytes_per_s > 0; }
 };
+
+// The sender's pacer of a link (LinkProfile::paced): a token bucket at the pace with the default
+// burst, used through TokenBucket::Pace; unlimited when the profile is not paced.
+inline TokenBucket LinkPacer(const LinkProfile& p, common::Clock* clock = common::RealClock()) {
+  const double pace = p.paced() ? p.pace_bytes_per_s : 0;
+  return TokenBucket(pace, DefaultBurstBytes(pace), clock);
+}
 
 // Delivery schedule of a shaped link. For each chunk the sender calls Admit(bytes): the rate is
 // enforced by sleeping on the clock (as TokenBucket::Acquire), and the returned time is when the

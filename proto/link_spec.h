@@ -18,6 +18,12 @@ inline v1::LinkSpec LinkSpecBetween(const v1::LinkSpec& spec, const std::string&
   return l;
 }
 
+// Whether a link's settings emulate anything in-process (a rate, delay, jitter or loss; the
+// worker's netem::LinkProfile::shaped). links.pace_mbit is not emulation.
+inline bool EmulatesLink(const v1::LinkSpec& l) {
+  return l.rate_mbit() > 0 || l.delay_ms() > 0 || l.jitter_ms() > 0 || l.loss() > 0;
+}
+
 }  // namespace longhaul
 
 #endif  // LONGHAUL_PROTO_LINK_SPEC_H_

@@ -49,8 +49,7 @@ absl::StatusOr<std::unique_ptr<LinkSender>> LinkSender::Start(const SenderOption
   if (o.profile.shaped()) {
     s->shaper_ = std::make_unique<netem::LinkShaper>(o.profile, o.clock);  // it applies the profile's defaults
   } else if (o.profile.paced()) {
-    const double pace = o.profile.pace_bytes_per_s;
-    s->pacer_ = std::make_unique<netem::TokenBucket>(pace, netem::DefaultBurstBytes(pace), o.clock);
+    s->pacer_ = std::make_unique<netem::TokenBucket>(netem::LinkPacer(o.profile, o.clock));
   }
   // The delay line's thread exists before the sender thread, which checks for it.
   const netem::LinkProfile& pr = o.profile;

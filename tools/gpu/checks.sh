@@ -121,11 +121,14 @@ PY
       devices="${SWEEP_DEVICES:-$(awk -v n="${gpus:-0}" 'BEGIN {for (i = 0; i < n && i < 4; ++i) printf "%scuda:%d", (i ? "," : ""), i}')}"
       devices="${devices:-cuda:0}"
       echo "sweep: workers on $devices"
+      # The link trace needs tc and 3 steps or more (the bench refuses it otherwise).
+      trace=""
+      [[ "$shaper" == tc && "${SWEEP_STEPS:-3}" -ge 3 ]] && trace="$OUT/link-trace.csv"
       mkdir -p /var/tmp/longhaul
       TMPDIR=/var/tmp/longhaul build/bin/longhaul-bench sweep --shaper="$shaper" --preset=gpt2-xl --layers="${SWEEP_LAYERS:-48}" --stages=4 --device="$devices" \
         --precision=bf16 --context=1024 --micro-batches="${SWEEP_MICRO_BATCHES:-32}" --micro-batch-size=1 \
         --schedule="${SWEEP_SCHEDULE:-gpipe}" --steps="${SWEEP_STEPS:-3}" --repeats=1 --rates="${SWEEP_RATES:-100}" --codecs=fp32,tahquant --backward=int8 \
-        ${SWEEP_TCP_CONGESTION:+--tcp-congestion="$SWEEP_TCP_CONGESTION"} ${SWEEP_PACE:+--pace="$SWEEP_PACE"} --markdown="$OUT/gpu-sweep.md" --link-trace="$OUT/link-trace.csv" >"$OUT/sweep.log" 2>&1 || { tail -30 "$OUT/sweep.log"; exit 1; }
+        ${SWEEP_TCP_CONGESTION:+--tcp-congestion="$SWEEP_TCP_CONGESTION"} ${SWEEP_PACE:+--pace="$SWEEP_PACE"} --markdown="$OUT/gpu-sweep.md" ${trace:+--link-trace="$trace"} >"$OUT/sweep.log" 2>&1 || { tail -30 "$OUT/sweep.log"; exit 1; }
       [[ -f "$OUT/link-trace.csv" ]] && gzip -f "$OUT/link-trace.csv"
       cat "$OUT/gpu-sweep.md" ;;
     dpsweep)
