@@ -244,7 +244,9 @@ int Run(const Flags& f, const CLI::App& cmd) {
   // backward (one micro-batch's activations alive at a time, as at the steady state of a 1F1B
   // schedule on this stage), then one Step. The device is also synchronised just before the step,
   // so the step's own time can be reported (the extra synchronisation costs microseconds).
-  std::vector<double> times, step_times;
+  // `issued` is when the host has queued the micro-batches' work: on a GPU, an issue time near the
+  // iteration's means the host (launches, or a synchronisation inside the stage) sets the pace.
+  std::vector<double> times, step_times, issue_times;
   for (int64_t i = 0; i < f.warmup + f.iters; ++i) {
     Synchronize(spec.device);
     const auto t0 = Clock::now();
@@ -254,6 +256,7 @@ int Run(const Flags& f, const CLI::App& cmd) {
       auto back = (*exec)->Backward(mb, grad);
       if (!back.ok()) return fail(back.status());
     }
+    const auto issued = Clock::now();
     Synchronize(spec.device);
     const auto t1 = Clock::now();
     if (absl::Status s = (*exec)->Step(1.0); !s.ok()) return fail(s);
@@ -262,15 +265,18 @@ int Run(const Flags& f, const CLI::App& cmd) {
     if (i >= f.warmup) {
       times.push_back(Seconds(t0, t2));
       step_times.push_back(Seconds(t1, t2));
+      issue_times.push_back(Seconds(t0, issued));
     }
   }
   const auto [peak_memory, memory_source] = PeakMemory(spec.device);
   std::sort(times.begin(), times.end());
   std::sort(step_times.begin(), step_times.end());
+  std::sort(issue_times.begin(), issue_times.end());
   auto median_of = [](const std::vector<double>& v) {
     return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
   };
   const double median = median_of(times), step_median = median_of(step_times);
+  const double issue_median = median_of(issue_times);
   const int64_t tokens_per_iter = f.micro_batches * B * T;
 
   const int64_t flops_per_token = 6 * matmul_params + 12 * int64_t{layers} * H * T;
@@ -331,6 +337,8 @@ int Run(const Flags& f, const CLI::App& cmd) {
     out["iter_seconds_min"] = Round(times.front(), 6);
     out["step_seconds"] = Round(step_median, 6);  // the optimizer step alone, median
     out["step_fraction"] = Round(step_median / median, 4);
+    out["issue_seconds"] = Round(issue_median, 6);  // the host's queueing of the micro-batches, median
+    out["micro_batch_seconds"] = Round((median - step_median) / static_cast<double>(f.micro_batches), 6);
     std::printf("%s\n", out.dump().c_str());
     return 0;
   }
@@ -344,6 +352,8 @@ int Run(const Flags& f, const CLI::App& cmd) {
               median, times.front(), (long long)f.micro_batches, (long long)f.iters, (long long)f.warmup);
   std::printf("  step           median %.4f s (the AdamW step alone, %.1f%% of the iteration)\n", step_median,
               100 * step_median / median);
+  std::printf("  micro-batch    %.4f s forward + backward; the host queued the %lld in %.4f s (median)\n",
+              (median - step_median) / static_cast<double>(f.micro_batches), (long long)f.micro_batches, issue_median);
   std::printf("  tokens/s       %.1f (%lld tokens per iteration / median)\n", tokens_per_s, (long long)tokens_per_iter);
   std::printf("  achieved       %.3f TFLOP/s (6*N + 12*L*H*T FLOPs per token)\n", tflops);
   if (peak.tflops > 0) {

@@ -32,6 +32,10 @@
 #   test      ./longhaul.sh test -L gpu
 #   fuzz      the long fuzz runs of docs/security.md over every core (targets from tools/gpu/bundle-fuzzers.sh)
 #   bench     longhaul-bench stage: one gpt2-xl stage of 12 layers, bf16 (MFU)
+#   stageprof the sweep's stages alone: longhaul-bench stage at its micro-batch (one 1,024-token
+#             sequence, 32 micro-batches) for the first, a middle and the last stage, beside B = 8
+#             (issue_seconds: the host's queueing time); with Nsight Systems (nsys) where the
+#             machine has it, the middle stage's CUDA API and kernel summaries
 #   data      SentencePiece tokens of the fortunes corpus into /var/tmp/longhaul/fortunes-sp
 #   job       4 workers sharing cuda:0 train deploy/jobs/gpt2-small-fortunes.yaml for 50 steps
 #   fidelity  in-process 4-stage gpt2-small shape on those tokens, fp32 links vs tahquant/int8,
@@ -222,6 +226,26 @@ PY
     bench) nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
            build/bin/longhaul-bench stage --device=cuda:0 --preset=gpt2-xl --layers=12 --precision=bf16 --json \
              | tee "$OUT/stage-bench.json" ;;
+    stageprof)
+      ./longhaul.sh build longhaul-bench >"$OUT/build-stageprof.log" 2>&1 || { tail -40 "$OUT/build-stageprof.log"; exit 1; }
+      nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
+      sb=(build/bin/longhaul-bench stage --device=cuda:0 --preset=gpt2-xl --layers=12 --precision=bf16 --json)
+      for role in middle first last; do
+        flag=""; [[ "$role" != middle ]] && flag="--$role"
+        "${sb[@]}" $flag --micro-batch-size=1 --micro-batches=32 --warmup=2 --iters=3 | tee "$OUT/stage-mb1-$role.json"
+      done
+      "${sb[@]}" --micro-batch-size=8 --micro-batches=4 | tee "$OUT/stage-mb8-middle.json"
+      nsys_bin="$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1 || true)"
+      if [[ -z "$nsys_bin" ]]; then echo "stageprof: no Nsight Systems (nsys) on this machine"; continue; fi
+      mkdir -p /var/tmp/longhaul
+      rep=/var/tmp/longhaul/stage-mb1
+      "$nsys_bin" profile --trace=cuda,osrt --sample=none --cpuctxsw=none --force-overwrite=true -o "$rep" \
+        "${sb[@]}" --micro-batch-size=1 --micro-batches=8 --warmup=1 --iters=2 >"$OUT/nsys-profile.log" 2>&1 \
+        || { echo "nsys profile failed:"; tail -5 "$OUT/nsys-profile.log"; continue; }
+      for r in cuda_api_sum cuda_gpu_kern_sum cuda_gpu_mem_time_sum; do
+        "$nsys_bin" stats --report "$r" --format csv "$rep.nsys-rep" >"$OUT/nsys-$r.csv" 2>>"$OUT/nsys-profile.log" || true
+        echo "-- $r"; head -25 "$OUT/nsys-$r.csv" | cut -c1-200
+      done ;;
     data) build/bin/longhaul-data prepare --input=/usr/share/games/fortunes --out="$DATA" --vocab-size=8000 \
             2>&1 | { grep -v "LOG(INFO)" || true; } | tee "$OUT/data.log" ;;
     job) ./longhaul.sh demo --spec deploy/jobs/gpt2-small-fortunes.yaml --device=cuda:0 --threads=4 --steps=50 \
