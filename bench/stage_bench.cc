@@ -12,12 +12,15 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
+#include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/torch.h>
 
 #ifdef LONGHAUL_WITH_CUDA
@@ -52,6 +55,7 @@ struct Flags {
   int64_t warmup = 3, iters = 10, seed = 1;
   double peak_tflops = 0;  // 0: from the device name
   bool first = false, last = false, json = false;
+  std::string trace;  // --trace: one more iteration under LibTorch's profiler, a Chrome trace
 };
 
 // A datasheet peak (dense, no sparsity) for the device and precision; tflops 0 when not known.
@@ -131,6 +135,29 @@ std::pair<std::optional<int64_t>, std::string> PeakMemory(const torch::Device& d
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
   return {int64_t{u.ru_maxrss} * 1024, "max RSS of the whole process (getrusage)"};
+}
+
+// Runs `work` under LibTorch's (Kineto) profiler, the host's operators and on a GPU its kernels,
+// and writes the Chrome trace to `path`.
+absl::Status TraceTo(const std::string& path, const torch::Device& d, const std::function<absl::Status()>& work) {
+  namespace prof = torch::autograd::profiler;
+  using torch::profiler::impl::ActivityType;
+  const torch::profiler::impl::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO);
+  std::set<ActivityType> activities{ActivityType::CPU};
+  if (d.is_cuda()) activities.insert(ActivityType::CUDA);
+  absl::Status started = CatchTorch("start the profiler", [&]() -> absl::Status {
+    prof::prepareProfiler(config, activities);
+    prof::enableProfiler(config, activities);
+    return absl::OkStatus();
+  });
+  if (!started.ok()) return started;
+  absl::Status ran = work();
+  absl::Status saved = CatchTorch("write the trace", [&]() -> absl::Status {
+    std::unique_ptr<prof::ProfilerResult> result = prof::disableProfiler();
+    if (ran.ok()) result->save(path);
+    return absl::OkStatus();
+  });
+  return ran.ok() ? saved : ran;
 }
 
 double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
@@ -244,29 +271,44 @@ int Run(const Flags& f, const CLI::App& cmd) {
   // backward (one micro-batch's activations alive at a time, as at the steady state of a 1F1B
   // schedule on this stage), then one Step. The device is also synchronised just before the step,
   // so the step's own time can be reported (the extra synchronisation costs microseconds).
-  // `issued` is when the host has queued the micro-batches' work: on a GPU, an issue time near the
-  // iteration's means the host (launches, or a synchronisation inside the stage) sets the pace.
+  // `issued` is when the host has queued the micro-batches' work. On a GPU an issue time near the
+  // iteration's says the host waited: on its own launches and operators, on a synchronisation
+  // inside the stage, or on a full launch queue (the GPU's pace); --context smaller tells them
+  // apart (the host's work per micro-batch stays, the GPU's shrinks), --trace shows it.
   std::vector<double> times, step_times, issue_times;
-  for (int64_t i = 0; i < f.warmup + f.iters; ++i) {
+  struct Times {
+    double total, issue, step;
+  };
+  auto iteration = [&]() -> absl::StatusOr<Times> {
     Synchronize(spec.device);
     const auto t0 = Clock::now();
     for (int mb = 0; mb < static_cast<int>(f.micro_batches); ++mb) {
       auto out = (*exec)->Forward(mb, input, labels);
-      if (!out.ok()) return fail(out.status());
+      if (!out.ok()) return out.status();
       auto back = (*exec)->Backward(mb, grad);
-      if (!back.ok()) return fail(back.status());
+      if (!back.ok()) return back.status();
     }
     const auto issued = Clock::now();
     Synchronize(spec.device);
     const auto t1 = Clock::now();
-    if (absl::Status s = (*exec)->Step(1.0); !s.ok()) return fail(s);
+    if (absl::Status s = (*exec)->Step(1.0); !s.ok()) return s;
     Synchronize(spec.device);
     const auto t2 = Clock::now();
+    return Times{Seconds(t0, t2), Seconds(t0, issued), Seconds(t1, t2)};
+  };
+  for (int64_t i = 0; i < f.warmup + f.iters; ++i) {
+    absl::StatusOr<Times> t = iteration();
+    if (!t.ok()) return fail(t.status());
     if (i >= f.warmup) {
-      times.push_back(Seconds(t0, t2));
-      step_times.push_back(Seconds(t1, t2));
-      issue_times.push_back(Seconds(t0, issued));
+      times.push_back(t->total);
+      step_times.push_back(t->step);
+      issue_times.push_back(t->issue);
     }
+  }
+  if (!f.trace.empty()) {
+    absl::Status traced = TraceTo(f.trace, spec.device, [&]() { return iteration().status(); });
+    if (!traced.ok()) return fail(traced);
+    std::fprintf(stderr, "longhaul-bench stage: one more iteration traced into %s\n", f.trace.c_str());
   }
   const auto [peak_memory, memory_source] = PeakMemory(spec.device);
   std::sort(times.begin(), times.end());
@@ -402,6 +444,10 @@ BenchmarkRun AddStageBench(CLI::App& app) {
   cmd->add_option("--peak-tflops", f->peak_tflops, "peak TFLOP/s for MFU (0: from the device name, see below)")
       ->type_name("X");
   cmd->add_flag("--json", f->json, "one JSON object instead of lines of text");
+  cmd->add_option("--trace", f->trace,
+                  "after the timed iterations, one more under LibTorch's profiler (host operators, and the "
+                  "GPU's kernels on a GPU), written to FILE as a Chrome trace (not counted in the figures)")
+      ->type_name("FILE");
   cmd->footer(
       "Builds one stage (stage_runtime::StageExecutor) of --layers GPT-2 blocks; without --first and\n"
       "--last a middle stage: input hidden states [B, T, H], no embeddings or LM head. Random input,\n"

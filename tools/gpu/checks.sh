@@ -34,8 +34,9 @@
 #   bench     longhaul-bench stage: one gpt2-xl stage of 12 layers, bf16 (MFU)
 #   stageprof the sweep's stages alone: longhaul-bench stage at its micro-batch (one 1,024-token
 #             sequence, 32 micro-batches) for the first, a middle and the last stage, beside B = 8
-#             (issue_seconds: the host's queueing time); with Nsight Systems (nsys) where the
-#             machine has it, the middle stage's CUDA API and kernel summaries
+#             (issue_seconds: the host's queueing time) and at 1/8 the context; one iteration of
+#             the middle stage under LibTorch's profiler (stage-mb1-trace.json.gz, summarised by
+#             tools/torch-trace-summary.py)
 #   data      SentencePiece tokens of the fortunes corpus into /var/tmp/longhaul/fortunes-sp
 #   job       4 workers sharing cuda:0 train deploy/jobs/gpt2-small-fortunes.yaml for 50 steps
 #   fidelity  in-process 4-stage gpt2-small shape on those tokens, fp32 links vs tahquant/int8,
@@ -235,17 +236,12 @@ PY
         "${sb[@]}" $flag --micro-batch-size=1 --micro-batches=32 --warmup=2 --iters=3 | tee "$OUT/stage-mb1-$role.json"
       done
       "${sb[@]}" --micro-batch-size=8 --micro-batches=4 | tee "$OUT/stage-mb8-middle.json"
-      nsys_bin="$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1 || true)"
-      if [[ -z "$nsys_bin" ]]; then echo "stageprof: no Nsight Systems (nsys) on this machine"; continue; fi
-      mkdir -p /var/tmp/longhaul
-      rep=/var/tmp/longhaul/stage-mb1
-      "$nsys_bin" profile --trace=cuda,osrt --sample=none --cpuctxsw=none --force-overwrite=true -o "$rep" \
-        "${sb[@]}" --micro-batch-size=1 --micro-batches=8 --warmup=1 --iters=2 >"$OUT/nsys-profile.log" 2>&1 \
-        || { echo "nsys profile failed:"; tail -5 "$OUT/nsys-profile.log"; continue; }
-      for r in cuda_api_sum cuda_gpu_kern_sum cuda_gpu_mem_time_sum; do
-        "$nsys_bin" stats --report "$r" --format csv "$rep.nsys-rep" >"$OUT/nsys-$r.csv" 2>>"$OUT/nsys-profile.log" || true
-        echo "-- $r"; head -25 "$OUT/nsys-$r.csv" | cut -c1-200
-      done ;;
+      # The GPU's part and the host's: the same micro-batch at 1/8 the context (the host's work the
+      # same, the GPU's an eighth), and one iteration of 8 micro-batches under LibTorch's profiler.
+      "${sb[@]}" --micro-batch-size=1 --micro-batches=32 --context=128 --warmup=2 --iters=3 | tee "$OUT/stage-mb1-ctx128-middle.json"
+      "${sb[@]}" --micro-batch-size=1 --micro-batches=8 --warmup=2 --iters=3 --trace="$OUT/stage-mb1-trace.json" >/dev/null \
+        && python3 tools/torch-trace-summary.py "$OUT/stage-mb1-trace.json" | tee "$OUT/stage-mb1-trace.txt" \
+        && gzip -f "$OUT/stage-mb1-trace.json" ;;
     data) build/bin/longhaul-data prepare --input=/usr/share/games/fortunes --out="$DATA" --vocab-size=8000 \
             2>&1 | { grep -v "LOG(INFO)" || true; } | tee "$OUT/data.log" ;;
     job) ./longhaul.sh demo --spec deploy/jobs/gpt2-small-fortunes.yaml --device=cuda:0 --threads=4 --steps=50 \

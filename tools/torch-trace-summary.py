@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""Summarises a LibTorch (Kineto) Chrome trace, as `longhaul-bench stage --trace` writes it.
+
+  tools/torch-trace-summary.py TRACE.json[.gz] [--top N]
+
+Prints the traced span, how much of it the GPU was busy (the union of its kernels' intervals), the
+kernels by total time, the CUDA runtime calls by total time (launches, and the synchronisations
+where the host waited for the GPU), and the host's operators by count. Times in milliseconds.
+"""
+import argparse
+import collections
+import gzip
+import json
+import sys
+
+
+def load(path):
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        d = json.load(f)
+    return d["traceEvents"] if isinstance(d, dict) else d
+
+
+def union_ms(intervals):
+    busy, end = 0.0, None
+    for s, e in sorted(intervals):
+        if end is None or s > end:
+            busy += e - s
+            end = e
+        elif e > end:
+            busy += e - end
+            end = e
+    return busy / 1000.0
+
+
+def table(title, rows, top):
+    print(f"\n{title}")
+    print(f"  {'ms':>9} {'count':>7} {'mean us':>9}  name")
+    for name, (ms, n) in sorted(rows.items(), key=lambda kv: -kv[1][0])[:top]:
+        print(f"  {ms:9.2f} {n:7d} {1000 * ms / n:9.1f}  {name[:110]}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("trace")
+    ap.add_argument("--top", type=int, default=15, help="rows per table (default 15)")
+    a = ap.parse_args()
+    try:
+        events = [e for e in load(a.trace) if e.get("ph") == "X" and "dur" in e]
+    except (OSError, ValueError, KeyError) as e:
+        sys.exit(f"torch-trace-summary: cannot read {a.trace}: {e}")
+    if not events:
+        sys.exit(f"torch-trace-summary: {a.trace} has no complete events")
+    by_cat = collections.defaultdict(list)
+    for e in events:
+        by_cat[e.get("cat", "")].append(e)
+    start = min(e["ts"] for e in events)
+    end = max(e["ts"] + e["dur"] for e in events)
+    kernels = by_cat.get("kernel", [])
+    span = (end - start) / 1000.0
+    print(f"{a.trace}: {span:.2f} ms traced")
+    if kernels:
+        busy = union_ms([(e["ts"], e["ts"] + e["dur"]) for e in kernels])
+        total = sum(e["dur"] for e in kernels) / 1000.0
+        print(f"GPU kernels: {len(kernels)}, busy {busy:.2f} ms ({100 * busy / span:.0f}% of the span), "
+              f"kernel time {total:.2f} ms, mean {1000 * total / len(kernels):.1f} us a kernel")
+        mem = by_cat.get("gpu_memcpy", []) + by_cat.get("gpu_memset", [])
+        if mem:
+            print(f"GPU copies and sets: {len(mem)}, {sum(e['dur'] for e in mem) / 1000.0:.2f} ms")
+
+        def sums(evs):
+            rows = collections.defaultdict(lambda: [0.0, 0])
+            for e in evs:
+                rows[e["name"]][0] += e["dur"] / 1000.0
+                rows[e["name"]][1] += 1
+            return rows
+
+        table("kernels by total time:", sums(kernels), a.top)
+        table("CUDA runtime calls by total time (the host's side):", sums(by_cat.get("cuda_runtime", []) +
+              by_cat.get("cuda_driver", [])), a.top)
+    ops = by_cat.get("cpu_op", [])
+    if ops:
+        # Top-level operators only (not nested in another operator on the same thread).
+        ops.sort(key=lambda e: (e.get("tid"), e["ts"], -e["dur"]))
+        top_level, open_end = [], {}
+        for e in ops:
+            tid = e.get("tid")
+            if tid in open_end and e["ts"] < open_end[tid]:
+                continue
+            top_level.append(e)
+            open_end[tid] = e["ts"] + e["dur"]
+        rows = collections.defaultdict(lambda: [0.0, 0])
+        for e in top_level:
+            rows[e["name"]][0] += e["dur"] / 1000.0
+            rows[e["name"]][1] += 1
+        host = sum(e["dur"] for e in top_level) / 1000.0
+        print(f"\nhost operators: {len(ops)} in all, {len(top_level)} top-level taking {host:.2f} ms "
+              f"({1000 * host / max(1, len(top_level)):.1f} us each, profiler overhead included)")
+        table("top-level host operators by total time:", rows, a.top)
+
+
+if __name__ == "__main__":
+    main()
