@@ -7,13 +7,13 @@
 #include <torch/version.h>
 
 #include "absl/strings/str_cat.h"
+#include "stage_runtime/mixed_linear.h"
 
 namespace longhaul::stage_runtime {
 
 const torch::Tensor& CastCache::Get(const torch::Tensor& p, torch::ScalarType compute) {
-  const bool want_grad = torch::GradMode::is_enabled() && p.requires_grad();
-  if (!cast.defined() || source_data != p.data_ptr() || source_version != static_cast<int64_t>(p._version()) ||
-      (want_grad && !cast.requires_grad())) {
+  if (!cast.defined() || source_data != p.data_ptr() || source_version != static_cast<int64_t>(p._version())) {
+    torch::NoGradGuard no_grad;  // MixedLinear takes the gradients to the parameter itself
     cast = p.to(compute);
     source_data = p.data_ptr();
     source_version = static_cast<int64_t>(p._version());
@@ -23,13 +23,16 @@ const torch::Tensor& CastCache::Get(const torch::Tensor& p, torch::ScalarType co
 
 namespace {
 
-// y = x W^T + b in the compute dtype; the float32 parameters are cast on the way (their gradients
-// come back in float32 through the cast). With float32 compute the parameters are used directly.
-torch::Tensor Project(torch::nn::Linear l, const torch::Tensor& x, torch::ScalarType compute,
+// y = x W^T + b in the compute dtype, returned in `out` (MixedLinear: the float32 parameters' casts
+// from the caches, their gradients accumulated in float32). With float32 compute the parameters
+// are used directly.
+torch::Tensor Project(torch::nn::Linear l, const torch::Tensor& x, torch::ScalarType compute, torch::ScalarType out,
                       CastCache& weight, CastCache& bias) {
-  if (compute == torch::kFloat32) return l(x);
+  if (compute == torch::kFloat32) return l(x).to(out);
   const torch::Tensor& b = l->bias;
-  return torch::linear(x.to(compute), weight.Get(l->weight, compute), b.defined() ? bias.Get(b, compute) : torch::Tensor());
+  const MixedLinearParams p{l->weight, b, weight.Get(l->weight, compute),
+                            b.defined() ? bias.Get(b, compute) : torch::Tensor()};
+  return MixedLinear(x, p, out);
 }
 
 // Causal self-attention over [B, heads, T, hd]. LibTorch 2.x has fused kernels (flash / memory-
@@ -63,12 +66,12 @@ class BlockImpl : public torch::nn::Module {
   // x: the float32 residual stream [B, T, C].
   torch::Tensor forward(const torch::Tensor& x) {
     const int64_t b = x.size(0), t = x.size(1), c = x.size(2), hd = c / heads_;
-    auto qkv = Project(c_attn_, ln_1_(x), compute_, casts_[0], casts_[1]).split(c, 2);
+    auto qkv = Project(c_attn_, ln_1_(x), compute_, compute_, casts_[0], casts_[1]).split(c, 2);
     auto shape = [&](const torch::Tensor& y) { return y.view({b, t, heads_, hd}).transpose(1, 2); };
     auto y = CausalAttention(shape(qkv[0]), shape(qkv[1]), shape(qkv[2])).transpose(1, 2).contiguous().view({b, t, c});
-    auto h = x + Project(attn_proj_, y, compute_, casts_[2], casts_[3]).to(x.scalar_type());
-    auto m = torch::gelu(Project(c_fc_, ln_2_(h), compute_, casts_[4], casts_[5]), "tanh");
-    return h + Project(mlp_proj_, m, compute_, casts_[6], casts_[7]).to(h.scalar_type());
+    auto h = x + Project(attn_proj_, y, compute_, x.scalar_type(), casts_[2], casts_[3]);
+    auto m = torch::gelu(Project(c_fc_, ln_2_(h), compute_, compute_, casts_[4], casts_[5]), "tanh");
+    return h + Project(mlp_proj_, m, compute_, h.scalar_type(), casts_[6], casts_[7]);
   }
 
  private:
@@ -140,7 +143,7 @@ torch::Tensor GptStageImpl::forward(const torch::Tensor& input) {
     x = wte_(input) + wpe_(torch::arange(t, torch::TensorOptions().dtype(torch::kLong).device(input.device()))).unsqueeze(0);
   }
   for (auto& b : blocks_) x = b->as<BlockImpl>()->forward(x);
-  if (last_) x = Project(lm_head_, ln_f_(x), compute_, lm_head_casts_[0], lm_head_casts_[1]);
+  if (last_) x = Project(lm_head_, ln_f_(x), compute_, compute_, lm_head_casts_[0], lm_head_casts_[1]);
   return x;
 }
 

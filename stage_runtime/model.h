@@ -38,13 +38,10 @@ struct GptConfig {
 
 // A parameter cast to the compute dtype, made once and reused until the parameter changes: the
 // optimizer steps once per several micro-batches, so casting in every micro-batch's forward would
-// repeat the same elementwise pass over all weights. The cast is made with autograd on, so every
-// micro-batch's graph goes through the same cast node to the float32 parameter: each backward
-// brings its bfloat16 gradient back as float32 and accumulates it into the parameter's .grad,
-// exactly as a cast per micro-batch would. The cast node keeps no tensors for backward, so it can
-// be gone through by several backward passes. It is made again when the parameter's storage or
-// version counter changed (an optimizer step, a checkpoint load, a move to another device) or
-// when it was made without autograd (Evaluate) and is needed with it.
+// repeat the same elementwise pass over all weights. The cast is made without autograd: MixedLinear
+// (mixed_linear.h) adds each micro-batch's gradient into the float32 parameter's .grad itself. It
+// is made again when the parameter's storage or version counter changed (an optimizer step, a
+// checkpoint load, a move to another device).
 // Used by the stage and its blocks for bfloat16 compute; not thread-safe (nor is the module).
 struct CastCache {
   torch::Tensor cast;
