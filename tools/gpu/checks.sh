@@ -19,7 +19,8 @@
 #             (the idle table in gpu-sweep.md profiles steps 2..N-1: 4 gives it two steps);
 #             SWEEP_SCHEDULE gpipe; SWEEP_TCP_CONGESTION the hosts' congestion control, default the
 #             bench's, cubic; "host": the machine's; SWEEP_PACE the senders' pace as a fraction of the
-#             TCP payload the rate carries, default the bench's, 0.98; 0: unpaced), the link trace in link-trace.csv.gz
+#             TCP payload the rate carries, default the bench's, 0.98; 0: unpaced; SWEEP_CODECS the forward
+#             codecs, default fp32,tahquant), the link trace in link-trace.csv.gz
 #   dpsweep   docs/replicated-stages.md's data-parallel cells on this machine's cores (no GPU):
 #             longhaul-bench sweep --data-parallel --repeats 5 (DPSWEEP_REPEATS), the table in
 #             dp-sweep.md and the round lines (each stage's bucket spans) in dp-rounds.txt
@@ -132,7 +133,7 @@ PY
       mkdir -p /var/tmp/longhaul
       TMPDIR=/var/tmp/longhaul build/bin/longhaul-bench sweep --shaper="$shaper" --preset=gpt2-xl --layers="${SWEEP_LAYERS:-48}" --stages=4 --device="$devices" \
         --precision=bf16 --context=1024 --micro-batches="${SWEEP_MICRO_BATCHES:-32}" --micro-batch-size=1 \
-        --schedule="${SWEEP_SCHEDULE:-gpipe}" --steps="${SWEEP_STEPS:-3}" --repeats=1 --rates="${SWEEP_RATES:-100}" --codecs=fp32,tahquant --backward=int8 \
+        --schedule="${SWEEP_SCHEDULE:-gpipe}" --steps="${SWEEP_STEPS:-3}" --repeats=1 --rates="${SWEEP_RATES:-100}" --codecs="${SWEEP_CODECS:-fp32,tahquant}" --backward=int8 \
         ${SWEEP_TCP_CONGESTION:+--tcp-congestion="$SWEEP_TCP_CONGESTION"} ${SWEEP_PACE:+--pace="$SWEEP_PACE"} --markdown="$OUT/gpu-sweep.md" ${trace:+--link-trace="$trace"} >"$OUT/sweep.log" 2>&1 || { tail -30 "$OUT/sweep.log"; exit 1; }
       [[ -f "$OUT/link-trace.csv" ]] && gzip -f "$OUT/link-trace.csv"
       cat "$OUT/gpu-sweep.md" ;;
