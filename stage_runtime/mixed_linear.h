@@ -5,16 +5,22 @@
 // back -- records about nine autograd nodes per call (the casts of x, W, b and of the result, the
 // views of a 3-D input, the transpose, the product), and every micro-batch's backward runs the
 // weight's and bias's cast nodes and their AccumulateGrad. At one 1,024-token sequence per
-// micro-batch a GPT-2-XL stage's host spent about 20 ms per micro-batch queueing such nodes
-// against about 10 ms of GPU work (docs/gpu.md, "Stage benchmark"). Here the backward adds the
-// weight's and bias's gradients straight into the float32 parameters' .grad and returns only the
-// input's gradient.
+// micro-batch the host of a GPT-2-XL stage, queueing such nodes, took about 20 ms a micro-batch
+// against about 10 ms of GPU work (docs/gpu.md, "The sweep's micro-batch"). Here the backward adds
+// the weight's and bias's gradients straight into the float32 parameters' .grad and returns only
+// the input's gradient.
 //
-// The numbers are those of the plain form, operation for operation: the same products (the
-// weight's gradient as dY^T X, the input's as dY W, as LibTorch's addmm backward computes them for
-// a transposed weight), the bias's gradient summed in the compute dtype, each gradient rounded to
-// the compute dtype before it is accumulated in float32, in the order the micro-batches' backward
-// passes run (tests/stage_runtime/mixed_linear_test.cc compares them bit for bit).
+// For a contiguous 2-D or 3-D input (all the model passes) the numbers are those of the plain
+// form, operation for operation: the same products (the weight's gradient as dY^T X, the input's
+// as dY W, as LibTorch's addmm backward computes them for a transposed weight), the bias's
+// gradient summed in the compute dtype, each gradient rounded to the compute dtype before it is
+// accumulated in float32, in the order the micro-batches' backward passes run
+// (tests/stage_runtime/mixed_linear_test.cc and, on a GPU, tests/gpu/gpu_stage_test.cc compare
+// them bit for bit). Other inputs work, with products that may round differently.
+//
+// Unlike AccumulateGrad, the node writes the parameters' .grad whenever it runs (also in a
+// torch::autograd::grad for other tensors), passes no parameter hooks, and has no double backward
+// (create_graph is refused). Nothing in longhaul needs those.
 //
 // Threading: the backward runs on LibTorch's autograd thread, which is also where AccumulateGrad
 // would have run; the parameters' .grad must not be read or written elsewhere during a backward.

@@ -1,5 +1,6 @@
 // Stages on CUDA (label `gpu`): the same pipeline gives the same losses on the GPU as on the CPU
-// (fp32, TF32 off), bf16 compute trains, and checkpoints move between devices. On a machine
+// (fp32, TF32 off), bf16 compute trains, checkpoints move between devices, and MixedLinear's
+// cuBLAS products are the plain form's bit for bit at a GPT-2-XL layer's shape. On a machine
 // without a usable GPU (or with a CPU-only LibTorch, such as Debian's) every test is skipped with
 // the reason (ctest lists them as skipped). bf16 on the CPU is covered by the runtime tests.
 #include <gtest/gtest.h>
@@ -7,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "stage_runtime/mixed_linear.h"
 #include "stage_runtime/pipeline.h"
 
 namespace longhaul::stage_runtime {
@@ -136,6 +138,41 @@ TEST(GpuStages, ACheckpointWrittenOnTheGpuResumesOnTheCpu) {
   ASSERT_TRUE(loaded.ok()) << loaded;
   EXPECT_TRUE(torch::equal(gpu2->stage(0).model()->named_parameters()["wte.weight"].cpu(),
                            cpu->stage(0).model()->named_parameters()["wte.weight"]));
+}
+
+// MixedLinear against the plain form (casts, torch::linear, autograd through the casts) on the GPU,
+// at the shapes of a GPT-2-XL block's c_attn (float32 LayerNorm output in, bf16 out) and mlp
+// c_proj (bf16 in, the float32 residual stream out) for one 1,024-token sequence: the same outputs
+// and gradients, bit for bit, over two micro-batches' accumulation (tests/stage_runtime/
+// mixed_linear_test.cc covers the other cases on the CPU).
+TEST(GpuStages, MixedLinearMatchesThePlainFormOnCuda) {
+  if (std::string why = WhyNoCuda(); !why.empty()) GTEST_SKIP() << why;
+  struct Shape {
+    int64_t in, out;
+    torch::ScalarType x_dtype, out_dtype;
+  };
+  const auto on = torch::TensorOptions().device(torch::kCUDA);
+  for (const Shape& sh : {Shape{1600, 4800, torch::kFloat32, torch::kBFloat16}, Shape{6400, 1600, torch::kBFloat16, torch::kFloat32}}) {
+    torch::manual_seed(3);
+    const torch::Tensor w0 = torch::randn({sh.out, sh.in}, on) * 0.02, b0 = torch::randn({sh.out}, on) * 0.02;
+    torch::Tensor w_ref = w0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+    torch::Tensor b_ref = b0.clone().requires_grad_(true), b = b0.clone().requires_grad_(true);
+    MixedLinearParams p{w, b, w.detach().to(torch::kBFloat16), b.detach().to(torch::kBFloat16)};
+    for (int mb = 0; mb < 2; ++mb) {
+      const torch::Tensor x0 = torch::randn({1, 1024, sh.in}, on).to(sh.x_dtype);
+      const torch::Tensor dy = (torch::randn({1, 1024, sh.out}, on) * 0.01).to(sh.out_dtype);
+      torch::Tensor x_ref = x0.clone().requires_grad_(true), x = x0.clone().requires_grad_(true);
+      const torch::Tensor y_ref =
+          torch::linear(x_ref.to(torch::kBFloat16), w_ref.to(torch::kBFloat16), b_ref.to(torch::kBFloat16)).to(sh.out_dtype);
+      const torch::Tensor y = MixedLinear(x, p, sh.out_dtype);
+      y_ref.backward(dy);
+      y.backward(dy);
+      EXPECT_TRUE(torch::equal(y, y_ref)) << sh.in << "x" << sh.out << ", micro-batch " << mb;
+      EXPECT_TRUE(torch::equal(x.grad(), x_ref.grad())) << sh.in << "x" << sh.out << ", micro-batch " << mb;
+      EXPECT_TRUE(torch::equal(w.grad(), w_ref.grad())) << sh.in << "x" << sh.out << ", micro-batch " << mb;
+      EXPECT_TRUE(torch::equal(b.grad(), b_ref.grad())) << sh.in << "x" << sh.out << ", micro-batch " << mb;
+    }
+  }
 }
 
 }  // namespace

@@ -242,7 +242,7 @@ PY
       "${sb[@]}" --micro-batch-size=1 --micro-batches=32 --context=128 --warmup=2 --iters=3 | tee "$OUT/stage-mb1-ctx128-middle.json"
       "${sb[@]}" --micro-batch-size=1 --micro-batches=8 --warmup=2 --iters=3 --trace="$OUT/stage-mb1-trace.json" >/dev/null \
         && python3 tools/torch-trace-summary.py "$OUT/stage-mb1-trace.json" | tee "$OUT/stage-mb1-trace.txt" \
-        && gzip -f "$OUT/stage-mb1-trace.json" ;;
+        && gzip -f "$OUT/stage-mb1-trace.json" || { echo "stageprof: the traced run failed"; exit 1; } ;;
     data) build/bin/longhaul-data prepare --input=/usr/share/games/fortunes --out="$DATA" --vocab-size=8000 \
             2>&1 | { grep -v "LOG(INFO)" || true; } | tee "$OUT/data.log" ;;
     job) ./longhaul.sh demo --spec deploy/jobs/gpt2-small-fortunes.yaml --device=cuda:0 --threads=4 --steps=50 \
