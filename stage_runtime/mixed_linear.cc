@@ -29,12 +29,20 @@ class MixedLinearFunction : public torch::autograd::Function<MixedLinearFunction
                                const MixedLinearParams* p, torch::ScalarType out_dtype, bool input_grad) {
     const torch::Tensor& w = p->weight_compute;
     const int64_t in = w.size(1), out = w.size(0);
+    // The result keeps x's leading dimensions: those before the trailing ones that make `in`.
+    std::vector<int64_t> shape = x.sizes().vec();
+    int64_t features = 1;
+    while (!shape.empty() && features < in) {
+      features *= shape.back();
+      shape.pop_back();
+    }
+    TORCH_CHECK(features == in, "MixedLinear: the input's trailing dimensions (", x.sizes(), ") do not make its ", in,
+                " features");
+    shape.push_back(out);
     // As torch::linear: addmm on the input's rows (its fused path for a contiguous 3-D input),
     // mm without a bias.
     const torch::Tensor x2 = x.reshape({-1, in}).to(w.scalar_type());
     const torch::Tensor y = p->bias_compute.defined() ? torch::addmm(p->bias_compute, x2, w.t()) : torch::mm(x2, w.t());
-    std::vector<int64_t> shape = x.sizes().vec();
-    shape.back() = out;
     ctx->save_for_backward({x2, w});
     // The masters that learn; x's dtype (-1: no gradient wanted) and shape.
     if (Learns(p->weight)) ctx->saved_data[kWeight] = p->weight;

@@ -10,13 +10,15 @@
 // the weight's and bias's gradients straight into the float32 parameters' .grad and returns only
 // the input's gradient.
 //
-// For a contiguous 2-D or 3-D input (all the model passes) the numbers are those of the plain
+// For a contiguous 2-D or 3-D input (the model's other calls) the numbers are those of the plain
 // form, operation for operation: the same products (the weight's gradient as dY^T X, the input's
 // as dY W, as LibTorch's addmm backward computes them for a transposed weight), the bias's
 // gradient summed in the compute dtype, each gradient rounded to the compute dtype before it is
 // accumulated in float32, in the order the micro-batches' backward passes run
 // (tests/stage_runtime/mixed_linear_test.cc and, on a GPU, tests/gpu/gpu_stage_test.cc compare
-// them bit for bit). Other inputs work, with products that may round differently.
+// them bit for bit); for attention's output, a non-contiguous [B, T, heads, hd] view, they are
+// those of the plain form applied to it made contiguous and viewed as [B, T, C], which is what
+// the model did before. Other inputs work, with products that may round differently.
 //
 // Unlike AccumulateGrad, the node writes the parameters' .grad whenever it runs (also in a
 // torch::autograd::grad for other tensors), passes no parameter hooks, and has no double backward
@@ -40,7 +42,9 @@ struct MixedLinearParams {
 };
 
 // x: [..., in] in any floating dtype (cast to the compute dtype on the way in; its gradient comes
-// back in x's dtype). The result is [..., out] in `out_dtype`. The call keeps what its backward
+// back in x's dtype), or with the features over its trailing dimensions ([..., heads, hd], a view
+// that need not be contiguous: it is flattened as reshape does). The result is [..., out] in
+// `out_dtype`. The call keeps what its backward
 // needs (the tensors, not `params` itself).
 torch::Tensor MixedLinear(const torch::Tensor& x, const MixedLinearParams& params, torch::ScalarType out_dtype);
 

@@ -28,7 +28,8 @@ namespace {
 // are used directly.
 torch::Tensor Project(torch::nn::Linear l, const torch::Tensor& x, torch::ScalarType compute, torch::ScalarType out,
                       CastCache& weight, CastCache& bias) {
-  if (compute == torch::kFloat32) return l(x).to(out);
+  // x may hold its features over its last two dimensions (attention's [B, T, heads, hd] view).
+  if (compute == torch::kFloat32) return l(x.size(-1) == l->weight.size(1) ? x : x.flatten(-2)).to(out);
   const torch::Tensor& b = l->bias;
   const MixedLinearParams p{l->weight, b, weight.Get(l->weight, compute),
                             b.defined() ? bias.Get(b, compute) : torch::Tensor()};
@@ -66,9 +67,14 @@ class BlockImpl : public torch::nn::Module {
   // x: the float32 residual stream [B, T, C].
   torch::Tensor forward(const torch::Tensor& x) {
     const int64_t b = x.size(0), t = x.size(1), c = x.size(2), hd = c / heads_;
-    auto qkv = Project(c_attn_, ln_1_(x), compute_, compute_, casts_[0], casts_[1]).split(c, 2);
-    auto shape = [&](const torch::Tensor& y) { return y.view({b, t, heads_, hd}).transpose(1, 2); };
-    auto y = CausalAttention(shape(qkv[0]), shape(qkv[1]), shape(qkv[2])).transpose(1, 2).contiguous().view({b, t, c});
+    // q, k, v as [B, heads, T, hd] views of c_attn's output, and attention's output as a
+    // [B, T, heads, hd] view for c_proj (MixedLinear flattens it): few autograd nodes, the same
+    // tensors as splitting, viewing and transposing each.
+    auto qkv = Project(c_attn_, ln_1_(x), compute_, compute_, casts_[0], casts_[1])
+                   .view({b, t, 3, heads_, hd})
+                   .permute({2, 0, 3, 1, 4})
+                   .unbind(0);
+    auto y = CausalAttention(qkv[0], qkv[1], qkv[2]).transpose(1, 2);
     auto h = x + Project(attn_proj_, y, compute_, x.scalar_type(), casts_[2], casts_[3]);
     auto m = torch::gelu(Project(c_fc_, ln_2_(h), compute_, compute_, casts_[4], casts_[5]), "tanh");
     return h + Project(mlp_proj_, m, compute_, h.scalar_type(), casts_[6], casts_[7]);

@@ -74,6 +74,31 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{false, torch::kFloat32, kCompute, {2, 5, 16}}, Case{false, torch::kFloat32, kCompute, {7, 16}},
                       Case{true, torch::kFloat32, torch::kFloat32, {7, 16}}));
 
+// Attention's output as the model passes it, a [B, T, heads, hd] view of [B, heads, T, hd]: the
+// plain form's numbers on it made contiguous and viewed as [B, T, C].
+TEST(MixedLinearTest, TakesAttentionsOutputAsAView) {
+  torch::manual_seed(11);
+  const torch::Tensor w0 = torch::randn({16, 16}) * 0.2, b0 = torch::randn({16});
+  torch::Tensor w_ref = w0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+  torch::Tensor b_ref = b0.clone().requires_grad_(true), b = b0.clone().requires_grad_(true);
+  MixedLinearParams p{w, b, w.detach().to(kCompute), b.detach().to(kCompute)};
+  const torch::Tensor a0 = torch::randn({2, 4, 5, 4}).to(kCompute);  // [B, heads, T, hd]
+  const torch::Tensor dy = torch::randn({2, 5, 16});
+  torch::Tensor a_ref = a0.clone().requires_grad_(true), a = a0.clone().requires_grad_(true);
+  const torch::Tensor y_ref = torch::linear(a_ref.transpose(1, 2).contiguous().view({2, 5, 16}), w_ref.to(kCompute),
+                                            b_ref.to(kCompute))
+                                  .to(torch::kFloat32);
+  const torch::Tensor y = MixedLinear(a.transpose(1, 2), p, torch::kFloat32);
+  ASSERT_EQ(y.sizes(), y_ref.sizes());
+  EXPECT_TRUE(torch::equal(y, y_ref));
+  y_ref.backward(dy);
+  y.backward(dy);
+  EXPECT_TRUE(torch::equal(a.grad(), a_ref.grad()));
+  EXPECT_TRUE(torch::equal(w.grad(), w_ref.grad()));
+  EXPECT_TRUE(torch::equal(b.grad(), b_ref.grad()));
+  EXPECT_THROW(MixedLinear(torch::randn({2, 5, 12}), p, torch::kFloat32), std::exception);  // 12 features, not 16
+}
+
 // An input that needs no gradient still brings the parameters theirs; a parameter that learns
 // nothing gets none; no graph without grad mode; no double backward.
 TEST(MixedLinearTest, GradientsGoWhereTheyAreWanted) {
