@@ -44,8 +44,7 @@ struct MixedLinearParams {
 // x: [..., in] in any floating dtype (cast to the compute dtype on the way in; its gradient comes
 // back in x's dtype), or with the features over its trailing dimensions ([..., heads, hd], a view
 // that need not be contiguous: it is flattened as reshape does). The result is [..., out] in
-// `out_dtype`. The call keeps what its backward
-// needs (the tensors, not `params` itself).
+// `out_dtype`. The call keeps what its backward needs (the tensors, not `params` itself).
 torch::Tensor MixedLinear(const torch::Tensor& x, const MixedLinearParams& params, torch::ScalarType out_dtype);
 
 }  // namespace longhaul::stage_runtime

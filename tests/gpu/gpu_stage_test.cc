@@ -141,30 +141,38 @@ TEST(GpuStages, ACheckpointWrittenOnTheGpuResumesOnTheCpu) {
 }
 
 // MixedLinear against the plain form (casts, torch::linear, autograd through the casts) on the GPU,
-// at the shapes of a GPT-2-XL block's c_attn (float32 LayerNorm output in, bf16 out) and mlp
-// c_proj (bf16 in, the float32 residual stream out) for one 1,024-token sequence: the same outputs
-// and gradients, bit for bit, over two micro-batches' accumulation (tests/stage_runtime/
+// at the shapes of a GPT-2-XL block's c_attn (float32 LayerNorm output in, bf16 out), attn c_proj
+// (attention's bf16 output as its [B, T, heads, hd] view, the plain form's input made contiguous)
+// and mlp c_proj (bf16 in, the float32 residual stream out) for one 1,024-token sequence: the same
+// outputs and gradients, bit for bit, over two micro-batches' accumulation (tests/stage_runtime/
 // mixed_linear_test.cc covers the other cases on the CPU).
 TEST(GpuStages, MixedLinearMatchesThePlainFormOnCuda) {
   if (std::string why = WhyNoCuda(); !why.empty()) GTEST_SKIP() << why;
   struct Shape {
     int64_t in, out;
     torch::ScalarType x_dtype, out_dtype;
+    int64_t heads;  // > 0: the input is attention's output, [1, heads, 1024, in / heads] transposed
   };
   const auto on = torch::TensorOptions().device(torch::kCUDA);
-  for (const Shape& sh : {Shape{1600, 4800, torch::kFloat32, torch::kBFloat16}, Shape{6400, 1600, torch::kBFloat16, torch::kFloat32}}) {
+  for (const Shape& sh : {Shape{1600, 4800, torch::kFloat32, torch::kBFloat16, 0},
+                          Shape{1600, 1600, torch::kBFloat16, torch::kFloat32, 25},
+                          Shape{6400, 1600, torch::kBFloat16, torch::kFloat32, 0}}) {
     torch::manual_seed(3);
     const torch::Tensor w0 = torch::randn({sh.out, sh.in}, on) * 0.02, b0 = torch::randn({sh.out}, on) * 0.02;
     torch::Tensor w_ref = w0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
     torch::Tensor b_ref = b0.clone().requires_grad_(true), b = b0.clone().requires_grad_(true);
     MixedLinearParams p{w, b, w.detach().to(torch::kBFloat16), b.detach().to(torch::kBFloat16)};
     for (int mb = 0; mb < 2; ++mb) {
-      const torch::Tensor x0 = torch::randn({1, 1024, sh.in}, on).to(sh.x_dtype);
+      const torch::Tensor x0 = (sh.heads > 0 ? torch::randn({1, sh.heads, 1024, sh.in / sh.heads}, on)
+                                             : torch::randn({1, 1024, sh.in}, on))
+                                   .to(sh.x_dtype);
       const torch::Tensor dy = (torch::randn({1, 1024, sh.out}, on) * 0.01).to(sh.out_dtype);
       torch::Tensor x_ref = x0.clone().requires_grad_(true), x = x0.clone().requires_grad_(true);
+      const torch::Tensor x_in = sh.heads > 0 ? x.transpose(1, 2) : x;
+      const torch::Tensor x_ref_in = sh.heads > 0 ? x_ref.transpose(1, 2).contiguous().view({1, 1024, sh.in}) : x_ref;
       const torch::Tensor y_ref =
-          torch::linear(x_ref.to(torch::kBFloat16), w_ref.to(torch::kBFloat16), b_ref.to(torch::kBFloat16)).to(sh.out_dtype);
-      const torch::Tensor y = MixedLinear(x, p, sh.out_dtype);
+          torch::linear(x_ref_in.to(torch::kBFloat16), w_ref.to(torch::kBFloat16), b_ref.to(torch::kBFloat16)).to(sh.out_dtype);
+      const torch::Tensor y = MixedLinear(x_in, p, sh.out_dtype);
       y_ref.backward(dy);
       y.backward(dy);
       EXPECT_TRUE(torch::equal(y, y_ref)) << sh.in << "x" << sh.out << ", micro-batch " << mb;
