@@ -35,9 +35,9 @@
 #   bench     longhaul-bench stage: one gpt2-xl stage of 12 layers, bf16 (MFU)
 #   stageprof the sweep's stages alone: longhaul-bench stage at its micro-batch (one 1,024-token
 #             sequence, 32 micro-batches) for the first, a middle and the last stage, beside B = 8
-#             (issue_seconds: the host's queueing time) and at 1/8 the context; one iteration of
-#             the middle stage under LibTorch's profiler (stage-mb1-trace.json.gz, summarised by
-#             tools/torch-trace-summary.py)
+#             (issue_seconds: the host's queueing time) and at 1/8 the context, in stageprof.jsonl;
+#             one iteration of the middle stage under LibTorch's profiler (stage-mb1-trace.json.gz,
+#             summarised by tools/torch-trace-summary.py)
 #   data      SentencePiece tokens of the fortunes corpus into /var/tmp/longhaul/fortunes-sp
 #   job       4 workers sharing cuda:0 train deploy/jobs/gpt2-small-fortunes.yaml for 50 steps
 #   fidelity  in-process 4-stage gpt2-small shape on those tokens, fp32 links vs tahquant/int8,
@@ -232,18 +232,20 @@ PY
       ./longhaul.sh build longhaul-bench >"$OUT/build-stageprof.log" 2>&1 || { tail -40 "$OUT/build-stageprof.log"; exit 1; }
       nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
       sb=(build/bin/longhaul-bench stage --device=cuda:0 --preset=gpt2-xl --layers=12 --precision=bf16 --json)
+      # One JSON line a run in stageprof.jsonl (each names its stage, micro-batch size and context).
       for role in middle first last; do
         flag=""; [[ "$role" != middle ]] && flag="--$role"
-        "${sb[@]}" $flag --micro-batch-size=1 --micro-batches=32 --warmup=2 --iters=3 | tee "$OUT/stage-mb1-$role.json"
+        "${sb[@]}" $flag --micro-batch-size=1 --micro-batches=32 --warmup=2 --iters=3 | tee -a "$OUT/stageprof.jsonl"
       done
-      "${sb[@]}" --micro-batch-size=8 --micro-batches=4 | tee "$OUT/stage-mb8-middle.json"
+      "${sb[@]}" --micro-batch-size=8 --micro-batches=4 | tee -a "$OUT/stageprof.jsonl"
       # The GPU's part and the host's: the same micro-batch at 1/8 the context (the host's work the
       # same, the GPU's an eighth), and one iteration of 8 micro-batches under LibTorch's profiler.
-      "${sb[@]}" --micro-batch-size=1 --micro-batches=32 --context=128 --warmup=2 --iters=3 | tee "$OUT/stage-mb1-ctx128-middle.json"
+      "${sb[@]}" --micro-batch-size=1 --micro-batches=32 --context=128 --warmup=2 --iters=3 | tee -a "$OUT/stageprof.jsonl"
       "${sb[@]}" --micro-batch-size=1 --micro-batches=8 --warmup=2 --iters=3 --trace="$OUT/stage-mb1-trace.json" >/dev/null \
         && python3 tools/torch-trace-summary.py "$OUT/stage-mb1-trace.json" | tee "$OUT/stage-mb1-trace.txt" \
         && gzip -f "$OUT/stage-mb1-trace.json" || { echo "stageprof: the traced run failed"; exit 1; } ;;
-    data) build/bin/longhaul-data prepare --input=/usr/share/games/fortunes --out="$DATA" --vocab-size=8000 \
+    data) ./longhaul.sh build longhaul-data >"$OUT/build-data.log" 2>&1 || { tail -40 "$OUT/build-data.log"; exit 1; }
+          build/bin/longhaul-data prepare --input=/usr/share/games/fortunes --out="$DATA" --vocab-size=8000 \
             2>&1 | { grep -v "LOG(INFO)" || true; } | tee "$OUT/data.log" ;;
     job) ./longhaul.sh demo --spec deploy/jobs/gpt2-small-fortunes.yaml --device=cuda:0 --threads=4 --steps=50 \
            --summary-json="$OUT/job-summary.json" --run-dir=/var/tmp/longhaul/job >"$OUT/job.log" 2>&1 \
