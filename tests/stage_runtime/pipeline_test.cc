@@ -92,6 +92,25 @@ TEST(Pipeline, FourStagesMatchTheUnpartitionedModel) {
   }
 }
 
+// bf16 compute (MixedLinear's linear layers, float32 residual stream and links): four stages give
+// the unpartitioned model's losses, and they fall.
+TEST(Pipeline, Bf16FourStagesMatchTheUnpartitionedModel) {
+  auto ref_opt = Small(1, Schedule::kGPipe);
+  ref_opt.precision = Precision::kBf16;
+  auto ref = Make(ref_opt);
+  const std::vector<double> expect = Train(*ref, ref_opt, 0, 15);
+  auto o = Small(4, Schedule::k1F1B);
+  o.precision = Precision::kBf16;
+  auto p = Make(o);
+  const std::vector<double> got = Train(*p, o, 0, 15);
+  ASSERT_EQ(got.size(), expect.size());
+  for (size_t i = 0; i < expect.size(); ++i) {
+    EXPECT_LT(std::fabs(got[i] - expect[i]) / expect[i], kEquivalenceRelTolerance) << "step " << i << ": " << got[i]
+                                                                                   << " vs " << expect[i];
+  }
+  EXPECT_LT(got.back(), got.front() - 0.5) << "loss did not fall";
+}
+
 TEST(Pipeline, OneFOneBStoresFewerActivations) {
   auto og = Small(4, Schedule::kGPipe), of = Small(4, Schedule::k1F1B);
   og.micro_batches = of.micro_batches = 8;
