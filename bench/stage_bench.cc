@@ -17,9 +17,11 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include <nlohmann/json.hpp>
+#include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/torch.h>
 
@@ -160,6 +162,24 @@ absl::Status TraceTo(const std::string& path, const torch::Device& d, const std:
   return ran.ok() ? saved : ran;
 }
 
+// The autograd nodes a forward recorded, walked from its output (the leaves' AccumulateGrad
+// included): each runs once in the backward, so with the forward's operators they are most of the
+// host's work per micro-batch on a GPU.
+int64_t AutogradNodes(const torch::Tensor& out) {
+  std::vector<torch::autograd::Node*> todo;
+  std::unordered_set<torch::autograd::Node*> seen;
+  if (out.grad_fn()) todo.push_back(out.grad_fn().get());
+  while (!todo.empty()) {
+    torch::autograd::Node* n = todo.back();
+    todo.pop_back();
+    if (!seen.insert(n).second) continue;
+    for (const torch::autograd::Edge& e : n->next_edges()) {
+      if (e.function) todo.push_back(e.function.get());
+    }
+  }
+  return static_cast<int64_t>(seen.size());
+}
+
 double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
 // TFLOP/s of [m, k] x [k, n] products in `dtype`: after a warm-up, batches of products sized to
@@ -266,6 +286,14 @@ int Run(const Flags& f, const CLI::App& cmd) {
   });
   if (!made.ok()) return fail(made);
 
+  // One micro-batch's forward through the model alone, for its graph's size (no timing).
+  int64_t autograd_nodes = 0;
+  absl::Status counted = CatchTorch("count autograd nodes", [&]() -> absl::Status {
+    const torch::Tensor x = f.first ? input : input.detach().requires_grad_(true);
+    autograd_nodes = AutogradNodes((*exec)->model()->forward(x));
+    return absl::OkStatus();
+  });
+  if (!counted.ok()) return fail(counted);
   ResetPeakMemory(spec.device);
   // One iteration = what the stage does per optimizer step: M micro-batches, each forward then
   // backward (one micro-batch's activations alive at a time, as at the steady state of a 1F1B
@@ -386,6 +414,7 @@ int Run(const Flags& f, const CLI::App& cmd) {
     out["step_fraction"] = Round(step_median / median, 4);
     out["issue_seconds"] = Round(issue_median, 6);  // the host's queueing of the micro-batches, median
     out["micro_batch_seconds"] = Round(micro_batch_median, 6);  // forward + backward of one, median
+    out["autograd_nodes"] = autograd_nodes;  // one micro-batch's graph, the model's forward alone
     std::printf("%s\n", out.dump().c_str());
     return report_trace();
   }
@@ -399,8 +428,9 @@ int Run(const Flags& f, const CLI::App& cmd) {
               median, times.front(), (long long)f.micro_batches, (long long)f.iters, (long long)f.warmup);
   std::printf("  step           median %.4f s (the AdamW step alone, %.1f%% of the iteration)\n", step_median,
               100 * step_median / median);
-  std::printf("  micro-batch    %.4f s forward + backward; the host queued the %lld in %.4f s (median)\n",
-              micro_batch_median, (long long)f.micro_batches, issue_median);
+  std::printf("  micro-batch    %.4f s forward + backward; the host queued the %lld in %.4f s (median); "
+              "%lld autograd nodes\n",
+              micro_batch_median, (long long)f.micro_batches, issue_median, (long long)autograd_nodes);
   std::printf("  tokens/s       %.1f (%lld tokens per iteration / median)\n", tokens_per_s, (long long)tokens_per_iter);
   std::printf("  achieved       %.3f TFLOP/s (6*N + 12*L*H*T FLOPs per token)\n", tflops);
   if (peak.tflops > 0) {
