@@ -88,6 +88,10 @@ nlohmann::ordered_json SweepJson(const std::vector<SweepRun>& runs, const Report
   };
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
   for (const SweepRun& r : runs) {
+    // The GPipe columns: null where the schedule is not GPipe.
+    auto gpipe = [&r](double v, int digits) {
+      return r.gpipe_link_bound > 0 ? nlohmann::ordered_json(Round(v, digits)) : nlohmann::ordered_json(nullptr);
+    };
     rows.push_back({
         {"rate_mbit", r.rate},
         {"forward", r.codec},
@@ -100,12 +104,10 @@ nlohmann::ordered_json SweepJson(const std::vector<SweepRun>& runs, const Report
         {"goodput_link_bound", Round(r.goodput_link_bound, 1)},
         {"fraction_of_bound", Round(r.fraction, 3)},
         {"fraction_of_goodput_bound", Round(r.goodput_fraction, 3)},
-        {"gpipe_link_bound", r.gpipe_link_bound > 0 ? nlohmann::ordered_json(Round(r.gpipe_link_bound, 1)) : nullptr},
-        {"fraction_of_gpipe_bound", r.gpipe_link_bound > 0 ? nlohmann::ordered_json(Round(r.gpipe_fraction, 3)) : nullptr},
-        {"gpipe_goodput_bound",
-         r.gpipe_link_bound > 0 ? nlohmann::ordered_json(Round(r.gpipe_goodput_bound, 1)) : nullptr},
-        {"fraction_of_gpipe_goodput_bound",
-         r.gpipe_link_bound > 0 ? nlohmann::ordered_json(Round(r.gpipe_goodput_fraction, 3)) : nullptr},
+        {"gpipe_link_bound", gpipe(r.gpipe_link_bound, 1)},
+        {"fraction_of_gpipe_bound", gpipe(r.gpipe_fraction, 3)},
+        {"gpipe_goodput_bound", gpipe(r.gpipe_goodput_bound, 1)},
+        {"fraction_of_gpipe_goodput_bound", gpipe(r.gpipe_goodput_fraction, 3)},
         {"frame_bytes_per_step", Round(r.frame_bytes_per_step, 0)},
         {"wire_bytes_per_step", Round(r.wire_bytes_per_step, 0)},
         {"drops", Round(r.drops, 0)},

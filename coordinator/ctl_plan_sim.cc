@@ -17,6 +17,7 @@
 #include "coordinator/job_spec.h"
 #include "coordinator/placement.h"
 #include "coordinator/placement_sim.h"
+#include "proto/link_spec.h"
 #include "proto/replica_layout.h"
 
 namespace longhaul::coordinator {
@@ -248,10 +249,9 @@ int RunPlanSimulation(const PlanFlags& flags) {
   o.solve.seed = flags.seed;
   o.seed = flags.seed;
   o.random_placements = flags.random;
-  const bool links_emulated =
-      spec->links().rate_mbit() > 0 || spec->links().delay_ms() > 0 || spec->links().pace_mbit() > 0;
+  const bool links_set = EmulatesLink(spec->links()) || spec->links().pace_mbit() > 0;
   const std::string note =
-      links_emulated ? "the spec's links: emulation is ignored, and its pace (the simulated topology is the network)" : "";
+      links_set ? "the spec's links: emulation is ignored, and so is its pace (the simulated topology is the network)" : "";
   if (!counts.empty()) return RunCountsSimulation(flags, *spec, job, counts, *topo, o, note);
   const pl::SimResult r = pl::SimulatePlan(job, topo->cluster, o);
   const pl::Placement& p = r.solution.placement;
