@@ -15,7 +15,8 @@ size is given as its time at the full rate.
 
 Schedules: gpipe (F0..F(M-1) B0..B(M-1) on every stage); last-eager (the last stage runs F_i B_i
 in turn, the others GPipe: the same arithmetic); with --hold H the last stage keeps its gradient
-frames until its forward input M-1-H has arrived. Standard library only.
+frames until its forward input M-1-H has arrived (0: what stage_runtime/schedule.h's GPipe does).
+Standard library only.
 """
 import argparse
 
@@ -117,7 +118,8 @@ def main():
     p.add_argument("--compute-forward-ms", type=float, default=5.0, help="a stage's forward of one micro-batch")
     p.add_argument("--compute-backward-ms", type=float, default=10.0)
     p.add_argument("--optimizer-ms", type=float, default=12.0)
-    p.add_argument("--hold", type=int, default=1, help="last-eager's held frames (-1: none)")
+    p.add_argument("--hold", type=int, default=0,
+                   help="last-eager holds its gradients until input M-1-HOLD has arrived (-1: sends them at once)")
     a = p.parse_args()
     # TAH-Quant forward / INT8 backward at 300 and 500 Mbit/s, fp32 at 300 and 500 (1,024 x 1,600).
     cells = [(a.forward_ms, a.backward_ms)] if a.forward_ms else [(23, 46), (14, 28), (180, 180), (108, 108)]
