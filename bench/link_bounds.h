@@ -12,8 +12,7 @@ namespace longhaul::bench {
 // A GPipe step over links at one rate takes at least (M + S - 2) x (forward frame time + backward
 // frame time), M micro-batches, S >= 2 stages, against M x (both) on the busiest link alone: with
 // no compute at all, stage 1 (the busiest's host, tc) sends its first backward frame only after
-// stage S - 1 has received all M forward frames (the last stage runs its backward passes early but
-// holds their gradients until then, stage_runtime/schedule.h), the last no earlier than S - 2 + M forward frame
+// stage S - 1 has received all M forward frames, the last no earlier than S - 2 + M forward frame
 // times from the start (stage S - 2's link sends them one after another, the first after S - 2
 // hops), and the gradient has come back S - 2 hops; then its M backward frames go one after
 // another. Each stage sends a micro-batch's output only once it has received all of its input.

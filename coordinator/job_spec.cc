@@ -535,9 +535,7 @@ MemoryEstimate EstimateStageMemory(const v1::JobSpec& spec) {
     e.weight_bytes = 4 * e.parameters;
     e.gradient_bytes = 4 * e.parameters;
     e.optimizer_bytes = 8 * e.parameters * optimizer_share;
-    // Micro-batches whose activations wait for their backward pass (stage_runtime/schedule.h):
-    // GPipe's all but on the last stage, which runs each backward right after its forward.
-    const double in_flight = spec.schedule() == "gpipe" && i < S - 1 ? M : std::min(M, S - i);
+    const double in_flight = spec.schedule() == "gpipe" ? M : std::min(M, S - i);
     e.activation_bytes = in_flight * layers * act_per_layer;
     if (i == S - 1) e.activation_bytes += 2 * b * s * v * element;  // one micro-batch's logits and their gradient
     if (e.total_bytes() > worst.total_bytes()) worst = e;

@@ -110,8 +110,7 @@ absl::Status CheckSpecText(const std::string& text);
 // CoordinatorOptions::worker_memory_bytes). Counted: fp32 weights, gradients and AdamW's two moments
 // (16 bytes a parameter whatever the precision: bf16 keeps fp32 master weights; the moments / N
 // for the sharded data-parallel codecs), the activations kept for the backward pass of the
-// micro-batches a stage holds at once (GPipe: all of a step, one on the last stage; 1F1B: stages - s
-// on stage s), per
+// micro-batches a stage holds at once (GPipe: all of a step; 1F1B: stages - s on stage s), per
 // layer at least 16·s·b·h values at the precision's size (Korthikanti et al. 2022 without dropout
 // masks and without the s² attention scores, which fused attention does not keep), and the last
 // stage's logits and their gradient. Not counted: buffers, the links' frames, allocator slack,

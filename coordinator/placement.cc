@@ -142,9 +142,6 @@ Cost EvaluatePrefix(const JobShape& job, const Cluster& c, const int* p, int n) 
     if (job.schedule == Schedule::kGPipe) {
       // A forward flow line, then a backward one: M identical micro-batches through a line of
       // one-at-a-time resources take the sum of their times plus (M - 1) times the slowest's.
-      // (The runtime's last stage runs each backward right after its forward and sends the
-      // gradients once its last input has arrived: none leaves later than here, so this is an
-      // upper estimate, by at most the last stage's compute: placement_counts.cc's Op.)
       const Neck pf = neck(pipe.cf, pipe.tf, Limit::kLinkForward);
       const Neck pb = neck(pipe.cb, pipe.tb, Limit::kLinkBackward);
       limit = pf.t >= pb.t ? pf : pb;

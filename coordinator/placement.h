@@ -15,8 +15,7 @@
 //   GPipe: all forwards, then all backwards: two flow lines, each paced by its slowest stage or
 //     link direction (a bottleneck, not a sum), each with its own fill and drain:
 //     T_r = (M - 1)(P_F + P_B) + sum_s c_s + sum_s (f_s + b_s) + N,
-//     P_F = max(max_s cf_s, max_s tf_s), P_B = max(max_s cb_s, max_s tb_s) (an upper estimate
-//     of the runtime's GPipe, whose last stage runs each backward after its forward: placement.cc);
+//     P_F = max(max_s cf_s, max_s tf_s), P_B = max(max_s cb_s, max_s tb_s);
 //   1F1B: warm-up (stage s runs min(S - s - 1, M) forwards first), a steady state in which a link
 //     carries activations one way and gradients the other at once, cool-down: no closed form for
 //     mixed stages and links, so T_r = N + the step's own recurrence (every operation starts when
@@ -71,8 +70,7 @@ struct Cluster {
 };
 
 // The order of a stage's forward and backward micro-batch operations within a step
-// (stage_runtime/schedule.h): GPipe runs every forward first (the model's order; the runtime's
-// last stage runs each backward right after its forward); 1F1B runs min(S - s - 1, M)
+// (stage_runtime/schedule.h): GPipe runs every forward first; 1F1B runs min(S - s - 1, M)
 // forwards on stage s, then alternates forward and backward, then the remaining backwards.
 enum class Schedule { k1F1B, kGPipe };
 const char* ScheduleName(Schedule s);  // "1f1b" | "gpipe"

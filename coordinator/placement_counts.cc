@@ -19,10 +19,7 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 // Operation k (0 .. 2m - 1) of stage s's schedule with m micro-batches: whether it is a forward,
 // and of which of its micro-batches. The order of stage_runtime/schedule.cc's StageSchedule,
 // restated because this library is torch-free and stage_runtime is not (placement.cc's recurrence
-// restates it too), but for GPipe's last stage, which the runtime runs as F0 B0 F1 B1 ... holding
-// the gradients until its last input has arrived: every gradient then leaves no later than in
-// the order modelled here, so the model's GPipe step is an upper estimate (by at most that
-// stage's compute for its micro-batches), as placement.cc's closed form.
+// restates it too).
 std::pair<bool, int> Op(Schedule schedule, int S, int s, int m, int k) {
   if (schedule == Schedule::kGPipe) return k < m ? std::pair(true, k) : std::pair(false, k - m);
   const int w = std::min(S - s - 1, m);

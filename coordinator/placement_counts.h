@@ -6,7 +6,7 @@
 // The cost model: slot (stage s, replica r) runs its share m_s = M / N_s of the step's M
 // micro-batches in the schedule's order (stage_runtime/schedule.h with m_s micro-batches: 1F1B's
 // min(S - s - 1, m_s) warm-up forwards, then forward and backward alternately, then the rest;
-// GPipe's forwards, then backwards, which the runtime's last stage improves on: placement_counts.cc), each operation starting when its worker is free and its input
+// GPipe's forwards, then backwards), each operation starting when its worker is free and its input
 // has arrived. Global micro-batch g's activation goes from the replica of stage s that takes it to
 // the replica of stage s + 1 that takes it, its gradient back; each direction of each pair of
 // workers carries one message at a time, in the order sent (latency and transfer as placement.h's

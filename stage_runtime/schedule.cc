@@ -14,14 +14,6 @@ absl::StatusOr<Schedule> ParseSchedule(const std::string& name) {
 
 std::vector<PipelineOp> StageSchedule(Schedule s, int stage, int stages, int m) {
   std::vector<PipelineOp> ops;
-  if (s == Schedule::kGPipe && stage == stages - 1) {
-    for (int i = 0; i < m; ++i) {
-      const bool last = i == m - 1;
-      ops.push_back({true, i, false, /*release_held=*/last && stages > 1 && m > 1});
-      ops.push_back({false, i, /*hold_output=*/!last && stages > 1, false});
-    }
-    return ops;
-  }
   if (s == Schedule::kGPipe) {
     for (int i = 0; i < m; ++i) ops.push_back({true, i});
     for (int i = 0; i < m; ++i) ops.push_back({false, i});

@@ -1,7 +1,6 @@
 #include "stage_runtime/stage_loop.h"
 
 #include <cmath>
-#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -126,7 +125,6 @@ absl::StatusOr<StepResult> StageLoop::Step(const std::vector<Batch>& batches) {
   const uint64_t step = static_cast<uint64_t>(exec_->step());
   receive_wait_ = absl::ZeroDuration();
   double loss_sum = 0;
-  std::vector<std::pair<int, torch::Tensor>> held;  // (micro-batch, gradient): the schedule's hold_output
   for (const PipelineOp& op : ops_) {
     if (absl::Status c = Cancelled(); !c.ok()) return c;
     // The round-trip error is sampled on one micro-batch per step: it costs a decode.
@@ -137,15 +135,6 @@ absl::StatusOr<StepResult> StageLoop::Step(const std::vector<Batch>& batches) {
         absl::StatusOr<LinkMessage> m = Receive(prev_, step, op.micro_batch, MessageKind::kActivation);
         if (!m.ok()) return m.status();
         in = std::move(m->tensor);
-      }
-      if (op.release_held) {
-        for (auto& [micro_batch, g] : held) {
-          if (absl::Status s = Send(prev_, step, micro_batch, MessageKind::kGradient, std::move(g), micro_batch == 0);
-              !s.ok()) {
-            return s;
-          }
-        }
-        held.clear();
       }
       absl::StatusOr<torch::Tensor> out =
           exec_->Forward(op.micro_batch, in, last_ ? batches[op.micro_batch].labels : torch::Tensor());
@@ -173,17 +162,10 @@ absl::StatusOr<StepResult> StageLoop::Step(const std::vector<Batch>& batches) {
       absl::StatusOr<torch::Tensor> gin = exec_->Backward(op.micro_batch, g);
       if (!gin.ok()) return gin.status();
       if (first_) continue;
-      if (op.hold_output) {
-        held.emplace_back(op.micro_batch, gin->detach());
-        continue;
-      }
       if (absl::Status s = Send(prev_, step, op.micro_batch, MessageKind::kGradient, gin->detach(), measure); !s.ok()) {
         return s;
       }
     }
-  }
-  if (!held.empty()) {  // StageSchedule releases every held gradient before the step's end
-    return absl::InternalError(absl::StrCat("stage ", stage_, ": ", held.size(), " gradients held at the step's end"));
   }
   double norm = 0, loss = last_ ? loss_sum / M : 0.0;
   if (sync_ != nullptr) {

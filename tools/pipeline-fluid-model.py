@@ -15,7 +15,9 @@ size is given as its time at the full rate.
 
 Schedules: gpipe (F0..F(M-1) B0..B(M-1) on every stage); last-eager (the last stage runs F_i B_i
 in turn, the others GPipe: the same arithmetic); with --hold H the last stage keeps its gradient
-frames until its forward input M-1-H has arrived (0: what stage_runtime/schedule.h's GPipe does).
+frames until its forward input M-1-H has arrived, sending them the moment it does even while the
+stage is still computing (a release the runtime would have to look for between its operations:
+docs/gpu-sweep.md, "Session 21", tells how a release at the loop's own pace made a GPU run slower).
 Standard library only.
 """
 import argparse

@@ -163,8 +163,7 @@ TEST(CostModelTest, OneFOneBOverlapsALinksDirectionsOnlyAfterItsWarmUp) {
 
 // The model's step recomputed from scratch: every operation's end as the longest path to it,
 // found by relaxing all of them until nothing changes (a different algorithm from placement.cc's
-// sweeps and closed form), with each stage's operations in stage_runtime/schedule.cc's order (the
-// model's GPipe keeps its last stage's forwards first: placement_counts.cc's Op).
+// sweeps and closed form), with each stage's operations in stage_runtime/schedule.cc's order.
 double ReferenceStep(const JobShape& job, const Cluster& c, const Placement& p) {
   const int S = job.stages, M = job.micro_batches;
   std::vector<std::vector<std::pair<bool, int>>> ops(S);  // (forward, micro-batch)

@@ -9,10 +9,7 @@
 
 #include <cstdio>
 #include <filesystem>
-#include <string>
 #include <thread>
-#include <utility>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -120,66 +117,6 @@ std::unique_ptr<StageExecutor> Executor(const PipelineOptions& o, int stage) {
   auto e = StageExecutor::Create(spec);
   EXPECT_TRUE(e.ok()) << e.status();
   return std::move(*e);
-}
-
-// Forwards to a link and logs, in call order, what went through it: "A<k>" for micro-batch k's
-// activation received, "G<k>" for its gradient sent. Used by one stage's thread only.
-class RecordingLink : public Link {
- public:
-  explicit RecordingLink(Link* inner) : inner_(inner) {}
-  absl::Status Send(LinkMessage m, bool measure_error) override {
-    if (m.kind == MessageKind::kGradient) log.push_back(absl::StrCat("G", m.micro_batch));
-    return inner_->Send(std::move(m), measure_error);
-  }
-  absl::StatusOr<LinkMessage> Receive(absl::Duration timeout) override {
-    absl::StatusOr<LinkMessage> m = inner_->Receive(timeout);
-    if (m.ok() && m->kind == MessageKind::kActivation) log.push_back(absl::StrCat("A", m->micro_batch));
-    return m;
-  }
-  absl::Status Finish() override { return inner_->Finish(); }
-  void Abort(absl::Status why) override { inner_->Abort(why); }
-  LinkStats stats() override { return inner_->stats(); }
-  absl::Duration TakeSendWait() override { return inner_->TakeSendWait(); }
-  const std::string& peer() const override { return inner_->peer(); }
-
-  std::vector<std::string> log;
-
- private:
-  Link* const inner_;
-};
-
-// GPipe's last stage runs each backward right after its forward (one activation stored at a time)
-// but sends no gradient before its last activation has arrived (schedule.h); 1F1B's last stage
-// sends each as soon as it is computed.
-TEST(StageLoop, GPipesLastStageHoldsItsGradientsUntilItsLastInput) {
-  for (Schedule schedule : {Schedule::kGPipe, Schedule::k1F1B}) {
-    SCOPED_TRACE(schedule == Schedule::kGPipe ? "gpipe" : "1f1b");
-    PipelineOptions o = TwoStages();
-    o.micro_batches = 3;
-    o.schedule = schedule;
-    auto c = Codec("fp32");
-    auto [up, down] = InProcessLink::Pair(0, c.get(), c.get(), LinkCapacity(o), 1);
-    auto exec0 = Executor(o, 0), exec1 = Executor(o, 1);
-    RecordingLink recorded(down.get());
-    StageLoop first(o, 0, exec0.get(), nullptr, up.get()), last(o, 1, exec1.get(), &recorded, nullptr);
-    std::vector<Batch> batches(3);
-    for (Batch& b : batches) {
-      b.tokens = torch::zeros({2, 8}, torch::kLong);
-      b.labels = torch::ones({2, 8}, torch::kLong);
-    }
-    absl::StatusOr<StepResult> r0, r1;
-    std::thread t0([&] { r0 = first.Step(batches); });
-    r1 = last.Step(batches);
-    t0.join();
-    ASSERT_TRUE(r0.ok()) << r0.status();
-    ASSERT_TRUE(r1.ok()) << r1.status();
-    const std::vector<std::string> want = schedule == Schedule::kGPipe
-                                              ? std::vector<std::string>{"A0", "A1", "A2", "G0", "G1", "G2"}
-                                              : std::vector<std::string>{"A0", "G0", "A1", "G1", "A2", "G2"};
-    EXPECT_EQ(recorded.log, want);
-    EXPECT_EQ(exec1->peak_stored_activations(), 1);
-    EXPECT_EQ(exec0->peak_stored_activations(), schedule == Schedule::kGPipe ? 3 : 2);
-  }
 }
 
 TEST(StageLoop, AnOutOfOrderMessageIsDataLossNamingThePeer) {
