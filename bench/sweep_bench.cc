@@ -93,6 +93,8 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
   const std::string& schedule = f.schedule;
   if (schedule != "gpipe" && schedule != "1f1b") return common::FlagError(cmd, "--schedule must be gpipe or 1f1b");
   if (f.repeats < 1) return common::FlagError(cmd, "--repeats must be at least 1");
+  if (f.unshaped_repeats < 0) return common::FlagError(cmd, "--unshaped-repeats must be at least 0");
+  const int64_t unshaped_rounds = std::max(f.repeats, f.unshaped_repeats);
   if (f.queue_ms < 1 || f.queue_ms > 60000) return common::FlagError(cmd, "--queue-ms must be in [1, 60000]");
   if (!(f.pace >= 0 && f.pace <= 1)) return common::FlagError(cmd, "--pace must be in [0, 1]");
   const bool json = f.json;
@@ -288,15 +290,18 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
     return sample;
   };
 
-  // Every cell, the unshaped ones (rate 0) included, is measured --repeats times, the rounds
-  // interleaved so that slow drift of this shared machine spreads over all cells; medians reported.
+  // Every cell is measured --repeats times and the unshaped ones (rate 0) unshaped_rounds times,
+  // the rounds interleaved so that slow drift of this shared machine spreads over all cells;
+  // medians reported.
   std::vector<double> all_rates = {0};
   all_rates.insert(all_rates.end(), rates.begin(), rates.end());
   std::map<std::pair<double, std::string>, std::vector<Sample>> samples;  // (rate, codec) -> jobs
   std::map<double, std::vector<double>> goodput;                           // rate -> TCP Mbit/s (tc)
   auto where = [](double rate) { return rate > 0 ? absl::StrCat(rate, " Mbit/s") : std::string("unshaped"); };
-  for (int64_t rep = 0; rep < f.repeats; ++rep) {
+  for (int64_t rep = 0; rep < unshaped_rounds; ++rep) {
     for (double rate : all_rates) {
+      const int64_t rounds = rate > 0 ? f.repeats : unshaped_rounds;
+      if (rep >= rounds) continue;
       if (tc && rate > 0) {
         // What TCP itself gets through one shaped link at this rate (about 2 s of traffic).
         if (absl::Status s = net->SetRate(rate); !s.ok()) {
@@ -315,7 +320,7 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
       for (const std::string& c : codecs) {
         if (!json) {
           std::fprintf(stderr, "round %lld/%lld: %s, %s...\n", static_cast<long long>(rep + 1),
-                       static_cast<long long>(f.repeats), where(rate).c_str(), c.c_str());
+                       static_cast<long long>(rounds), where(rate).c_str(), c.c_str());
         }
         absl::StatusOr<Sample> t = run(c, rate, rep + 1);
         if (!t.ok()) {
@@ -394,7 +399,7 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
     }
   }
 
-  const ReportSettings report{tc, f.pace, f.steps, stages, tokens_per_step};
+  const ReportSettings report{tc, f.pace, f.steps, stages, tokens_per_step, unshaped_rounds};
   const std::string md = SweepMarkdown(runs, report);
   if (json) {
     std::printf("%s\n", SweepJson(runs, report).dump(2).c_str());
@@ -449,6 +454,9 @@ BenchmarkRun AddSweepBench(CLI::App& app) {
   cmd->add_option("--micro-batch-size", f->micro_batch_size, "sequences per micro-batch")->type_name("N");
   cmd->add_option("--schedule", f->schedule, "pipeline schedule")->type_name("gpipe|1f1b");
   cmd->add_option("--repeats", f->repeats, "jobs per cell, in interleaved rounds (median reported)")->type_name("N");
+  cmd->add_option("--unshaped-repeats", f->unshaped_repeats,
+                  "jobs per unshaped cell, whose median is the compute bound (fewer than --repeats: --repeats)")
+      ->type_name("N");
   cmd->add_option("--shaper", f->shaper, "auto: tc as root, else inprocess")->type_name("auto|tc|inprocess");
   cmd->add_flag("--tc", f->tc, "the same as --shaper=tc");
   cmd->add_option("--pace", f->pace,

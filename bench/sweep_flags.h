@@ -25,6 +25,9 @@ struct SweepFlags {
   std::vector<std::string> devices = {"cpu"};
   int64_t stages = 0;  // 0: one per layer
   int64_t repeats = 3, queue_ms = 3000;
+  // The unshaped cells (the compute bounds) measured this many times, at least --repeats: one
+  // unshaped round moved by a fifth on one GPU machine (docs/gpu-sweep.md), and they are quick.
+  int64_t unshaped_repeats = 0;
   // tc: the workers pace what they send on each link (the job's links.pace_mbit) at this fraction of
   // the TCP payload the rate carries (netem::TcpPayloadMbit; not the probe's goodput, which one
   // disturbed probe would put far below it); 0: unpaced.

@@ -50,6 +50,8 @@ std::string SweepMarkdown(const std::vector<SweepRun>& runs, const ReportSetting
                           tc ? absl::StrFormat("%.0f", r.drops) : "-", tc ? absl::StrFormat("%.2f", LinkBusy(r, s)) : "-",
                           base > 0 ? absl::StrFormat("%.2fx", r.tokens_per_s / base) : "-");
   }
+  absl::StrAppendFormat(&md, "\nCompute bound: the median of %d unshaped job%s per codec.\n", s.unshaped_rounds,
+                        s.unshaped_rounds == 1 ? "" : "s");
   if (tc) {
     absl::StrAppend(&md, s.pace > 0 ? absl::StrFormat("\nSenders paced at %g of the TCP payload the rate carries "
                                                       "(links.pace_mbit).\n",
@@ -98,6 +100,7 @@ nlohmann::ordered_json SweepJson(const std::vector<SweepRun>& runs, const Report
         {"backward", r.backward},
         {"tokens_per_s", Round(r.tokens_per_s, 1)},
         {"compute_bound", Round(r.compute_bound, 1)},
+        {"compute_bound_jobs", s.unshaped_rounds},
         {"link_bound", Round(r.link_bound, 1)},
         {"tcp_goodput_mbit", Round(r.goodput_mbit, 3)},
         {"pace_mbit", Round(SweepPaceMbit(s.tc, s.pace, r.rate), 3)},

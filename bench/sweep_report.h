@@ -45,6 +45,7 @@ struct ReportSettings {
   int64_t steps = 0;   // training steps per job
   int stages = 0;
   double tokens_per_step = 0;
+  int64_t unshaped_rounds = 1;  // jobs per unshaped cell: the compute bound is their median
 };
 
 // tc: the pace (Mbit/s of TCP payload, links.pace_mbit) of every job's senders at `rate`: `pace` of

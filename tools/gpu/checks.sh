@@ -21,7 +21,9 @@
 #             bench's, cubic; "host": the machine's; SWEEP_PACE the senders' pace as a fraction of the
 #             TCP payload the rate carries, default the bench's, 0.98; 0: unpaced; SWEEP_CODECS the forward
 #             codecs, default fp32,tahquant; SWEEP_BACKWARD the quantised codecs' backward, default int8,
-#             e.g. int6:g=32 as the TAH-Quant authors' scripts), the link trace in link-trace.csv.gz
+#             e.g. int6:g=32 as the TAH-Quant authors' scripts; SWEEP_UNSHAPED_REPEATS the unshaped jobs
+#             per codec whose median is the compute bound, default 3: one moved by a fifth), the link
+#             trace in link-trace.csv.gz
 #   dpsweep   docs/replicated-stages.md's data-parallel cells on this machine's cores (no GPU):
 #             longhaul-bench sweep --data-parallel --repeats 5 (DPSWEEP_REPEATS), the table in
 #             dp-sweep.md and the round lines (each stage's bucket spans) in dp-rounds.txt
@@ -134,7 +136,7 @@ PY
       mkdir -p /var/tmp/longhaul
       TMPDIR=/var/tmp/longhaul build/bin/longhaul-bench sweep --shaper="$shaper" --preset=gpt2-xl --layers="${SWEEP_LAYERS:-48}" --stages=4 --device="$devices" \
         --precision=bf16 --context=1024 --micro-batches="${SWEEP_MICRO_BATCHES:-32}" --micro-batch-size=1 \
-        --schedule="${SWEEP_SCHEDULE:-gpipe}" --steps="${SWEEP_STEPS:-3}" --repeats=1 --rates="${SWEEP_RATES:-100}" --codecs="${SWEEP_CODECS:-fp32,tahquant}" --backward="${SWEEP_BACKWARD:-int8}" \
+        --schedule="${SWEEP_SCHEDULE:-gpipe}" --steps="${SWEEP_STEPS:-3}" --repeats=1 --unshaped-repeats="${SWEEP_UNSHAPED_REPEATS:-3}" --rates="${SWEEP_RATES:-100}" --codecs="${SWEEP_CODECS:-fp32,tahquant}" --backward="${SWEEP_BACKWARD:-int8}" \
         ${SWEEP_TCP_CONGESTION:+--tcp-congestion="$SWEEP_TCP_CONGESTION"} ${SWEEP_PACE:+--pace="$SWEEP_PACE"} --markdown="$OUT/gpu-sweep.md" ${trace:+--link-trace="$trace"} >"$OUT/sweep.log" 2>&1 || { tail -30 "$OUT/sweep.log"; exit 1; }
       [[ -f "$OUT/link-trace.csv" ]] && gzip -f "$OUT/link-trace.csv"
       cat "$OUT/gpu-sweep.md" ;;
