@@ -492,8 +492,9 @@ BenchmarkRun AddSweepBench(CLI::App& app) {
       ->type_name("N");
   cmd->footer(
       "Trains the same job (GPT, one layer per worker process) at every link rate with every forward\n"
-      "codec, plus unshaped per codec (the compute bound), each cell --repeats times in interleaved\n"
-      "rounds, and prints the median tokens/s, the compute and link bounds, throughput / min(bounds)\n"
+      "codec, plus unshaped per codec (the compute bound), each cell --repeats times (the unshaped\n"
+      "ones --unshaped-repeats, if more) in interleaved rounds, and prints the median tokens/s, the\n"
+      "compute and link bounds, throughput / min(bounds)\n"
       "and the speed-up over fp32 at the same rate. Raw forward links (fp32/fp16/bf16) keep raw\n"
       "backward links; quantised ones use --backward (auto: int4; the paper compresses gradients as\n"
       "well). Many small micro-batches: a step's pipeline fill and drain cost\n"
