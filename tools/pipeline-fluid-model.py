@@ -22,6 +22,8 @@ Standard library only.
 """
 import argparse
 
+PACE = 0.98  # the senders' pace as a fraction of the rate (the sweep's default)
+
 
 def schedule(kind, stage, stages, micro_batches):
     eager = kind == "last-eager" and stage == stages - 1
@@ -30,12 +32,13 @@ def schedule(kind, stage, stages, micro_batches):
     return [(True, i) for i in range(micro_batches)] + [(False, i) for i in range(micro_batches)]
 
 
-def fair_rates(flows, rate, pace):
-    """Max-min fair rates of flows keyed (src, dst) over each host's upload and download."""
+def fair_rates(flows):
+    """Max-min fair rates of flows keyed (src, dst) over each host's upload and download, as
+    fractions of the rate, each at most PACE."""
     caps, rates, left = {}, {}, set(range(len(flows)))
     for src, dst in flows:
-        caps[("up", src)] = rate
-        caps[("down", dst)] = rate
+        caps[("up", src)] = 1.0
+        caps[("down", dst)] = 1.0
     while left:
         best = None
         for c, cap in caps.items():
@@ -43,7 +46,7 @@ def fair_rates(flows, rate, pace):
             if users and (best is None or cap / len(users) < best[0]):
                 best = (cap / len(users), users)
         share, users = best
-        share = min(share, pace * rate)
+        share = min(share, PACE)
         for j in users:
             rates[j] = share
             left.discard(j)
@@ -52,7 +55,7 @@ def fair_rates(flows, rate, pace):
     return rates
 
 
-def run(kind, stages, micro_batches, fwd_ms, bwd_ms, cf_ms, cb_ms, opt_ms, steps, hold=None, pace=0.98):
+def run(kind, stages, micro_batches, fwd_ms, bwd_ms, cf_ms, cb_ms, opt_ms, steps, hold=None):
     ops = [schedule(kind, s, stages, micro_batches) for s in range(stages)]
     idx, done_steps = [0] * stages, [0] * stages
     running, free_at = [None] * stages, [0.0] * stages
@@ -79,7 +82,7 @@ def run(kind, stages, micro_batches, fwd_ms, bwd_ms, cf_ms, cb_ms, opt_ms, steps
             if q and key not in active and not held(key, q):
                 active[key] = q[0][0]
         keys = list(active)
-        rates = fair_rates(keys, 1.0, pace)
+        rates = fair_rates(keys)
         events = [r[0] for r in running if r] + [t for t in free_at if t > clock]
         events += [clock + active[k] / rates[j] for j, k in enumerate(keys) if rates[j] > 0]
         if not events:
@@ -128,7 +131,7 @@ def main():
     hold = None if a.hold < 0 else a.hold
     for f, b in cells:
         common = (a.stages, a.micro_batches, f, b, a.compute_forward_ms, a.compute_backward_ms, a.optimizer_ms, 4)
-        bound = (a.micro_batches + a.stages - 2) * (f + b) / 0.98
+        bound = (a.micro_batches + a.stages - 2) * (f + b) / PACE
         gpipe = run("gpipe", *common)
         eager = run("last-eager", *common)
         held = run("last-eager", *common, hold=hold)

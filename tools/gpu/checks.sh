@@ -21,9 +21,9 @@
 #             bench's, cubic; "host": the machine's; SWEEP_PACE the senders' pace as a fraction of the
 #             TCP payload the rate carries, default the bench's, 0.98; 0: unpaced; SWEEP_CODECS the forward
 #             codecs, default fp32,tahquant; SWEEP_BACKWARD the quantised codecs' backward, default int8,
-#             e.g. int6:g=32 as the TAH-Quant authors' scripts; SWEEP_UNSHAPED_REPEATS the unshaped jobs
-#             per codec whose median is the compute bound, default 3, about 15 s each: one moved by a fifth), the link
-#             trace in link-trace.csv.gz
+#             e.g. int6:g=32 as the TAH-Quant authors' scripts; SWEEP_UNSHAPED_REPEATS the unshaped
+#             jobs per codec whose median is the compute bound, default 3, about 15 s each: one moved
+#             by a fifth), the link trace in link-trace.csv.gz
 #   dpsweep   docs/replicated-stages.md's data-parallel cells on this machine's cores (no GPU):
 #             longhaul-bench sweep --data-parallel --repeats 5 (DPSWEEP_REPEATS), the table in
 #             dp-sweep.md and the round lines (each stage's bucket spans) in dp-rounds.txt
