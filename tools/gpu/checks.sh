@@ -23,7 +23,8 @@
 #             codecs, default fp32,tahquant; SWEEP_BACKWARD the quantised codecs' backward, default int8,
 #             e.g. int6:g=32 as the TAH-Quant authors' scripts; SWEEP_UNSHAPED_REPEATS the unshaped
 #             jobs per codec whose median is the compute bound, default 3, about 15 s each: one moved
-#             by a fifth), the link trace in link-trace.csv.gz
+#             by a fifth), the link trace in link-trace.csv.gz; SWEEP_NO_BUILD=1 runs the binaries as
+#             they are (an A/B that swaps build/bin/longhaul-worker between runs)
 #   dpsweep   docs/replicated-stages.md's data-parallel cells on this machine's cores (no GPU):
 #             longhaul-bench sweep --data-parallel --repeats 5 (DPSWEEP_REPEATS), the table in
 #             dp-sweep.md and the round lines (each stage's bucket spans) in dp-rounds.txt
@@ -113,8 +114,10 @@ PY
         fi
       done ;;
     sweep)
-      ./longhaul.sh build longhaul-bench longhaul-worker longhaul-coordinator >"$OUT/build-sweep.log" 2>&1 \
-        || { tail -40 "$OUT/build-sweep.log"; exit 1; }
+      if [[ -z "${SWEEP_NO_BUILD:-}" ]]; then
+        ./longhaul.sh build longhaul-bench longhaul-worker longhaul-coordinator >"$OUT/build-sweep.log" 2>&1 \
+          || { tail -40 "$OUT/build-sweep.log"; exit 1; }
+      fi
       # tc in network namespaces where ip can make one, else the in-process shaper (said in the log).
       shaper=tc
       if ! { ip netns add lhprobe && ip netns del lhprobe; } >"$OUT/netns-probe.log" 2>&1; then
