@@ -1,6 +1,8 @@
 #include "stage_runtime/stage_loop.h"
 
 #include <cmath>
+#include <deque>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -60,18 +62,24 @@ absl::Status StageLoop::Send(const LinkFan& to, uint64_t step, int micro_batch, 
   return r->link->Send(TensorMessage(step, r->micro_batch, kind, std::move(t)), measure);
 }
 
+absl::Status StageLoop::CheckMessage(const LinkMessage& m, const Link& from, uint64_t step, int micro_batch,
+                                     MessageKind kind) {
+  if (m.step != step || m.kind != kind || (CarriesTensor(kind) && m.micro_batch != micro_batch) ||
+      CarriesTensor(kind) != m.tensor.defined()) {
+    return absl::DataLossError(absl::StrCat("out-of-order message from ", from.peer(), ": expected ",
+                                            MessageKindName(kind), " for step ", step, " micro-batch ", micro_batch,
+                                            ", got ", MessageKindName(m.kind), " for step ", m.step,
+                                            " micro-batch ", m.micro_batch));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<LinkMessage> StageLoop::Expect(Link& from, uint64_t step, int micro_batch, MessageKind kind) {
   const absl::Time t0 = absl::Now();
   absl::StatusOr<LinkMessage> m = from.Receive(kReceiveTimeout);
   receive_wait_ += absl::Now() - t0;
   if (!m.ok()) return m.status();
-  if (m->step != step || m->kind != kind || (CarriesTensor(kind) && m->micro_batch != micro_batch) ||
-      CarriesTensor(kind) != m->tensor.defined()) {
-    return absl::DataLossError(absl::StrCat("out-of-order message from ", from.peer(), ": expected ",
-                                            MessageKindName(kind), " for step ", step, " micro-batch ", micro_batch,
-                                            ", got ", MessageKindName(m->kind), " for step ", m->step,
-                                            " micro-batch ", m->micro_batch));
-  }
+  if (absl::Status s = CheckMessage(*m, from, step, micro_batch, kind); !s.ok()) return s;
   return m;
 }
 
@@ -113,6 +121,131 @@ absl::StatusOr<double> StageLoop::ExchangeNorms(uint64_t step, double sq) {
   return total;
 }
 
+absl::Status StageLoop::Forward(uint64_t step, int micro_batch, torch::Tensor in, const std::vector<Batch>& batches,
+                                double* loss_sum) {
+  absl::StatusOr<torch::Tensor> out =
+      exec_->Forward(micro_batch, in, last_ ? batches[micro_batch].labels : torch::Tensor());
+  if (!out.ok()) return out.status();
+  if (last_) {
+    *loss_sum += out->item<double>();
+    return absl::OkStatus();
+  }
+  // The round-trip error is sampled on one micro-batch per step: it costs a decode.
+  return Send(next_, step, micro_batch, MessageKind::kActivation, out->detach(), micro_batch == 0);
+}
+
+absl::StatusOr<torch::Tensor> StageLoop::Backward(uint64_t step, int micro_batch) {
+  torch::Tensor g;
+  if (!last_) {
+    absl::StatusOr<LinkMessage> m = Receive(next_, step, micro_batch, MessageKind::kGradient);
+    if (!m.ok()) return m.status();
+    g = std::move(m->tensor);
+    // Replica counts that differ between stages: the loss was averaged over the last stage's
+    // replica's share of the step and the replicas' gradients are averaged over this stage's,
+    // so N_this / N_next per boundary makes the gradient the mean over the whole step (1 with
+    // equal counts: nothing is done).
+    if (next_.gradient_scale() != 1) g.mul_(next_.gradient_scale());
+  }
+  absl::StatusOr<torch::Tensor> gin = exec_->Backward(micro_batch, g);
+  if (!gin.ok()) return gin.status();
+  return first_ ? torch::Tensor() : gin->detach();
+}
+
+absl::Status StageLoop::RunSchedule(uint64_t step, const std::vector<Batch>& batches, double* loss_sum) {
+  for (const PipelineOp& op : ops_) {
+    if (absl::Status c = Cancelled(); !c.ok()) return c;
+    if (op.forward) {
+      torch::Tensor in = first_ ? batches[op.micro_batch].tokens : torch::Tensor();
+      if (!first_) {
+        absl::StatusOr<LinkMessage> m = Receive(prev_, step, op.micro_batch, MessageKind::kActivation);
+        if (!m.ok()) return m.status();
+        in = std::move(m->tensor);
+      }
+      if (absl::Status s = Forward(step, op.micro_batch, std::move(in), batches, loss_sum); !s.ok()) return s;
+    } else {
+      absl::StatusOr<torch::Tensor> gin = Backward(step, op.micro_batch);
+      if (!gin.ok()) return gin.status();
+      if (first_) continue;
+      if (absl::Status s = Send(prev_, step, op.micro_batch, MessageKind::kGradient, *gin, op.micro_batch == 0);
+          !s.ok()) {
+        return s;
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// GPipe's last stage (of several). Before its last activation has arrived, stage S - 2's link
+// still carries activations to it, so a gradient sent then would share that host's download with
+// them and slow both: the gradients are held until then, and sent at once. Until then the stage
+// runs a forward whenever an activation is waiting and a backward (of a micro-batch it has
+// forwarded) while none is, so its activations are freed as it goes where the link is slower than
+// its compute, and its forwards keep pace with the link where it is not. Afterwards every
+// gradient is sent as soon as it is computed. Both passes run in micro-batch order, so the
+// arithmetic is GPipe's whatever the interleaving. Activations are taken without waiting
+// (Receive with a zero timeout) between operations, and waited for only when there is nothing
+// else to do.
+absl::Status StageLoop::RunLastStageOfGPipe(uint64_t step, const std::vector<Batch>& batches, double* loss_sum) {
+  const int M = opt_.micro_batches;
+  std::deque<torch::Tensor> waiting;               // activations received, not yet forwarded
+  std::vector<std::pair<int, torch::Tensor>> held;  // (micro-batch, gradient) while received < M
+  int received = 0, forwarded = 0, backwarded = 0;
+  auto take = [&](absl::Duration timeout) -> absl::StatusOr<bool> {
+    absl::StatusOr<LinkFan::Route> r = RouteOf(prev_, received);
+    if (!r.ok()) return r.status();
+    absl::StatusOr<LinkMessage> m = timeout == absl::ZeroDuration()
+                                        ? r->link->Receive(timeout)
+                                        : Expect(*r->link, step, received, MessageKind::kActivation);
+    if (timeout == absl::ZeroDuration()) {
+      if (!m.ok()) return absl::IsDeadlineExceeded(m.status()) ? absl::StatusOr<bool>(false) : m.status();
+      // What Expect checks, for the message Receive returned.
+      if (absl::Status s = CheckMessage(*m, *r->link, step, received, MessageKind::kActivation); !s.ok()) return s;
+    } else if (!m.ok()) {
+      return m.status();
+    }
+    waiting.push_back(std::move(m->tensor));
+    ++received;
+    return true;
+  };
+  while (backwarded < M) {
+    if (absl::Status c = Cancelled(); !c.ok()) return c;
+    while (received < M) {
+      absl::StatusOr<bool> got = take(absl::ZeroDuration());
+      if (!got.ok()) return got.status();
+      if (!*got) break;
+    }
+    if (received == M && !held.empty()) {
+      for (auto& [micro_batch, g] : held) {
+        if (absl::Status s = Send(prev_, step, micro_batch, MessageKind::kGradient, std::move(g), micro_batch == 0);
+            !s.ok()) {
+          return s;
+        }
+      }
+      held.clear();
+    }
+    if (!waiting.empty()) {
+      torch::Tensor in = std::move(waiting.front());
+      waiting.pop_front();
+      if (absl::Status s = Forward(step, forwarded, std::move(in), batches, loss_sum); !s.ok()) return s;
+      ++forwarded;
+    } else if (backwarded < forwarded) {
+      absl::StatusOr<torch::Tensor> gin = Backward(step, backwarded);
+      if (!gin.ok()) return gin.status();
+      if (received < M) {
+        held.emplace_back(backwarded, *gin);
+      } else if (absl::Status s = Send(prev_, step, backwarded, MessageKind::kGradient, *gin, backwarded == 0);
+                 !s.ok()) {
+        return s;
+      }
+      ++backwarded;
+    } else {
+      absl::StatusOr<bool> got = take(kReceiveTimeout);  // nothing to do until it comes
+      if (!got.ok()) return got.status();
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<StepResult> StageLoop::Step(const std::vector<Batch>& batches) {
   const int M = opt_.micro_batches;
   if ((first_ || last_) && static_cast<int>(batches.size()) != M) {
@@ -125,47 +258,10 @@ absl::StatusOr<StepResult> StageLoop::Step(const std::vector<Batch>& batches) {
   const uint64_t step = static_cast<uint64_t>(exec_->step());
   receive_wait_ = absl::ZeroDuration();
   double loss_sum = 0;
-  for (const PipelineOp& op : ops_) {
-    if (absl::Status c = Cancelled(); !c.ok()) return c;
-    // The round-trip error is sampled on one micro-batch per step: it costs a decode.
-    const bool measure = op.micro_batch == 0;
-    if (op.forward) {
-      torch::Tensor in = first_ ? batches[op.micro_batch].tokens : torch::Tensor();
-      if (!first_) {
-        absl::StatusOr<LinkMessage> m = Receive(prev_, step, op.micro_batch, MessageKind::kActivation);
-        if (!m.ok()) return m.status();
-        in = std::move(m->tensor);
-      }
-      absl::StatusOr<torch::Tensor> out =
-          exec_->Forward(op.micro_batch, in, last_ ? batches[op.micro_batch].labels : torch::Tensor());
-      if (!out.ok()) return out.status();
-      if (last_) {
-        loss_sum += out->item<double>();
-        continue;
-      }
-      if (absl::Status s = Send(next_, step, op.micro_batch, MessageKind::kActivation, out->detach(), measure);
-          !s.ok()) {
-        return s;
-      }
-    } else {
-      torch::Tensor g;
-      if (!last_) {
-        absl::StatusOr<LinkMessage> m = Receive(next_, step, op.micro_batch, MessageKind::kGradient);
-        if (!m.ok()) return m.status();
-        g = std::move(m->tensor);
-        // Replica counts that differ between stages: the loss was averaged over the last stage's
-        // replica's share of the step and the replicas' gradients are averaged over this stage's,
-        // so N_this / N_next per boundary makes the gradient the mean over the whole step (1 with
-        // equal counts: nothing is done).
-        if (next_.gradient_scale() != 1) g.mul_(next_.gradient_scale());
-      }
-      absl::StatusOr<torch::Tensor> gin = exec_->Backward(op.micro_batch, g);
-      if (!gin.ok()) return gin.status();
-      if (first_) continue;
-      if (absl::Status s = Send(prev_, step, op.micro_batch, MessageKind::kGradient, gin->detach(), measure); !s.ok()) {
-        return s;
-      }
-    }
+  const bool dynamic = last_ && !first_ && opt_.schedule == Schedule::kGPipe;
+  if (absl::Status s = dynamic ? RunLastStageOfGPipe(step, batches, &loss_sum) : RunSchedule(step, batches, &loss_sum);
+      !s.ok()) {
+    return s;
   }
   double norm = 0, loss = last_ ? loss_sum / M : 0.0;
   if (sync_ != nullptr) {

@@ -137,6 +137,19 @@ class StageLoop {
   absl::StatusOr<LinkMessage> Receive(const LinkFan& from, uint64_t step, int micro_batch, MessageKind kind);
   absl::Status Send(const LinkFan& to, uint64_t step, int micro_batch, MessageKind kind, torch::Tensor t, bool measure);
   absl::StatusOr<LinkMessage> Expect(Link& from, uint64_t step, int micro_batch, MessageKind kind);
+  // A DataLoss error naming `from` unless `m` is what Expect waits for.
+  static absl::Status CheckMessage(const LinkMessage& m, const Link& from, uint64_t step, int micro_batch,
+                                   MessageKind kind);
+  // One micro-batch's forward (its output sent on, or its loss added on the last stage) and
+  // backward (its output gradient received first, except on the last stage; the input's gradient
+  // returned, undefined on the first stage).
+  absl::Status Forward(uint64_t step, int micro_batch, torch::Tensor in, const std::vector<Batch>& batches,
+                       double* loss_sum);
+  absl::StatusOr<torch::Tensor> Backward(uint64_t step, int micro_batch);
+  // A step's operations in the schedule's order (ops_), or, on GPipe's last stage of several,
+  // as its inputs arrive (stage_loop.cc).
+  absl::Status RunSchedule(uint64_t step, const std::vector<Batch>& batches, double* loss_sum);
+  absl::Status RunLastStageOfGPipe(uint64_t step, const std::vector<Batch>& batches, double* loss_sum);
   // The norm every member of `from` sends (they agree: the replicas of a stage hold the same
   // gradients after their synchronisation); member 0's.
   absl::StatusOr<double> ExpectNorm(const LinkFan& from, uint64_t step, MessageKind kind);
