@@ -64,9 +64,10 @@ struct DpSample {
   std::vector<double> last_start_spread_s;
   std::vector<int64_t> busiest_link_bytes;
   // Per stage and replica (ReplicatedPipeline::ReplicaDp): its sync's start after the step's, its
-  // sync's wall time, its busiest link's bytes.
-  std::vector<std::vector<double>> start_s, replica_sync_s;
-  std::vector<std::vector<int64_t>> link_bytes;
+  // sync's wall time, its busiest link's bytes; its update's start after its sync's (-1: none) and
+  // length, and its busiest link's bytes before and after the update.
+  std::vector<std::vector<double>> start_s, replica_sync_s, update_start_s, replica_update_s;
+  std::vector<std::vector<int64_t>> link_bytes, link_before_update, link_after_update;
   int64_t bytes = 0, raw_bytes = 0;  // every replica and stage, per step
 };
 
@@ -83,8 +84,15 @@ struct DpSample {
 //   between_regions, so messages to different peers may overlap);
 // - per replica r of stage s: no byte it sends can leave before its own sync starts, and its sync
 //   call takes at least the larger of its unshaped one and its own busiest link's bytes at the rate
-//   (the stage's bound lets a replica's link time pass while the first replica waits for it).
-// The step bound is the largest of all; the sync columns are its stage's (slowest replica) or
+//   (the stage's bound lets a replica's link time pass while the first replica waits for it);
+// - per replica, its chain, where its sync has an update (the sharded optimizers: SDP4Bit, ZeRO++,
+//   BitDP): the update cannot begin before the reduce-scatter has ended (every shard summed, and the
+//   clipping norm over them), nor the weights' all-gather before the update; so from its start the
+//   part before the update takes at least the larger of its unshaped time and its bytes before the
+//   update at the rate, then the update its unshaped time, then the rest the larger of its unshaped
+//   time and its bytes after the update at the rate. Never below the replica's bound above, which
+//   lets the link carry the all-gather's bytes during the reduce-scatter's and the update's work.
+// The step bound is the largest of all (the report also gives the fraction without the chains); the sync columns are its stage's (slowest replica) or
 // replica's. fraction = bound / measured (1 = at the bound).
 int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
   const std::vector<double> rates = cmd.count("--rates") ? f.rates : std::vector<double>{10, 100};
@@ -139,11 +147,17 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
         for (absl::Duration d : st.phase_starts) x.phase_starts_s.back().push_back(absl::ToDoubleSeconds(d));
         x.bucket_spans.push_back(BucketSpansText(st.bucket_spans));
         x.busiest_link_bytes.push_back(st.busiest_link);
-        x.start_s.emplace_back(), x.replica_sync_s.emplace_back(), x.link_bytes.emplace_back();
+        for (auto* v : {&x.start_s, &x.replica_sync_s, &x.update_start_s, &x.replica_update_s}) v->emplace_back();
+        for (auto* v : {&x.link_bytes, &x.link_before_update, &x.link_after_update}) v->emplace_back();
         for (const ReplicatedPipeline::ReplicaDp& r : st.replicas) {
           x.start_s.back().push_back(absl::ToDoubleSeconds(r.start));
           x.replica_sync_s.back().push_back(absl::ToDoubleSeconds(r.wall));
+          x.update_start_s.back().push_back(
+              r.update_start == absl::InfiniteDuration() ? -1.0 : absl::ToDoubleSeconds(r.update_start));
+          x.replica_update_s.back().push_back(absl::ToDoubleSeconds(r.update));
           x.link_bytes.back().push_back(r.busiest_link);
+          x.link_before_update.back().push_back(r.link_before_update);
+          x.link_after_update.back().push_back(r.link_after_update);
         }
       }
       x.bytes = (*p)->last_dp().bytes_sent, x.raw_bytes = (*p)->last_dp().bytes_sent_uncompressed;
@@ -155,9 +169,12 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
     mean.bucket_spans.assign(static_cast<size_t>(stages), std::string());
     mean.busiest_link_bytes.assign(static_cast<size_t>(stages), 0);
     for (int s = 0; s < stages; ++s) {
-      mean.start_s.emplace_back(static_cast<size_t>(counts[s]), 0.0);
-      mean.replica_sync_s.emplace_back(static_cast<size_t>(counts[s]), 0.0);
-      mean.link_bytes.emplace_back(static_cast<size_t>(counts[s]), 0);
+      for (auto* v : {&mean.start_s, &mean.replica_sync_s, &mean.update_start_s, &mean.replica_update_s}) {
+        v->emplace_back(static_cast<size_t>(counts[s]), 0.0);
+      }
+      for (auto* v : {&mean.link_bytes, &mean.link_before_update, &mean.link_after_update}) {
+        v->emplace_back(static_cast<size_t>(counts[s]), 0);
+      }
     }
     for (const DpSample& x : steps) {
       const double w = 1.0 / static_cast<double>(steps.size());
@@ -172,7 +189,11 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
         for (int r = 0; r < counts[s]; ++r) {
           mean.start_s[s][r] += x.start_s[s][r] * w;
           mean.replica_sync_s[s][r] += x.replica_sync_s[s][r] * w;
+          mean.update_start_s[s][r] += x.update_start_s[s][r] * w;  // -1 in every step, or in none
+          mean.replica_update_s[s][r] += x.replica_update_s[s][r] * w;
           mean.link_bytes[s][r] = std::max(mean.link_bytes[s][r], x.link_bytes[s][r]);
+          mean.link_before_update[s][r] = std::max(mean.link_before_update[s][r], x.link_before_update[s][r]);
+          mean.link_after_update[s][r] = std::max(mean.link_after_update[s][r], x.link_after_update[s][r]);
         }
       }
       mean.bytes = x.bytes, mean.raw_bytes = x.raw_bytes;
@@ -236,8 +257,8 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
     return [field, s](const DpSample& x) { return (x.*field)[s]; };
   };
   std::string md = absl::StrFormat(
-      "| between regions Mbit/s | data-parallel codec | step s | step bound s | step fraction of bound | "
-      "bounding stage, replica | its sync's start after its stage's first s (unshaped) | its sync s | its sync bound s | "
+      "| between regions Mbit/s | data-parallel codec | step s | step bound s | step fraction of bound "
+      "(without the chains) | bounding stage, replica | its sync's start after its stage's first s (unshaped) | its sync s | its sync bound s | "
       "its sync's fraction of bound | slowest sync s (any stage) | "
       "KB on the busiest link between regions, per step | data-parallel KB per step, all replicas / as fp32 | "
       "sync speed-up vs fp32 | step speed-up vs fp32 |\n"
@@ -253,9 +274,12 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
       struct Bounding {
         double step_bound = 0, sync_bound = 0, sync = 0, after_first = 0;
         int stage = 0, replica = -1;
+        bool chain = false;
       } b;
+      double without_chain = 0;  // the largest bound but the chains
       auto consider = [&](Bounding x) {
         if (x.step_bound > b.step_bound) b = x;
+        if (!x.chain) without_chain = std::max(without_chain, x.step_bound);
       };
       const double unshaped_step = median(0, c, step_of);
       for (int s = 0; s < stages; ++s) {
@@ -272,8 +296,20 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
         const double first = *std::min_element(start.begin(), start.end());
         for (int r = 0; r < counts[s]; ++r) {
           const double link_s = static_cast<double>(any.link_bytes[s][r]) / (rate * 1e6 / 8);
-          const double sync_s = std::max(median(0, c, of(&DpSample::replica_sync_s, s, r)), link_s);
-          consider({start[r] + sync_s, sync_s, median(rate, c, of(&DpSample::replica_sync_s, s, r)), start[r] - first, s, r});
+          const double unshaped_sync = median(0, c, of(&DpSample::replica_sync_s, s, r));
+          const double sync_s = std::max(unshaped_sync, link_s);
+          const double measured = median(rate, c, of(&DpSample::replica_sync_s, s, r));
+          consider({start[r] + sync_s, sync_s, measured, start[r] - first, s, r});
+          // Its chain: what it sends before its update, the update, what it sends after, in that order.
+          const double pre_unshaped = median(0, c, of(&DpSample::update_start_s, s, r));
+          if (pre_unshaped < 0) continue;  // no update inside its sync
+          const double update = median(0, c, of(&DpSample::replica_update_s, s, r));
+          auto at_rate = [&](const std::vector<std::vector<int64_t>>& bytes) {
+            return static_cast<double>(bytes[s][r]) / (rate * 1e6 / 8);
+          };
+          const double chain = std::max(pre_unshaped, at_rate(any.link_before_update)) + update +
+                               std::max(std::max(0.0, unshaped_sync - pre_unshaped - update), at_rate(any.link_after_update));
+          consider({start[r] + chain, chain, measured, start[r] - first, s, r, true});
         }
       }
       const double step_bound = b.step_bound, sync_bound = b.sync_bound, sync = b.sync;
@@ -282,9 +318,9 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
       const double fp32_step = has_fp32 ? median(rate, "fp32", step_of) : 0;
       const double fp32_slowest = has_fp32 ? median(rate, "fp32", slowest_sync) : 0;
       absl::StrAppendFormat(
-          &md, "| %g | %s | %.3f | %.3f | %.2f | %d, %s | %s | %.3f | %.3f | %.2f | %.3f | %.1f | %.0f / %.0f | %s | %s |\n",
-          rate, c, step, step_bound, step_bound / step, b.stage,
-          b.replica < 0 ? std::string("slowest") : absl::StrCat(b.replica),
+          &md, "| %g | %s | %.3f | %.3f | %.2f (%.2f) | %d, %s | %s | %.3f | %.3f | %.2f | %.3f | %.1f | %.0f / %.0f | %s | %s |\n",
+          rate, c, step, step_bound, step_bound / step, without_chain / step, b.stage,
+          b.replica < 0 ? std::string("slowest") : absl::StrCat(b.replica, b.chain ? " (chain)" : ""),
           b.replica < 0 ? std::string("-") : absl::StrFormat("%.3f", b.after_first), sync, sync_bound, sync_bound / sync,
           slowest,
           busiest / 1e3, any.bytes / 1e3, any.raw_bytes / 1e3,
@@ -292,7 +328,9 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
           has_fp32 ? absl::StrFormat("%.2fx", fp32_step / step) : "-");
       rows.push_back({{"rate_mbit", rate}, {"dp_codec", c}, {"step_s", Round(step, 4)},
                       {"step_bound_s", Round(step_bound, 4)}, {"step_fraction", Round(step_bound / step, 3)},
+                      {"step_fraction_without_chains", Round(without_chain / step, 3)},
                       {"bounding_stage", b.stage},
+                      {"bounding_kind", b.replica < 0 ? "stage" : b.chain ? "chain" : "replica"},
                       {"bounding_replica", b.replica < 0 ? nlohmann::ordered_json() : nlohmann::ordered_json(b.replica)},
                       {"bounding_replica_start_after_first_s",
                        b.replica < 0 ? nlohmann::ordered_json() : nlohmann::ordered_json(Round(b.after_first, 4))},

@@ -208,7 +208,8 @@ class ReplicatedPipeline {
         }
         d.wall = std::max(d.wall, c.wall);
         d.busiest_link = std::max(d.busiest_link, c.busiest_inter_region_link());
-        d.replicas.push_back({c.start - started, c.wall, c.busiest_inter_region_link()});
+        d.replicas.push_back({c.start - started, c.wall, c.busiest_inter_region_link(), c.update_start, c.update,
+                              c.busiest_link_before_update(), c.busiest_link_after_update()});
       }
     }
     return *results[static_cast<size_t>(S - 1)][0];  // replica 0's last stage: its replicas' mean loss
@@ -243,10 +244,14 @@ class ReplicatedPipeline {
   // Every replica's and stage's data-parallel calls in the last step (gradients and weights).
   const collective::CallStats& last_dp() const { return last_dp_; }
   // Each replica's (index: replica): from the step's start to its sync's start (the end of its
-  // backward pass; it cannot send a byte before), its sync's wall time and its busiest link's bytes.
+  // backward pass; it cannot send a byte before), its sync's wall time and its busiest link's bytes;
+  // when its update began after the sync's start (InfiniteDuration: the sync has none), how long it
+  // took, and the busiest link's bytes before and after it (CallStats).
   struct ReplicaDp {
     absl::Duration start, wall;
     int64_t busiest_link = 0;
+    absl::Duration update_start = absl::InfiniteDuration(), update = absl::ZeroDuration();
+    int64_t link_before_update = 0, link_after_update = 0;
   };
   // Per stage, the last step's data-parallel sync: the slowest replica's wall time (from the end of
   // its backward pass, so it includes waiting for the other replicas and, through the clipping norm,

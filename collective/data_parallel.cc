@@ -167,6 +167,11 @@ absl::StatusOr<CallStats> DataParallelSync::Step(absl::Span<const float> grad, a
   absl::Duration in_update = absl::ZeroDuration();
   const UpdateFn timed = [&](int64_t off, absl::Span<const float> sum, absl::Span<float> main) {
     const absl::Time t0 = absl::Now();
+    CallStats& st = op->stats();
+    if (st.update_start == absl::InfiniteDuration()) {  // the parts before it have been absorbed
+      st.update_start = t0 - op->start();
+      st.inter_region_bytes_to_before_update = st.inter_region_bytes_to;
+    }
     update(off, sum, main);
     in_update += absl::Now() - t0;
   };

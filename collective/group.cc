@@ -67,12 +67,31 @@ void CallStats::Add(const CallStats& o) {
   recv_wait += o.recv_wait;
   update += o.update;
   if (phase_starts.empty()) phase_starts = o.phase_starts;
+  if (update_start == absl::InfiniteDuration()) {
+    update_start = o.update_start;
+    inter_region_bytes_to_before_update = o.inter_region_bytes_to_before_update;
+  }
   if (bucket_spans.empty()) bucket_spans = o.bucket_spans;
 }
 
 int64_t CallStats::busiest_inter_region_link() const {
   int64_t m = 0;
   for (int64_t b : inter_region_bytes_to) m = std::max(m, b);
+  return m;
+}
+
+int64_t CallStats::busiest_link_before_update() const {
+  int64_t m = 0;
+  for (int64_t b : inter_region_bytes_to_before_update) m = std::max(m, b);
+  return m;
+}
+
+int64_t CallStats::busiest_link_after_update() const {
+  int64_t m = 0;
+  for (size_t k = 0; k < inter_region_bytes_to.size(); ++k) {
+    const int64_t before = k < inter_region_bytes_to_before_update.size() ? inter_region_bytes_to_before_update[k] : 0;
+    m = std::max(m, inter_region_bytes_to[k] - before);
+  }
   return m;
 }
 

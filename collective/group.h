@@ -106,6 +106,13 @@ struct CallStats {
   // DataParallelSync::Step: inside the caller's update (the optimizer and, in a job, the clipping
   // norm's exchange along the pipeline, which waits for the other stages).
   absl::Duration update = absl::ZeroDuration();
+  // DataParallelSync::Step: when its update began, after the call's start (InfiniteDuration: none
+  // did), and what inter_region_bytes_to held then. What a call sends after its update (the weights'
+  // all-gather of a sharded optimizer) cannot leave before it, nor the update begin before the
+  // reduce-scatter has ended: the data-parallel sweep's chain bound (bench/dp_sweep_bench.cc). Add
+  // keeps the first call's.
+  absl::Duration update_start = absl::InfiniteDuration();
+  std::vector<int64_t> inter_region_bytes_to_before_update;
   // When each of the call's phases (Op::NextPhase) began, after the call's start: where a step's
   // time goes between its transfers and its own work (not the parts of Op::RunConcurrently, so not a
   // bucketed collective's: docs/replicated-stages.md measured with them before the buckets). Add
@@ -116,6 +123,10 @@ struct CallStats {
   // in a sum of calls they are one call's.
   std::vector<BucketSpan> bucket_spans;
   int64_t busiest_inter_region_link() const;  // the largest of inter_region_bytes_to (0 if none)
+  // The busiest directed link's bytes before the update and after it (without an update: 0 and
+  // busiest_inter_region_link()).
+  int64_t busiest_link_before_update() const;
+  int64_t busiest_link_after_update() const;
   double compression() const {
     return bytes_sent > 0 ? static_cast<double>(bytes_sent_uncompressed) / static_cast<double>(bytes_sent) : 1.0;
   }

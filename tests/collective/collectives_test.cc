@@ -402,6 +402,11 @@ TEST(CollectiveBytesTest, SendsTheCodecsBitsPerElement) {
     EXPECT_EQ(res.stats[r].bytes_sent_inter_region, grad_inter + w_inter) << "rank " << r;
     // All of it to one peer: the partner in the other region.
     EXPECT_EQ(res.stats[r].busiest_inter_region_link(), grad_inter + w_inter) << "rank " << r;
+    // The gradients before the update, the weights after it (the sweep's chain bound).
+    EXPECT_GE(res.stats[r].update_start, absl::ZeroDuration()) << "rank " << r;
+    EXPECT_LT(res.stats[r].update_start, res.stats[r].wall) << "rank " << r;
+    EXPECT_EQ(res.stats[r].busiest_link_before_update(), grad_inter) << "rank " << r;
+    EXPECT_EQ(res.stats[r].busiest_link_after_update(), w_inter) << "rank " << r;
     EXPECT_EQ(res.stats[r].bytes_sent_uncompressed,
               4 * ((X - 1) * Y * chunk + (Y - 1) * chunk + (Y - 1) * len(r) + (X - 1) * (len(r) + len((r + X) % P))));
   }
@@ -409,7 +414,12 @@ TEST(CollectiveBytesTest, SendsTheCodecsBitsPerElement) {
   StepResult b = RunSteps(c, DpCodec::kBitDp2, 40000, 1, {{100, 400, true}});
   const int64_t payload = 100 * 4 + 100 * 2 * 50;
   EXPECT_EQ(payload, static_cast<int64_t>(codec::BitDpPayloadBytes(100, 400, 2)));
-  for (int r = 0; r < P; ++r) EXPECT_EQ(b.stats[r].bytes_sent, (Y - 1) * payload + (X - 1) * Y * payload);
+  for (int r = 0; r < P; ++r) {
+    EXPECT_EQ(b.stats[r].bytes_sent, (Y - 1) * payload + (X - 1) * Y * payload);
+    // Every byte before its update, which is the step's last work.
+    EXPECT_EQ(b.stats[r].busiest_link_before_update(), (Y - 1) * payload) << "rank " << r;
+    EXPECT_EQ(b.stats[r].busiest_link_after_update(), 0) << "rank " << r;
+  }
   // With an fp32 segment too, whose ring (0 1 2 3) runs beside the all-gather: rank 1 sends the
   // ring's reduce-scatter and all-gather to rank 2 and its planes to its partner, rank 3, two
   // links between the regions, counted apart.

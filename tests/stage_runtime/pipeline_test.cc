@@ -117,7 +117,13 @@ TEST(Pipeline, OneFOneBStoresFewerActivations) {
   auto g = Make(og), f = Make(of);
   Train(*g, og, 0, 1);
   Train(*f, of, 0, 1);
-  EXPECT_EQ(g->PeakStoredActivations(), (std::vector<int64_t>{8, 8, 8, 8}));
+  // GPipe's last stage runs a backward whenever no activation waits (StageLoop), so how many it
+  // holds at once depends on when its inputs arrive: at most all of them.
+  const std::vector<int64_t> gpipe = g->PeakStoredActivations();
+  ASSERT_EQ(gpipe.size(), 4u);
+  EXPECT_EQ(std::vector<int64_t>(gpipe.begin(), gpipe.end() - 1), (std::vector<int64_t>{8, 8, 8}));
+  EXPECT_GE(gpipe.back(), 1);
+  EXPECT_LE(gpipe.back(), 8);
   EXPECT_EQ(f->PeakStoredActivations(), (std::vector<int64_t>{4, 3, 2, 1}));
 }
 
