@@ -73,13 +73,32 @@ absl::StatusOr<int64_t> FrameBytes(const std::string& spec, int64_t mbs, int64_t
   return static_cast<int64_t>(f->size());
 }
 
+}  // namespace
+
+void StopClusterOnTermination(cluster::Cluster& cl, netem::Network* net) {
+  if (!common::InstallTerminationHandlers()) return;
+  std::thread([&cl, net] {
+    const int sig = common::WaitForTerminationSignal();
+    std::fprintf(stderr, "longhaul-bench sweep: %s: stopping the cluster%s\n", common::SignalName(sig),
+                 net ? " and removing the network namespaces" : "");
+    cl.SignalAll(SIGTERM);
+    absl::SleepFor(absl::Seconds(2));
+    cl.SignalAll(SIGKILL);
+    if (net) (void)net->Down();
+    _exit(128 + sig);
+  }).detach();
+}
+
+namespace {
+
 int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
   const bool congestion_given = cmd.get_option("--tcp-congestion")->count() > 0;
   if (f.steps < 1) return common::FlagError(cmd, "--steps must be at least 1");
+  if (f.processes && !f.data_parallel) return common::FlagError(cmd, "--processes is for --data-parallel cells");
   if (f.data_parallel) {
     if (congestion_given) return common::FlagError(cmd, "--tcp-congestion is for tc-shaped sweeps, not --data-parallel");
     if (!f.link_trace.empty()) return common::FlagError(cmd, "--link-trace is for tc-shaped sweeps, not --data-parallel");
-    return RunDpSweep(f, cmd);
+    return f.processes ? RunDpProcessSweep(f, cmd) : RunDpSweep(f, cmd);
   }
   if (absl::Status s = netem::CheckCongestion(f.tcp_congestion); !s.ok()) {
     return common::FlagError(cmd, absl::StrCat("--tcp-congestion: ", s.message()));
@@ -167,20 +186,7 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
   } net_down{net.get()};
   cluster::Cluster cl(1);
   if (f.devices != std::vector<std::string>{"cpu"}) cl.SetWorkerDevices(f.devices);
-  // Ctrl-C / SIGTERM: stop the cluster's processes and remove the namespaces before leaving (the
-  // main thread may be waiting on a job for minutes).
-  if (common::InstallTerminationHandlers()) {
-    std::thread([&cl, n = net.get()] {
-      const int sig = common::WaitForTerminationSignal();
-      std::fprintf(stderr, "longhaul-bench sweep: %s: stopping the cluster%s\n", common::SignalName(sig),
-                   n ? " and removing the network namespaces" : "");
-      cl.SignalAll(SIGTERM);
-      absl::SleepFor(absl::Seconds(2));
-      cl.SignalAll(SIGKILL);
-      if (n) (void)n->Down();
-      _exit(128 + sig);
-    }).detach();
-  }
+  StopClusterOnTermination(cl, net.get());
   if (tc) {
     auto host = [&topo](const std::string& role) { return role == "coordinator" ? std::string("coord") : role; };
     cl.SetPlacement({[&topo, host](const std::string& r) { return topo.Namespace(host(r)); },
@@ -490,6 +496,10 @@ BenchmarkRun AddSweepBench(CLI::App& app) {
       ->default_str("4");
   cmd->add_option("--dp-regions", f->dp_regions, "--data-parallel: regions the replicas are dealt to in turn")
       ->type_name("N");
+  cmd->add_flag("--processes", f->processes,
+                "--data-parallel: the cells as jobs of worker processes over gRPC (a coordinator and a "
+                "longhaul-worker per replica, --region dealt in turn; --stages default 1; tokens/s and the "
+                "last step's sync from the coordinator) instead of replicas in this process");
   cmd->footer(
       "Trains the same job (GPT, one layer per worker process) at every link rate with every forward\n"
       "codec, plus unshaped per codec (the compute bound), each cell --repeats times (the unshaped\n"

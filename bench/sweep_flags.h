@@ -1,5 +1,5 @@
 // `longhaul-bench sweep`'s flags (sweep_bench.cc declares and parses them), shared with the
-// data-parallel cells (dp_sweep_bench.cc, --data-parallel).
+// data-parallel cells (dp_sweep_bench.cc, --data-parallel; dp_process_sweep.cc, with --processes).
 #ifndef LONGHAUL_BENCH_SWEEP_FLAGS_H_
 #define LONGHAUL_BENCH_SWEEP_FLAGS_H_
 
@@ -10,6 +10,7 @@
 #include <CLI/CLI.hpp>
 
 #include "netem/tc/network.h"
+#include "tools/cluster/local_cluster.h"
 
 namespace longhaul::bench {
 
@@ -39,11 +40,18 @@ struct SweepFlags {
   std::vector<std::string> dp_codecs = {"fp32", "sdp4bit", "bitdp2"};
   std::vector<int> dp_replicas = {4};  // every stage's, or one per stage
   int64_t dp_regions = 2;
+  bool processes = false;  // as jobs of worker processes (dp_process_sweep.cc)
 };
 
 // --data-parallel: the data-parallel cells (dp_sweep_bench.cc). `cmd` says which flags were given
 // (the cells have their own defaults for the others).
 int RunDpSweep(const SweepFlags& f, const CLI::App& cmd);
+// --data-parallel --processes: the same cells as jobs of worker processes (dp_process_sweep.cc).
+int RunDpProcessSweep(const SweepFlags& f, const CLI::App& cmd);
+
+// Ctrl-C / SIGTERM: stops the cluster's processes and removes the network namespaces of `net`
+// (none: nullptr) before the process leaves (its main thread may be waiting on a job for minutes).
+void StopClusterOnTermination(cluster::Cluster& cl, netem::Network* net);
 
 }  // namespace longhaul::bench
 

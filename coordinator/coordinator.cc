@@ -479,7 +479,7 @@ void CoordinatorService::OnProgress(Worker& w, const v1::StepProgress& p) {
   TrackCheckpoints(job, p);
   TrackStep(job, p);
   job.status.mutable_stages(slot)->set_step(p.step());
-  int64_t wire = 0, raw = 0, dp = 0, dp_raw = 0;
+  int64_t wire = 0, raw = 0, dp = 0, dp_raw = 0, dp_busiest = 0;
   double err = 0, dp_seconds = 0;
   int err_n = 0;
   for (const auto& [s, lp] : job.latest) {
@@ -488,6 +488,7 @@ void CoordinatorService::OnProgress(Worker& w, const v1::StepProgress& p) {
     dp += lp.dp_bytes();
     dp_raw += lp.dp_raw_bytes();
     dp_seconds = std::max(dp_seconds, lp.dp_seconds());
+    dp_busiest = std::max(dp_busiest, lp.dp_busiest_link_bytes());
     if (lp.stage() < S - 1) {
       err += lp.mean_rel_error();
       ++err_n;
@@ -500,6 +501,7 @@ void CoordinatorService::OnProgress(Worker& w, const v1::StepProgress& p) {
     job.status.set_dp_bytes_per_step(dp);
     job.status.set_dp_raw_bytes_per_step(dp_raw);
     job.status.set_dp_seconds(dp_seconds);
+    job.status.set_dp_busiest_link_bytes(dp_busiest);
   }
   if (reports_loss) {
     const absl::Time now = opt_.clock->Now();

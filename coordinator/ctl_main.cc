@@ -167,6 +167,7 @@ nlohmann::json Summary(const v1::JobStatus& j) {
   out["dp_bytes_per_step"] = j.dp_bytes_per_step();
   out["dp_raw_bytes_per_step"] = j.dp_raw_bytes_per_step();
   out["dp_seconds"] = j.dp_seconds();
+  out["dp_busiest_link_bytes"] = j.dp_busiest_link_bytes();
   return out;
 }
 

@@ -548,6 +548,7 @@ absl::Status StageRunner::RunSteps() {
       p.set_dp_bytes(sync_->last().bytes_sent);
       p.set_dp_raw_bytes(sync_->last().bytes_sent_uncompressed);
       p.set_dp_seconds(absl::ToDoubleSeconds(sync_->last().wall));
+      p.set_dp_busiest_link_bytes(sync_->last().busiest_inter_region_link());
       sample.dp_codec = collective::DpCodecName(sync_->codec());
       sample.dp_bytes = p.dp_bytes();
       sample.dp_raw_bytes = p.dp_raw_bytes();

@@ -484,12 +484,14 @@ TEST_F(SchedulingTest, ReplicatedStagesGetAWorkerPerReplicaAndTheirGroups) {
     p->set_loss(i == 1 ? 2.5 : 9.0);
     p->set_dp_bytes(100);
     p->set_dp_raw_bytes(400);
+    p->set_dp_busiest_link_bytes(10 * (i + 1));
     w->Send(m);
   }
   EXPECT_EQ(Job(job).step(), 1);
   EXPECT_DOUBLE_EQ(Job(job).loss(), 2.5);
   EXPECT_EQ(Job(job).dp_bytes_per_step(), 400);
   EXPECT_EQ(Job(job).dp_raw_bytes_per_step(), 1600);
+  EXPECT_EQ(Job(job).dp_busiest_link_bytes(), 40);  // the largest of any replica's
   for (int i = 0; i < 4; ++i) {
     FakeWorker* w = by_id.at(st.stages(i).worker_id());
     v1::WorkerMessage at_end;  // the planned step reached (a stage that ends before it has failed)

@@ -194,6 +194,8 @@ links: {between_regions_mbit: 4}
               kMbit, per_replica, at_rate, st->dp_seconds());
   EXPECT_GT(at_rate, 0.05);  // the check below means something
   EXPECT_GE(st->dp_seconds(), 0.9 * at_rate);
+  // Two replicas: each sends all of its ring's bytes to the other, across the regions.
+  EXPECT_EQ(st->dp_busiest_link_bytes(), st->dp_bytes_per_step() / 2);
 }
 
 TEST_F(ReplicatedTest, MoreReplicasThanWorkersIsRejectedWithTheNumbers) {

@@ -1,0 +1,178 @@
+// longhaul-bench sweep --data-parallel --processes: the data-parallel cells as jobs of real worker
+// processes over gRPC. A local cluster (tools/cluster/local_cluster.h): a coordinator and one
+// longhaul-worker per replica of every stage, dealt to --dp-regions regions in turn (--region);
+// each cell is a job whose replicas synchronise with the cell's codec, the links between regions
+// shaped by the workers' in-process shaper at the cell's rate (links.between_regions_mbit), the
+// others unshaped. --stages defaults to 1 here: then every byte between regions is the replicas'
+// synchronisation (a pipeline's links between regions would be shaped too).
+//
+// Per job, from the coordinator's status: tokens/s (start-up left out) and, of the latest step, the
+// slowest stage's sync, the data-parallel bytes of every replica and the most one replica sent to
+// one replica of another region. Rounds interleaved (unshaped first in each), medians reported.
+// Bound, as the in-process cells' per-stage one but from the job's figures: the unshaped step
+// minus its sync, plus the larger of that sync and the busiest link's bytes at the rate. fraction =
+// bound / measured.
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "bench/benchmarks.h"
+#include "bench/replicated_pipeline.h"
+#include "bench/sweep_flags.h"
+#include "common/flags.h"
+#include "tools/cluster/local_cluster.h"
+
+namespace longhaul::bench {
+namespace {
+
+// One job's figures.
+struct ProcessSample {
+  double tokens_per_s = 0, sync_s = 0;
+  int64_t bytes = 0, raw_bytes = 0, busiest_link = 0;  // data-parallel, per step
+};
+
+double MedianOf(const std::vector<ProcessSample>& v, double (*get)(const ProcessSample&)) {
+  std::vector<double> x;
+  for (const ProcessSample& s : v) x.push_back(get(s));
+  std::sort(x.begin(), x.end());
+  return x.size() % 2 ? x[x.size() / 2] : (x[x.size() / 2 - 1] + x[x.size() / 2]) / 2;
+}
+
+}  // namespace
+
+int RunDpProcessSweep(const SweepFlags& f, const CLI::App& cmd) {
+  const std::vector<double> rates = cmd.count("--rates") ? f.rates : std::vector<double>{10, 100};
+  const int stages = static_cast<int>(f.stages > 0 ? f.stages : 1);
+  const int64_t mbs = cmd.count("--micro-batches") ? f.micro_batches : 8;
+  const int64_t mbsize = cmd.count("--micro-batch-size") ? f.micro_batch_size : 4;
+  if (stages > f.layers) return common::FlagError(cmd, "--stages must be at most --layers");
+  absl::StatusOr<std::vector<int>> per_stage = CountsPerStage(f.dp_replicas, stages, mbs);
+  if (!per_stage.ok()) return common::FlagError(cmd, absl::StrCat("--dp-replicas: ", per_stage.status().message()));
+  const std::vector<int>& counts = *per_stage;
+  const int fewest = *std::min_element(counts.begin(), counts.end()), Y = static_cast<int>(f.dp_regions);
+  if (fewest < 2 || Y < 2 || Y > fewest) {
+    return common::FlagError(cmd, "--processes: every --dp-replicas count at least 2 and --dp-regions in [2, the "
+                                  "fewest] (the links between regions are the shaped ones)");
+  }
+  for (double r : rates) {
+    if (!(r > 0)) return common::FlagError(cmd, absl::StrCat("bad rate \"", r, "\" (rates are Mbit/s > 0)"));
+  }
+  if (f.repeats < 1) return common::FlagError(cmd, "--repeats must be at least 1");
+  int workers = 0;
+  for (int c : counts) workers += c;
+  const std::string replicas =
+      counts.size() == 1 || std::all_of(counts.begin(), counts.end(), [&](int c) { return c == counts[0]; })
+          ? absl::StrCat(counts[0])
+          : absl::StrCat("[", absl::StrJoin(counts, ", "), "]");
+  const double tokens_per_step = static_cast<double>(mbs * mbsize * f.context);
+
+  cluster::Cluster cl(1);
+  std::vector<std::string> regions;
+  for (int y = 0; y < Y; ++y) regions.push_back(absl::StrCat("region-", y));
+  cl.SetWorkerRegions(regions);
+  StopClusterOnTermination(cl, nullptr);
+  if (absl::Status s = cl.StartCoordinator(); !s.ok()) {
+    std::fprintf(stderr, "longhaul-bench sweep: %s\n", std::string(s.message()).c_str());
+    return 1;
+  }
+  if (absl::Status s = cl.StartWorkers(workers); !s.ok()) {
+    std::fprintf(stderr, "longhaul-bench sweep: %s\n", std::string(s.message()).c_str());
+    cl.DumpLogs();
+    return 1;
+  }
+  if (!f.json) {
+    std::fprintf(stderr, "%d worker processes in %d regions: %d stage%s x replicas %s\n", workers, Y, stages,
+                 stages == 1 ? "" : "s", replicas.c_str());
+  }
+  auto run = [&](const std::string& codec, double rate) -> absl::StatusOr<ProcessSample> {
+    const std::string yaml = absl::StrFormat(
+        "name: dp-sweep-%s-%g\nmodel: {layers: %d, hidden: %d, heads: 4, context: %d}\nstages: %d\nreplicas: %s\n"
+        "micro_batches: %d\nmicro_batch_size: %d\nschedule: %s\nsteps: %d\ndata_parallel: {codec: %s}\n"
+        "links: {between_regions_mbit: %g}\ncheckpoint: {replicate: none}\n",
+        codec, rate, f.layers, f.hidden, f.context, stages, replicas, mbs, mbsize, f.schedule, f.steps, codec, rate);
+    absl::StatusOr<uint64_t> job = cl.Submit(yaml);
+    if (!job.ok()) return job.status();
+    absl::StatusOr<v1::JobStatus> st = cl.WaitForEnd(*job, absl::Minutes(10));
+    if (!st.ok()) return st.status();
+    if (st->state() != v1::JOB_STATE_SUCCEEDED) return absl::InternalError(st->error());
+    return ProcessSample{st->tokens_per_s(), st->dp_seconds(), st->dp_bytes_per_step(), st->dp_raw_bytes_per_step(),
+                         st->dp_busiest_link_bytes()};
+  };
+  std::vector<double> all_rates = {0};
+  all_rates.insert(all_rates.end(), rates.begin(), rates.end());
+  std::map<std::pair<double, std::string>, std::vector<ProcessSample>> samples;
+  for (int64_t rep = 0; rep < f.repeats; ++rep) {
+    for (double rate : all_rates) {
+      for (const std::string& c : f.dp_codecs) {
+        const std::string where = rate > 0 ? absl::StrCat(rate, " Mbit/s between regions") : "unshaped";
+        absl::StatusOr<ProcessSample> x = run(c, rate);
+        if (!x.ok()) {
+          std::fprintf(stderr, "longhaul-bench sweep: %s, %s: %s\n", c.c_str(), where.c_str(),
+                       std::string(x.status().message()).c_str());
+          cl.DumpLogs();
+          return 1;
+        }
+        if (!f.json) {
+          std::fprintf(stderr, "round %lld: %s, %s: %.0f tokens/s, sync %.3f s, %lld bytes on the busiest link\n",
+                       static_cast<long long>(rep + 1), where.c_str(), c.c_str(), x->tokens_per_s, x->sync_s,
+                       static_cast<long long>(x->busiest_link));
+        }
+        samples[{rate, c}].push_back(*x);
+      }
+    }
+  }
+  auto tokens = [](const ProcessSample& s) { return s.tokens_per_s; };
+  auto sync = [](const ProcessSample& s) { return s.sync_s; };
+  std::string md =
+      "| between regions Mbit/s | data-parallel codec | tokens/s | step s | step bound s | step fraction of bound | "
+      "sync s (slowest stage, last step) | sync bound s | KB on the busiest link between regions, per step | "
+      "data-parallel KB per step, all replicas / as fp32 | sync speed-up vs fp32 | step speed-up vs fp32 |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+  for (double rate : rates) {
+    for (const std::string& c : f.dp_codecs) {
+      const std::vector<ProcessSample>& cell = samples.at({rate, c});
+      const std::vector<ProcessSample>& unshaped = samples.at({0, c});
+      const double step = tokens_per_step / MedianOf(cell, tokens), sync_s = MedianOf(cell, sync);
+      const double unshaped_step = tokens_per_step / MedianOf(unshaped, tokens), unshaped_sync = MedianOf(unshaped, sync);
+      const ProcessSample& any = cell.front();  // the bytes do not change between jobs
+      const double sync_bound = std::max(unshaped_sync, static_cast<double>(any.busiest_link) / (rate * 1e6 / 8));
+      const double step_bound = unshaped_step - unshaped_sync + sync_bound;
+      const bool has_fp32 = samples.count({rate, "fp32"}) > 0;
+      const double fp32_step = has_fp32 ? tokens_per_step / MedianOf(samples.at({rate, "fp32"}), tokens) : 0;
+      const double fp32_sync = has_fp32 ? MedianOf(samples.at({rate, "fp32"}), sync) : 0;
+      absl::StrAppendFormat(&md, "| %g | %s | %.0f | %.3f | %.3f | %.2f | %.3f | %.3f | %.1f | %.0f / %.0f | %s | %s |\n",
+                            rate, c, tokens_per_step / step, step, step_bound, step_bound / step, sync_s, sync_bound,
+                            any.busiest_link / 1e3, any.bytes / 1e3, any.raw_bytes / 1e3,
+                            has_fp32 ? absl::StrFormat("%.2fx", fp32_sync / sync_s) : "-",
+                            has_fp32 ? absl::StrFormat("%.2fx", fp32_step / step) : "-");
+      rows.push_back({{"rate_mbit", rate}, {"dp_codec", c}, {"tokens_per_s", Round(tokens_per_step / step, 1)},
+                      {"step_s", Round(step, 4)}, {"step_bound_s", Round(step_bound, 4)},
+                      {"step_fraction", Round(step_bound / step, 3)}, {"sync_s", Round(sync_s, 4)},
+                      {"sync_bound_s", Round(sync_bound, 4)}, {"busiest_link_bytes", any.busiest_link},
+                      {"dp_bytes_per_step", any.bytes}, {"dp_raw_bytes_per_step", any.raw_bytes},
+                      {"sync_speedup_vs_fp32", Round(has_fp32 ? fp32_sync / sync_s : 0.0, 3)},
+                      {"step_speedup_vs_fp32", Round(has_fp32 ? fp32_step / step : 0.0, 3)}});
+    }
+  }
+  absl::StrAppendFormat(&md, "\n%d worker processes over gRPC in %d regions; the median of %lld jobs per cell.\n",
+                        workers, Y, static_cast<long long>(f.repeats));
+  if (f.json) {
+    std::printf("%s\n", nlohmann::ordered_json{{"runs", rows}}.dump(2).c_str());
+  } else {
+    std::printf("%s", md.c_str());
+  }
+  if (!f.markdown.empty()) std::ofstream(f.markdown) << md;
+  return 0;
+}
+
+}  // namespace longhaul::bench
