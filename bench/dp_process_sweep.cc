@@ -26,7 +26,6 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "bench/benchmarks.h"
-#include "bench/replicated_pipeline.h"
 #include "bench/sweep_flags.h"
 #include "common/flags.h"
 #include "tools/cluster/local_cluster.h"
@@ -50,22 +49,13 @@ double MedianOf(const std::vector<ProcessSample>& v, double (*get)(const Process
 }  // namespace
 
 int RunDpProcessSweep(const SweepFlags& f, const CLI::App& cmd) {
-  const std::vector<double> rates = cmd.count("--rates") ? f.rates : std::vector<double>{10, 100};
-  const int stages = static_cast<int>(f.stages > 0 ? f.stages : 1);
-  const int64_t mbs = cmd.count("--micro-batches") ? f.micro_batches : 8;
-  const int64_t mbsize = cmd.count("--micro-batch-size") ? f.micro_batch_size : 4;
-  if (stages > f.layers) return common::FlagError(cmd, "--stages must be at most --layers");
-  absl::StatusOr<std::vector<int>> per_stage = CountsPerStage(f.dp_replicas, stages, mbs);
-  if (!per_stage.ok()) return common::FlagError(cmd, absl::StrCat("--dp-replicas: ", per_stage.status().message()));
-  const std::vector<int>& counts = *per_stage;
-  const int fewest = *std::min_element(counts.begin(), counts.end()), Y = static_cast<int>(f.dp_regions);
-  if (fewest < 2 || Y < 2 || Y > fewest) {
-    return common::FlagError(cmd, "--processes: every --dp-replicas count at least 2 and --dp-regions in [2, the "
-                                  "fewest] (the links between regions are the shaped ones)");
-  }
-  for (double r : rates) {
-    if (!(r > 0)) return common::FlagError(cmd, absl::StrCat("bad rate \"", r, "\" (rates are Mbit/s > 0)"));
-  }
+  absl::StatusOr<DpCellShape> shape = DpCellShapeOf(f, cmd, /*default_stages=*/1, /*min_regions=*/2);
+  if (!shape.ok()) return common::FlagError(cmd, std::string(shape.status().message()));
+  const std::vector<double>& rates = shape->rates;
+  const int stages = shape->stages;
+  const int64_t mbs = shape->micro_batches, mbsize = shape->micro_batch_size;
+  const std::vector<int>& counts = shape->replicas;
+  const int Y = shape->regions;
   if (f.repeats < 1) return common::FlagError(cmd, "--repeats must be at least 1");
   int workers = 0;
   for (int c : counts) workers += c;
@@ -164,8 +154,8 @@ int RunDpProcessSweep(const SweepFlags& f, const CLI::App& cmd) {
                       {"step_speedup_vs_fp32", Round(has_fp32 ? fp32_step / step : 0.0, 3)}});
     }
   }
-  absl::StrAppendFormat(&md, "\n%d worker processes over gRPC in %d regions; the median of %lld jobs per cell.\n",
-                        workers, Y, static_cast<long long>(f.repeats));
+  absl::StrAppendFormat(&md, "\n%d worker processes over gRPC in %d regions; the median of %lld job%s per cell.\n",
+                        workers, Y, static_cast<long long>(f.repeats), f.repeats == 1 ? "" : "s");
   if (f.json) {
     std::printf("%s\n", nlohmann::ordered_json{{"runs", rows}}.dump(2).c_str());
   } else {

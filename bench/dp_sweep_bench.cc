@@ -94,22 +94,38 @@ struct DpSample {
 //   lets the link carry the all-gather's bytes during the reduce-scatter's and the update's work.
 // The step bound is the largest of all (the report also gives the fraction without the chains); the sync columns are its stage's (slowest replica) or
 // replica's. fraction = bound / measured (1 = at the bound).
+absl::StatusOr<DpCellShape> DpCellShapeOf(const SweepFlags& f, const CLI::App& cmd, int default_stages,
+                                          int min_regions) {
+  DpCellShape c;
+  c.rates = cmd.count("--rates") ? f.rates : std::vector<double>{10, 100};
+  c.stages = static_cast<int>(f.stages > 0 ? f.stages : default_stages);
+  c.micro_batches = cmd.count("--micro-batches") ? f.micro_batches : 8;
+  c.micro_batch_size = cmd.count("--micro-batch-size") ? f.micro_batch_size : 4;
+  if (c.stages > f.layers) return absl::InvalidArgumentError("--stages must be at most --layers");
+  absl::StatusOr<std::vector<int>> per_stage = CountsPerStage(f.dp_replicas, c.stages, c.micro_batches);
+  if (!per_stage.ok()) return absl::InvalidArgumentError(absl::StrCat("--dp-replicas: ", per_stage.status().message()));
+  c.replicas = *per_stage;
+  c.regions = static_cast<int>(f.dp_regions);
+  const int fewest = *std::min_element(c.replicas.begin(), c.replicas.end());
+  if (fewest < 2 || c.regions < min_regions || c.regions > fewest) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--dp-replicas: every count at least 2 (a stage of one has no sync), and --dp-regions in [", min_regions,
+        ", the fewest]", min_regions > 1 ? " (the links between regions are the shaped ones)" : ""));
+  }
+  for (double r : c.rates) {
+    if (!(r > 0)) return absl::InvalidArgumentError(absl::StrCat("bad rate \"", r, "\" (rates are Mbit/s > 0)"));
+  }
+  return c;
+}
+
 int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
-  const std::vector<double> rates = cmd.count("--rates") ? f.rates : std::vector<double>{10, 100};
-  const int stages = static_cast<int>(f.stages > 0 ? f.stages : 2);
-  const int64_t mbs = cmd.count("--micro-batches") ? f.micro_batches : 8;
-  const int64_t mbsize = cmd.count("--micro-batch-size") ? f.micro_batch_size : 4;
-  absl::StatusOr<std::vector<int>> per_stage = CountsPerStage(f.dp_replicas, stages, mbs);
-  if (!per_stage.ok()) return common::FlagError(cmd, absl::StrCat("--dp-replicas: ", per_stage.status().message()));
-  const std::vector<int>& counts = *per_stage;
-  const int R = *std::min_element(counts.begin(), counts.end()), Y = static_cast<int>(f.dp_regions);
-  if (R < 2 || Y < 1 || Y > R) {
-    return common::FlagError(cmd, "--dp-replicas: every count at least 2 (a stage of one has no sync), and "
-                                  "--dp-regions in [1, the fewest]");
-  }
-  for (double r : rates) {
-    if (!(r > 0)) return common::FlagError(cmd, absl::StrCat("bad rate \"", r, "\" (rates are Mbit/s > 0)"));
-  }
+  absl::StatusOr<DpCellShape> shape = DpCellShapeOf(f, cmd, /*default_stages=*/2, /*min_regions=*/1);
+  if (!shape.ok()) return common::FlagError(cmd, std::string(shape.status().message()));
+  const std::vector<double>& rates = shape->rates;
+  const int stages = shape->stages;
+  const int64_t mbs = shape->micro_batches, mbsize = shape->micro_batch_size;
+  const std::vector<int>& counts = shape->replicas;
+  const int Y = shape->regions;
   stage_runtime::PipelineOptions o;
   o.model = {static_cast<int>(f.layers), static_cast<int>(f.hidden), 4, static_cast<int>(f.context), 256};
   o.stages = stages;

@@ -9,6 +9,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "absl/status/statusor.h"
+
 #include "netem/tc/network.h"
 #include "tools/cluster/local_cluster.h"
 
@@ -42,6 +44,20 @@ struct SweepFlags {
   int64_t dp_regions = 2;
   bool processes = false;  // as jobs of worker processes (dp_process_sweep.cc)
 };
+
+// The data-parallel cells' shape from the flags, both drivers' (dp_sweep_bench.cc): rates (default
+// 10, 100 Mbit/s), stages (default `default_stages`), micro-batches (default 8 of 4 sequences),
+// replicas per stage (every count at least 2) and regions (at least `min_regions`, at most the
+// fewest replicas). An error says which flag is wrong.
+struct DpCellShape {
+  std::vector<double> rates;
+  int stages = 0;
+  int64_t micro_batches = 0, micro_batch_size = 0;
+  std::vector<int> replicas;  // per stage
+  int regions = 0;
+};
+absl::StatusOr<DpCellShape> DpCellShapeOf(const SweepFlags& f, const CLI::App& cmd, int default_stages,
+                                          int min_regions);
 
 // --data-parallel: the data-parallel cells (dp_sweep_bench.cc). `cmd` says which flags were given
 // (the cells have their own defaults for the others).
