@@ -56,7 +56,6 @@ int RunDpProcessSweep(const SweepFlags& f, const CLI::App& cmd) {
   const int64_t mbs = shape->micro_batches, mbsize = shape->micro_batch_size;
   const std::vector<int>& counts = shape->replicas;
   const int Y = shape->regions;
-  if (f.repeats < 1) return common::FlagError(cmd, "--repeats must be at least 1");
   int workers = 0;
   for (int c : counts) workers += c;
   const std::string replicas =

@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "bench/benchmarks.h"
+#include "bench/link_bounds.h"
 #include "bench/replicated_pipeline.h"
 #include "bench/sweep_flags.h"
 #include "common/allocator.h"
@@ -64,9 +65,9 @@ struct DpSample {
   std::vector<double> last_start_spread_s;
   std::vector<int64_t> busiest_link_bytes;
   // Per stage and replica (ReplicatedPipeline::ReplicaDp): its sync's start after the step's, its
-  // sync's wall time, its busiest link's bytes; its update's start after its sync's (-1: none) and
-  // length, and its busiest link's bytes before and after the update.
-  std::vector<std::vector<double>> start_s, replica_sync_s, update_start_s, replica_update_s;
+  // sync's wall time, its busiest link's bytes; the time before its update began (-1: no update)
+  // and after it ended, and its busiest link's bytes before and after the update.
+  std::vector<std::vector<double>> start_s, replica_sync_s, before_update_s, after_update_s;
   std::vector<std::vector<int64_t>> link_bytes, link_before_update, link_after_update;
   int64_t bytes = 0, raw_bytes = 0;  // every replica and stage, per step
 };
@@ -85,17 +86,27 @@ struct DpSample {
 // - per replica r of stage s: no byte it sends can leave before its own sync starts, and its sync
 //   call takes at least the larger of its unshaped one and its own busiest link's bytes at the rate
 //   (the stage's bound lets a replica's link time pass while the first replica waits for it);
-// - per replica, its chain, where its sync has an update (the sharded optimizers: SDP4Bit, ZeRO++,
-//   BitDP): the update cannot begin before the reduce-scatter has ended (every shard summed, and the
-//   clipping norm over them), nor the weights' all-gather before the update; so from its start the
-//   part before the update takes at least the larger of its unshaped time and its bytes before the
-//   update at the rate, then the update its unshaped time, then the rest the larger of its unshaped
-//   time and its bytes after the update at the rate. Never below the replica's bound above, which
-//   lets the link carry the all-gather's bytes during the reduce-scatter's and the update's work.
+// - per replica, its chain, where its sync calls an update (SDP4Bit's and ZeRO++'s sharded
+//   optimizer between the gradients' reduce-scatter and the weights' all-gather; BitDP's averaging
+//   after its all-gather): from its start, the part before the update takes at least the larger of
+//   its unshaped time and its bytes before the update at the rate, then the part after it the
+//   larger of its unshaped time and its bytes after at the rate (SyncChainBound, link_bounds.h:
+//   the update's own time left out). The replica's bound above lets the all-gather's bytes cross
+//   during the reduce-scatter's.
 // The step bound is the largest of all (the report also gives the fraction without the chains); the sync columns are its stage's (slowest replica) or
 // replica's. fraction = bound / measured (1 = at the bound).
 absl::StatusOr<DpCellShape> DpCellShapeOf(const SweepFlags& f, const CLI::App& cmd, int default_stages,
                                           int min_regions) {
+  // The pipeline cells' flags: a data-parallel cell has fp32 pipeline links on this machine's CPUs,
+  // shaped only between regions, in-process.
+  for (const char* flag : {"--codecs", "--backward", "--device", "--precision", "--preset", "--codec-device", "--shaper",
+                           "--tc", "--pace", "--queue-ms", "--svg", "--unshaped-repeats", "--tcp-congestion",
+                           "--link-trace"}) {
+    if (cmd.count(flag) > 0) {
+      return absl::InvalidArgumentError(absl::StrCat(flag, " is for the pipeline cells, not --data-parallel"));
+    }
+  }
+  if (f.repeats < 1) return absl::InvalidArgumentError("--repeats must be at least 1");
   DpCellShape c;
   c.rates = cmd.count("--rates") ? f.rates : std::vector<double>{10, 100};
   c.stages = static_cast<int>(f.stages > 0 ? f.stages : default_stages);
@@ -163,14 +174,14 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
         for (absl::Duration d : st.phase_starts) x.phase_starts_s.back().push_back(absl::ToDoubleSeconds(d));
         x.bucket_spans.push_back(BucketSpansText(st.bucket_spans));
         x.busiest_link_bytes.push_back(st.busiest_link);
-        for (auto* v : {&x.start_s, &x.replica_sync_s, &x.update_start_s, &x.replica_update_s}) v->emplace_back();
+        for (auto* v : {&x.start_s, &x.replica_sync_s, &x.before_update_s, &x.after_update_s}) v->emplace_back();
         for (auto* v : {&x.link_bytes, &x.link_before_update, &x.link_after_update}) v->emplace_back();
         for (const ReplicatedPipeline::ReplicaDp& r : st.replicas) {
           x.start_s.back().push_back(absl::ToDoubleSeconds(r.start));
           x.replica_sync_s.back().push_back(absl::ToDoubleSeconds(r.wall));
-          x.update_start_s.back().push_back(
-              r.update_start == absl::InfiniteDuration() ? -1.0 : absl::ToDoubleSeconds(r.update_start));
-          x.replica_update_s.back().push_back(absl::ToDoubleSeconds(r.update));
+          const bool updates = r.update_start != absl::InfiniteDuration();
+          x.before_update_s.back().push_back(updates ? absl::ToDoubleSeconds(r.update_start) : -1.0);
+          x.after_update_s.back().push_back(updates ? absl::ToDoubleSeconds(r.wall - r.update_start - r.update) : 0.0);
           x.link_bytes.back().push_back(r.busiest_link);
           x.link_before_update.back().push_back(r.link_before_update);
           x.link_after_update.back().push_back(r.link_after_update);
@@ -185,7 +196,7 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
     mean.bucket_spans.assign(static_cast<size_t>(stages), std::string());
     mean.busiest_link_bytes.assign(static_cast<size_t>(stages), 0);
     for (int s = 0; s < stages; ++s) {
-      for (auto* v : {&mean.start_s, &mean.replica_sync_s, &mean.update_start_s, &mean.replica_update_s}) {
+      for (auto* v : {&mean.start_s, &mean.replica_sync_s, &mean.before_update_s, &mean.after_update_s}) {
         v->emplace_back(static_cast<size_t>(counts[s]), 0.0);
       }
       for (auto* v : {&mean.link_bytes, &mean.link_before_update, &mean.link_after_update}) {
@@ -205,8 +216,8 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
         for (int r = 0; r < counts[s]; ++r) {
           mean.start_s[s][r] += x.start_s[s][r] * w;
           mean.replica_sync_s[s][r] += x.replica_sync_s[s][r] * w;
-          mean.update_start_s[s][r] += x.update_start_s[s][r] * w;  // -1 in every step, or in none
-          mean.replica_update_s[s][r] += x.replica_update_s[s][r] * w;
+          mean.before_update_s[s][r] += x.before_update_s[s][r] * w;  // -1 in every step, or in none
+          mean.after_update_s[s][r] += x.after_update_s[s][r] * w;
           mean.link_bytes[s][r] = std::max(mean.link_bytes[s][r], x.link_bytes[s][r]);
           mean.link_before_update[s][r] = std::max(mean.link_before_update[s][r], x.link_before_update[s][r]);
           mean.link_after_update[s][r] = std::max(mean.link_after_update[s][r], x.link_after_update[s][r]);
@@ -311,21 +322,17 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
         for (int r = 0; r < counts[s]; ++r) start[r] = median(0, c, of(&DpSample::start_s, s, r));
         const double first = *std::min_element(start.begin(), start.end());
         for (int r = 0; r < counts[s]; ++r) {
-          const double link_s = static_cast<double>(any.link_bytes[s][r]) / (rate * 1e6 / 8);
-          const double unshaped_sync = median(0, c, of(&DpSample::replica_sync_s, s, r));
-          const double sync_s = std::max(unshaped_sync, link_s);
+          SyncFigures sf;
+          sf.sync = median(0, c, of(&DpSample::replica_sync_s, s, r));
+          sf.before_update = median(0, c, of(&DpSample::before_update_s, s, r));
+          sf.after_update = median(0, c, of(&DpSample::after_update_s, s, r));
+          sf.link_bytes = any.link_bytes[s][r];
+          sf.link_bytes_before_update = any.link_before_update[s][r];
+          sf.link_bytes_after_update = any.link_after_update[s][r];
           const double measured = median(rate, c, of(&DpSample::replica_sync_s, s, r));
+          const double sync_s = SyncBound(sf, rate * 1e6 / 8), chain = SyncChainBound(sf, rate * 1e6 / 8);
           consider({start[r] + sync_s, sync_s, measured, start[r] - first, s, r});
-          // Its chain: what it sends before its update, the update, what it sends after, in that order.
-          const double pre_unshaped = median(0, c, of(&DpSample::update_start_s, s, r));
-          if (pre_unshaped < 0) continue;  // no update inside its sync
-          const double update = median(0, c, of(&DpSample::replica_update_s, s, r));
-          auto at_rate = [&](const std::vector<std::vector<int64_t>>& bytes) {
-            return static_cast<double>(bytes[s][r]) / (rate * 1e6 / 8);
-          };
-          const double chain = std::max(pre_unshaped, at_rate(any.link_before_update)) + update +
-                               std::max(std::max(0.0, unshaped_sync - pre_unshaped - update), at_rate(any.link_after_update));
-          consider({start[r] + chain, chain, measured, start[r] - first, s, r, true});
+          if (chain > 0) consider({start[r] + chain, chain, measured, start[r] - first, s, r, true});
         }
       }
       const double step_bound = b.step_bound, sync_bound = b.sync_bound, sync = b.sync;

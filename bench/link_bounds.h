@@ -59,4 +59,31 @@ inline LinkBounds ComputeLinkBounds(const LinkBoundInputs& in) {
 
 }  // namespace longhaul::bench
 
+// A data-parallel sync's own bounds (dp_sweep_bench.cc), from its unshaped figures (seconds) and
+// its busiest link's bytes between regions at `bytes_per_s`.
+struct SyncFigures {
+  double sync = 0;                 // the sync call's wall time, unshaped
+  double before_update = -1;       // from its start to its update's (-1: it has no update)
+  double after_update = 0;         // from its update's end to its own
+  int64_t link_bytes = 0;          // on its busiest link between regions
+  int64_t link_bytes_before_update = 0, link_bytes_after_update = 0;  // the busiest before / after it
+};
+
+// The larger of its unshaped time and its busiest link's bytes at the rate.
+inline double SyncBound(const SyncFigures& f, double bytes_per_s) {
+  return std::max(f.sync, static_cast<double>(f.link_bytes) / bytes_per_s);
+}
+
+// Its chain (0 without an update): what it sends after its update cannot leave before the update
+// has begun, nor the update begin before what it sends before it has gone, so each part takes at
+// least the larger of its unshaped time and its own bytes at the rate. The update's own time is
+// left out: it holds the clipping norm's wait for the other replicas and stages, which a shaped
+// run may shorten. Never below the whole's link time (the busiest link's bytes are at most those
+// before plus those after), which SyncBound lets pass under the unshaped time.
+inline double SyncChainBound(const SyncFigures& f, double bytes_per_s) {
+  if (f.before_update < 0) return 0;
+  return std::max(f.before_update, static_cast<double>(f.link_bytes_before_update) / bytes_per_s) +
+         std::max(f.after_update, static_cast<double>(f.link_bytes_after_update) / bytes_per_s);
+}
+
 #endif  // LONGHAUL_BENCH_LINK_BOUNDS_H_

@@ -95,11 +95,7 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
   const bool congestion_given = cmd.get_option("--tcp-congestion")->count() > 0;
   if (f.steps < 1) return common::FlagError(cmd, "--steps must be at least 1");
   if (f.processes && !f.data_parallel) return common::FlagError(cmd, "--processes is for --data-parallel cells");
-  if (f.data_parallel) {
-    if (congestion_given) return common::FlagError(cmd, "--tcp-congestion is for tc-shaped sweeps, not --data-parallel");
-    if (!f.link_trace.empty()) return common::FlagError(cmd, "--link-trace is for tc-shaped sweeps, not --data-parallel");
-    return f.processes ? RunDpProcessSweep(f, cmd) : RunDpSweep(f, cmd);
-  }
+  if (f.data_parallel) return f.processes ? RunDpProcessSweep(f, cmd) : RunDpSweep(f, cmd);
   if (absl::Status s = netem::CheckCongestion(f.tcp_congestion); !s.ok()) {
     return common::FlagError(cmd, absl::StrCat("--tcp-congestion: ", s.message()));
   }
@@ -543,8 +539,18 @@ BenchmarkRun AddSweepBench(CLI::App& app) {
       "larger of that sync and the most bytes one of its replicas sends to one replica of another\n"
       "region / rate: each such directed link is shaped on its own), and over every replica of\n"
       "(its unshaped sync's start) + (the larger of its unshaped sync and its own busiest link's bytes /\n"
-      "rate); bound / measured, the bounding stage's or replica's sync against its bound, the slowest\n"
-      "replica's sync of any stage, and the speed-ups over fp32.");
+      "rate), and, where its sync calls an update (sdp4bit, zeropp: between the reduce-scatter and the\n"
+      "weights' all-gather; bitdp: after its all-gather), its chain: (its start) + (the larger of its\n"
+      "unshaped time before the update and its busiest link's bytes before it / rate) + (the same after\n"
+      "the update); bound / measured (in brackets without the chains), the bounding stage's or\n"
+      "replica's sync against its bound, the slowest replica's sync of any stage, and the speed-ups\n"
+      "over fp32. Flags of the pipeline cells (--codecs, --device, --shaper, ...) are refused.\n"
+      "--data-parallel --processes: the same cells as jobs of worker processes over gRPC: a\n"
+      "coordinator and one longhaul-worker per replica (--stages default 1, so that every byte between\n"
+      "regions is the replicas'; --dp-regions at least 2), the links between regions shaped by the\n"
+      "workers (links.between_regions_mbit). Per cell the coordinator's tokens/s and the latest step's\n"
+      "slowest sync; bound: the unshaped step minus its sync plus the larger of that sync and the\n"
+      "busiest link's bytes (any replica's) / rate.");
   return [f, cmd] { return RunSweep(*f, *cmd); };
 }
 

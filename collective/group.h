@@ -109,8 +109,9 @@ struct CallStats {
   // DataParallelSync::Step: when its update began, after the call's start (InfiniteDuration: none
   // did), and what inter_region_bytes_to held then. What a call sends after its update (the weights'
   // all-gather of a sharded optimizer) cannot leave before it, nor the update begin before the
-  // reduce-scatter has ended: the data-parallel sweep's chain bound (bench/dp_sweep_bench.cc). Add
-  // keeps the first call's.
+  // reduce-scatter has ended: the data-parallel sweep's chain bound (bench/dp_sweep_bench.cc).
+  // One call's: Add keeps the first call's figures, so in a sum of calls
+  // busiest_link_after_update() counts the other calls' bytes as after.
   absl::Duration update_start = absl::InfiniteDuration();
   std::vector<int64_t> inter_region_bytes_to_before_update;
   // When each of the call's phases (Op::NextPhase) began, after the call's start: where a step's

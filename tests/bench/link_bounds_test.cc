@@ -33,5 +33,25 @@ TEST(LinkBoundsTest, FillAndDrainNeedTwoStagesOrMore) {
   EXPECT_EQ(GPipeLinkSteps(32, 4), 34);
 }
 
+// SDP4Bit's sync at 100 Mbit/s (12.5 MB/s) in session 22's sweep, roughly: 10 ms unshaped, 7 ms of
+// it before the update and 2 ms after; 56 KB across before the update and 56 KB after.
+TEST(LinkBoundsTest, ASyncsChainSendsItsPartsOneAfterTheOther) {
+  SyncFigures f;
+  f.sync = 0.010;
+  f.before_update = 0.007;
+  f.after_update = 0.002;
+  f.link_bytes = 112000;
+  f.link_bytes_before_update = 56000;
+  f.link_bytes_after_update = 56000;
+  EXPECT_DOUBLE_EQ(SyncBound(f, 12.5e6), 0.010);                      // unshaped: 8.96 ms of link overlaps
+  EXPECT_DOUBLE_EQ(SyncChainBound(f, 12.5e6), 0.007 + 56000 / 12.5e6);  // 7 ms, then 4.48 ms of link
+  // Link-bound parts: the chain is their link times summed, which the whole's bound is too.
+  EXPECT_DOUBLE_EQ(SyncChainBound(f, 1.25e6), 112000 / 1.25e6);
+  EXPECT_DOUBLE_EQ(SyncBound(f, 1.25e6), 112000 / 1.25e6);
+  // Without an update there is no chain.
+  f.before_update = -1;
+  EXPECT_EQ(SyncChainBound(f, 12.5e6), 0);
+}
+
 }  // namespace
 }  // namespace longhaul::bench

@@ -190,10 +190,11 @@ TwoStageRun RunTwoStages(Schedule schedule, absl::Duration delay) {
   return run;
 }
 
-// GPipe's last stage: with every activation there at once, all forwards first (as the schedule
-// says); with a slow link, a backward while it waits for the next activation, one activation
-// stored at a time, and no gradient sent before the last activation has arrived (stage 0's
-// download is still busy with them until then). The arithmetic is the same either way.
+// GPipe's last stage: what the two stages send is GPipe's order whether the activations arrive at
+// once or slowly, since the last stage holds its gradients until the last activation has arrived
+// (stage 0's download is still busy with them until then); with a slow link it runs a backward
+// while it waits for the next activation, one activation stored at a time. The arithmetic is the
+// same either way.
 TEST(StageLoop, GPipesLastStageRunsByItsInputsAndHoldsItsGradientsUntilTheLast) {
   const TwoStageRun fast = RunTwoStages(Schedule::kGPipe, absl::ZeroDuration());
   const TwoStageRun slow = RunTwoStages(Schedule::kGPipe, absl::Milliseconds(200));
