@@ -14,7 +14,6 @@
 // bound / measured.
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <map>
 #include <string>
 #include <utility>
@@ -155,13 +154,7 @@ int RunDpProcessSweep(const SweepFlags& f, const CLI::App& cmd) {
   }
   absl::StrAppendFormat(&md, "\n%d worker processes over gRPC in %d regions; the median of %lld job%s per cell.\n",
                         workers, Y, static_cast<long long>(f.repeats), f.repeats == 1 ? "" : "s");
-  if (f.json) {
-    std::printf("%s\n", nlohmann::ordered_json{{"runs", rows}}.dump(2).c_str());
-  } else {
-    std::printf("%s", md.c_str());
-  }
-  if (!f.markdown.empty()) std::ofstream(f.markdown) << md;
-  return 0;
+  return PrintDpCells(f, md, rows);
 }
 
 }  // namespace longhaul::bench

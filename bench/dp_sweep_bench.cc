@@ -367,6 +367,10 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
                       {"step_speedup_vs_fp32", Round(has_fp32 ? fp32_step / step : 0.0, 3)}});
     }
   }
+  return PrintDpCells(f, md, rows);
+}
+
+int PrintDpCells(const SweepFlags& f, const std::string& md, const nlohmann::ordered_json& rows) {
   if (f.json) {
     std::printf("%s\n", nlohmann::ordered_json{{"runs", rows}}.dump(2).c_str());
   } else {

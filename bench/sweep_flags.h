@@ -8,6 +8,7 @@
 #include <vector>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include "absl/status/statusor.h"
 
@@ -64,6 +65,8 @@ absl::StatusOr<DpCellShape> DpCellShapeOf(const SweepFlags& f, const CLI::App& c
 int RunDpSweep(const SweepFlags& f, const CLI::App& cmd);
 // --data-parallel --processes: the same cells as jobs of worker processes (dp_process_sweep.cc).
 int RunDpProcessSweep(const SweepFlags& f, const CLI::App& cmd);
+// The cells' table (markdown, or {"runs": rows} with --json) on stdout, and to --markdown.
+int PrintDpCells(const SweepFlags& f, const std::string& md, const nlohmann::ordered_json& rows);
 
 // Ctrl-C / SIGTERM: stops the cluster's processes and removes the network namespaces of `net`
 // (none: nullptr) before the process leaves (its main thread may be waiting on a job for minutes).
