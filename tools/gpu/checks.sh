@@ -27,7 +27,8 @@
 #             they are (an A/B that swaps build/bin/longhaul-worker between runs)
 #   dpsweep   docs/replicated-stages.md's data-parallel cells on this machine's cores (no GPU):
 #             longhaul-bench sweep --data-parallel --repeats 5 (DPSWEEP_REPEATS), the table in
-#             dp-sweep.md and the round lines (each stage's bucket spans) in dp-rounds.txt
+#             dp-sweep.md and the round lines (each stage's bucket spans) in dp-rounds.txt;
+#             DPSWEEP_PROCESSES=1: the cells as jobs of worker processes (--processes)
 #   pipeline  where the sweep's step time goes: deploy/jobs/gpt2-xl-pipeline.yaml (unshaped, fp32
 #             links) on 4 workers sharing cuda:0, with 1 and 4 LibTorch threads per worker; GPU
 #             utilisation (nvidia-smi dmon) and every worker's /metrics mid-run
@@ -144,9 +145,10 @@ PY
       [[ -f "$OUT/link-trace.csv" ]] && gzip -f "$OUT/link-trace.csv"
       cat "$OUT/gpu-sweep.md" ;;
     dpsweep)
-      ./longhaul.sh build longhaul-bench >"$OUT/build-dpsweep.log" 2>&1 || { tail -40 "$OUT/build-dpsweep.log"; exit 1; }
-      build/bin/longhaul-bench sweep --data-parallel --repeats="${DPSWEEP_REPEATS:-5}" --markdown="$OUT/dp-sweep.md" \
-        >/dev/null 2>"$OUT/dp-rounds.txt" || { tail -20 "$OUT/dp-rounds.txt"; exit 1; }
+      ./longhaul.sh build longhaul-bench longhaul-worker longhaul-coordinator >"$OUT/build-dpsweep.log" 2>&1 \
+        || { tail -40 "$OUT/build-dpsweep.log"; exit 1; }
+      build/bin/longhaul-bench sweep --data-parallel ${DPSWEEP_PROCESSES:+--processes} --repeats="${DPSWEEP_REPEATS:-5}" \
+        --markdown="$OUT/dp-sweep.md" >/dev/null 2>"$OUT/dp-rounds.txt" || { tail -20 "$OUT/dp-rounds.txt"; exit 1; }
       cat "$OUT/dp-sweep.md" ;;
     pipeline)
       ./longhaul.sh build longhaul-worker longhaul-coordinator longhaulctl >"$OUT/build-pipeline.log" 2>&1 \
