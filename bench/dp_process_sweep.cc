@@ -8,12 +8,17 @@
 //
 // Per job, from the coordinator's status: tokens/s (start-up left out) and, of the latest step, the
 // slowest stage's sync, the data-parallel bytes of every replica and the most one replica sent to
-// one replica of another region. Rounds interleaved (unshaped first in each), medians reported.
-// Bound, as the in-process cells' per-stage one but from the job's figures: the unshaped step
-// minus its sync, plus the larger of that sync and the busiest link's bytes at the rate. fraction =
-// bound / measured.
+// one replica of another region, and each replica's sync in parts (StagePlacement.dp_sync). Rounds
+// interleaved (unshaped first in each), medians reported. Bounds, the largest taken:
+// - the job's: the unshaped step minus its slowest sync, plus the larger of that sync and the
+//   busiest link's bytes at the rate;
+// - each replica's: the unshaped step minus its own unshaped sync, plus the larger of that sync and
+//   its busiest link's bytes at the rate, or its chain where its sync has an update (SyncBound and
+//   SyncChainBound, link_bounds.h, as the in-process cells).
+// fraction = bound / measured; the table gives it without the chains too.
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -25,6 +30,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "bench/benchmarks.h"
+#include "bench/link_bounds.h"
 #include "bench/sweep_flags.h"
 #include "common/flags.h"
 #include "tools/cluster/local_cluster.h"
@@ -36,13 +42,32 @@ namespace {
 struct ProcessSample {
   double tokens_per_s = 0, sync_s = 0;
   int64_t bytes = 0, raw_bytes = 0, busiest_link = 0;  // data-parallel, per step
+  std::vector<SyncFigures> replicas;                   // JobStatus.stages' order (slots)
+  std::vector<std::string> names;                      // the same slots', "stage 0 replica 1"
 };
 
-double MedianOf(const std::vector<ProcessSample>& v, double (*get)(const ProcessSample&)) {
-  std::vector<double> x;
-  for (const ProcessSample& s : v) x.push_back(get(s));
+SyncFigures FiguresOf(const v1::DpSyncFigures& d) {
+  SyncFigures f;
+  f.sync = d.seconds();
+  f.link_bytes = d.busiest_link_bytes();
+  if (d.has_update()) {
+    f.before_update = d.before_update_seconds();
+    f.after_update = std::max(0.0, d.seconds() - d.before_update_seconds() - d.update_seconds());
+    f.link_bytes_before_update = d.busiest_link_bytes_before_update();
+    f.link_bytes_after_update = d.busiest_link_bytes_after_update();
+  }
+  return f;
+}
+
+double Median(std::vector<double> x) {
   std::sort(x.begin(), x.end());
   return x.size() % 2 ? x[x.size() / 2] : (x[x.size() / 2 - 1] + x[x.size() / 2]) / 2;
+}
+
+double MedianOf(const std::vector<ProcessSample>& v, const std::function<double(const ProcessSample&)>& get) {
+  std::vector<double> x;
+  for (const ProcessSample& s : v) x.push_back(get(s));
+  return Median(std::move(x));
 }
 
 }  // namespace
@@ -92,8 +117,13 @@ int RunDpProcessSweep(const SweepFlags& f, const CLI::App& cmd) {
     absl::StatusOr<v1::JobStatus> st = cl.WaitForEnd(*job, absl::Minutes(10));
     if (!st.ok()) return st.status();
     if (st->state() != v1::JOB_STATE_SUCCEEDED) return absl::InternalError(st->error());
-    return ProcessSample{st->tokens_per_s(), st->dp_seconds(), st->dp_bytes_per_step(), st->dp_raw_bytes_per_step(),
-                         st->dp_busiest_link_bytes()};
+    ProcessSample x{st->tokens_per_s(), st->dp_seconds(), st->dp_bytes_per_step(), st->dp_raw_bytes_per_step(),
+                    st->dp_busiest_link_bytes(), {}, {}};
+    for (const v1::StagePlacement& p : st->stages()) {
+      x.replicas.push_back(FiguresOf(p.dp_sync()));
+      x.names.push_back(absl::StrCat("stage ", p.stage(), " replica ", p.replica()));
+    }
+    return x;
   };
   std::vector<double> all_rates = {0};
   all_rates.insert(all_rates.end(), rates.begin(), rates.end());
@@ -121,9 +151,9 @@ int RunDpProcessSweep(const SweepFlags& f, const CLI::App& cmd) {
   auto tokens = [](const ProcessSample& s) { return s.tokens_per_s; };
   auto sync = [](const ProcessSample& s) { return s.sync_s; };
   std::string md =
-      "| between regions Mbit/s | data-parallel codec | tokens/s | step s | step bound s | step fraction of bound | "
-      "sync s (slowest stage, last step) | sync bound s | KB on the busiest link between regions, per step | "
-      "data-parallel KB per step, all replicas / as fp32 | sync speed-up vs fp32 | step speed-up vs fp32 |\n"
+      "| between regions Mbit/s | data-parallel codec | tokens/s | step s | step bound s | step fraction of bound "
+      "(without the chains) | bounding | sync s (slowest stage, last step) | KB on the busiest link between regions, "
+      "per step | data-parallel KB per step, all replicas / as fp32 | sync speed-up vs fp32 | step speed-up vs fp32 |\n"
       "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
   for (double rate : rates) {
@@ -133,20 +163,41 @@ int RunDpProcessSweep(const SweepFlags& f, const CLI::App& cmd) {
       const double step = tokens_per_step / MedianOf(cell, tokens), sync_s = MedianOf(cell, sync);
       const double unshaped_step = tokens_per_step / MedianOf(unshaped, tokens), unshaped_sync = MedianOf(unshaped, sync);
       const ProcessSample& any = cell.front();  // the bytes do not change between jobs
-      const double sync_bound = std::max(unshaped_sync, static_cast<double>(any.busiest_link) / (rate * 1e6 / 8));
-      const double step_bound = unshaped_step - unshaped_sync + sync_bound;
+      const double bytes_per_s = rate * 1e6 / 8;
+      double step_bound =
+          unshaped_step - unshaped_sync + std::max(unshaped_sync, static_cast<double>(any.busiest_link) / bytes_per_s);
+      double without_chains = step_bound;
+      std::string bounding = "job";
+      for (size_t k = 0; k < any.replicas.size(); ++k) {
+        // Replica k's unshaped figures, each the median over the unshaped jobs; its bytes from this cell.
+        auto med = [&](double SyncFigures::*field) {
+          return MedianOf(unshaped, [&](const ProcessSample& u) { return k < u.replicas.size() ? u.replicas[k].*field : 0.0; });
+        };
+        SyncFigures r = any.replicas[k];
+        r.sync = med(&SyncFigures::sync);
+        r.before_update = med(&SyncFigures::before_update);
+        r.after_update = med(&SyncFigures::after_update);
+        const double own = SyncBound(r, bytes_per_s), chain = SyncChainBound(r, bytes_per_s);
+        const double b = unshaped_step - r.sync + std::max(own, chain);
+        without_chains = std::max(without_chains, unshaped_step - r.sync + own);
+        if (b > step_bound) {
+          step_bound = b;
+          bounding = absl::StrCat(any.names[k], chain > own ? " (chain)" : "");
+        }
+      }
       const bool has_fp32 = samples.count({rate, "fp32"}) > 0;
       const double fp32_step = has_fp32 ? tokens_per_step / MedianOf(samples.at({rate, "fp32"}), tokens) : 0;
       const double fp32_sync = has_fp32 ? MedianOf(samples.at({rate, "fp32"}), sync) : 0;
-      absl::StrAppendFormat(&md, "| %g | %s | %.0f | %.3f | %.3f | %.2f | %.3f | %.3f | %.1f | %.0f / %.0f | %s | %s |\n",
-                            rate, c, tokens_per_step / step, step, step_bound, step_bound / step, sync_s, sync_bound,
-                            any.busiest_link / 1e3, any.bytes / 1e3, any.raw_bytes / 1e3,
+      absl::StrAppendFormat(&md, "| %g | %s | %.0f | %.3f | %.3f | %.2f (%.2f) | %s | %.3f | %.1f | %.0f / %.0f | %s | %s |\n",
+                            rate, c, tokens_per_step / step, step, step_bound, step_bound / step, without_chains / step,
+                            bounding, sync_s, any.busiest_link / 1e3, any.bytes / 1e3, any.raw_bytes / 1e3,
                             has_fp32 ? absl::StrFormat("%.2fx", fp32_sync / sync_s) : "-",
                             has_fp32 ? absl::StrFormat("%.2fx", fp32_step / step) : "-");
       rows.push_back({{"rate_mbit", rate}, {"dp_codec", c}, {"tokens_per_s", Round(tokens_per_step / step, 1)},
                       {"step_s", Round(step, 4)}, {"step_bound_s", Round(step_bound, 4)},
-                      {"step_fraction", Round(step_bound / step, 3)}, {"sync_s", Round(sync_s, 4)},
-                      {"sync_bound_s", Round(sync_bound, 4)}, {"busiest_link_bytes", any.busiest_link},
+                      {"step_fraction", Round(step_bound / step, 3)},
+                      {"step_fraction_without_chains", Round(without_chains / step, 3)}, {"bounding", bounding},
+                      {"sync_s", Round(sync_s, 4)}, {"busiest_link_bytes", any.busiest_link},
                       {"dp_bytes_per_step", any.bytes}, {"dp_raw_bytes_per_step", any.raw_bytes},
                       {"sync_speedup_vs_fp32", Round(has_fp32 ? fp32_sync / sync_s : 0.0, 3)},
                       {"step_speedup_vs_fp32", Round(has_fp32 ? fp32_step / step : 0.0, 3)}});

@@ -550,7 +550,8 @@ BenchmarkRun AddSweepBench(CLI::App& app) {
       "regions is the replicas'; --dp-regions at least 2), the links between regions shaped by the\n"
       "workers (links.between_regions_mbit). Per cell the coordinator's tokens/s and the latest step's\n"
       "slowest sync; bound: the unshaped step minus its sync plus the larger of that sync and the\n"
-      "busiest link's bytes (any replica's) / rate.");
+      "busiest link's bytes (any replica's) / rate, or the same for a replica from its own figures\n"
+      "(longhaulctl status's per-replica sync), its chain included.");
   return [f, cmd] { return RunSweep(*f, *cmd); };
 }
 

@@ -479,6 +479,7 @@ void CoordinatorService::OnProgress(Worker& w, const v1::StepProgress& p) {
   TrackCheckpoints(job, p);
   TrackStep(job, p);
   job.status.mutable_stages(slot)->set_step(p.step());
+  if (p.has_dp_sync()) *job.status.mutable_stages(slot)->mutable_dp_sync() = p.dp_sync();
   int64_t wire = 0, raw = 0, dp = 0, dp_raw = 0, dp_busiest = 0;
   double err = 0, dp_seconds = 0;
   int err_n = 0;
@@ -488,7 +489,7 @@ void CoordinatorService::OnProgress(Worker& w, const v1::StepProgress& p) {
     dp += lp.dp_bytes();
     dp_raw += lp.dp_raw_bytes();
     dp_seconds = std::max(dp_seconds, lp.dp_seconds());
-    dp_busiest = std::max(dp_busiest, lp.dp_busiest_link_bytes());
+    dp_busiest = std::max(dp_busiest, lp.dp_sync().busiest_link_bytes());
     if (lp.stage() < S - 1) {
       err += lp.mean_rel_error();
       ++err_n;

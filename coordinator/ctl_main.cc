@@ -156,6 +156,16 @@ nlohmann::json Summary(const v1::JobStatus& j) {
                       {"checkpoint", p.checkpoint_path()}, {"compute_seconds", p.compute_seconds()},
                       {"predicted_compute_seconds", p.predicted_compute_seconds()}, {"straggler", p.straggler()},
                       {"replica", p.replica()}});
+    if (p.has_dp_sync()) {
+      const v1::DpSyncFigures& d = p.dp_sync();
+      stages.back()["dp_sync"] = {{"seconds", d.seconds()},
+                                  {"busiest_link_bytes", d.busiest_link_bytes()},
+                                  {"has_update", d.has_update()},
+                                  {"before_update_seconds", d.before_update_seconds()},
+                                  {"update_seconds", d.update_seconds()},
+                                  {"busiest_link_bytes_before_update", d.busiest_link_bytes_before_update()},
+                                  {"busiest_link_bytes_after_update", d.busiest_link_bytes_after_update()}};
+    }
   }
   out["stages"] = stages;
   nlohmann::json replicas = nlohmann::json::array();  // per stage
@@ -213,6 +223,12 @@ void PrintDetail(const v1::JobStatus& j) {
       compute = absl::StrFormat(", compute %.3g s/step", p.compute_seconds());
       if (p.predicted_compute_seconds() > 0) {
         absl::StrAppend(&compute, absl::StrFormat(" (predicted %.3g s)", p.predicted_compute_seconds()));
+      }
+    }
+    if (p.has_dp_sync()) {
+      absl::StrAppend(&compute, absl::StrFormat(", sync %.3f s", p.dp_sync().seconds()));
+      if (p.dp_sync().busiest_link_bytes() > 0) {
+        absl::StrAppend(&compute, ", ", HumanBytes(p.dp_sync().busiest_link_bytes()), " to one replica across regions");
       }
     }
     std::printf("  stage %d%s: worker %s, layers %d..%d, step %lld%s%s%s\n", p.stage(),

@@ -83,6 +83,21 @@ bool Retryable(const absl::Status& s) {
 
 bool Exists(const std::string& path) { return ::access(path.c_str(), R_OK) == 0; }
 
+// A replica's sync of one step as progress reports it.
+v1::DpSyncFigures DpSyncFiguresOf(const collective::CallStats& c) {
+  v1::DpSyncFigures f;
+  f.set_seconds(absl::ToDoubleSeconds(c.wall));
+  f.set_has_update(c.update_start != absl::InfiniteDuration());
+  if (f.has_update()) {
+    f.set_before_update_seconds(absl::ToDoubleSeconds(c.update_start));
+    f.set_update_seconds(absl::ToDoubleSeconds(c.update));
+    f.set_busiest_link_bytes_before_update(c.busiest_link_before_update());
+    f.set_busiest_link_bytes_after_update(c.busiest_link_after_update());
+  }
+  f.set_busiest_link_bytes(c.busiest_inter_region_link());
+  return f;
+}
+
 }  // namespace
 
 // A link as the stage loop sees it: the GrpcLink, with the time the compute thread spends blocked
@@ -548,7 +563,7 @@ absl::Status StageRunner::RunSteps() {
       p.set_dp_bytes(sync_->last().bytes_sent);
       p.set_dp_raw_bytes(sync_->last().bytes_sent_uncompressed);
       p.set_dp_seconds(absl::ToDoubleSeconds(sync_->last().wall));
-      p.set_dp_busiest_link_bytes(sync_->last().busiest_inter_region_link());
+      *p.mutable_dp_sync() = DpSyncFiguresOf(sync_->last());
       sample.dp_codec = collective::DpCodecName(sync_->codec());
       sample.dp_bytes = p.dp_bytes();
       sample.dp_raw_bytes = p.dp_raw_bytes();

@@ -484,7 +484,8 @@ TEST_F(SchedulingTest, ReplicatedStagesGetAWorkerPerReplicaAndTheirGroups) {
     p->set_loss(i == 1 ? 2.5 : 9.0);
     p->set_dp_bytes(100);
     p->set_dp_raw_bytes(400);
-    p->set_dp_busiest_link_bytes(10 * (i + 1));
+    p->mutable_dp_sync()->set_busiest_link_bytes(10 * (i + 1));
+    p->mutable_dp_sync()->set_seconds(0.5 + i);
     w->Send(m);
   }
   EXPECT_EQ(Job(job).step(), 1);
@@ -492,6 +493,12 @@ TEST_F(SchedulingTest, ReplicatedStagesGetAWorkerPerReplicaAndTheirGroups) {
   EXPECT_EQ(Job(job).dp_bytes_per_step(), 400);
   EXPECT_EQ(Job(job).dp_raw_bytes_per_step(), 1600);
   EXPECT_EQ(Job(job).dp_busiest_link_bytes(), 40);  // the largest of any replica's
+  const v1::JobStatus after_step = Job(job);
+  for (const v1::StagePlacement& sp : after_step.stages()) {  // and each replica's own, in its slot
+    const int i = sp.replica() * 2 + sp.stage();
+    EXPECT_EQ(sp.dp_sync().busiest_link_bytes(), 10 * (i + 1)) << "slot " << i;
+    EXPECT_DOUBLE_EQ(sp.dp_sync().seconds(), 0.5 + i) << "slot " << i;
+  }
   for (int i = 0; i < 4; ++i) {
     FakeWorker* w = by_id.at(st.stages(i).worker_id());
     v1::WorkerMessage at_end;  // the planned step reached (a stage that ends before it has failed)

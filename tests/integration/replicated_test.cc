@@ -196,6 +196,11 @@ links: {between_regions_mbit: 4}
   EXPECT_GE(st->dp_seconds(), 0.9 * at_rate);
   // Two replicas: each sends all of its ring's bytes to the other, across the regions.
   EXPECT_EQ(st->dp_busiest_link_bytes(), st->dp_bytes_per_step() / 2);
+  for (const v1::StagePlacement& sp : st->stages()) {  // each replica's own, in its slot
+    EXPECT_EQ(sp.dp_sync().busiest_link_bytes(), st->dp_bytes_per_step() / 2) << "replica " << sp.replica();
+    EXPECT_GE(sp.dp_sync().seconds(), 0.9 * at_rate) << "replica " << sp.replica();
+    EXPECT_FALSE(sp.dp_sync().has_update());  // fp32: the ring all-reduce, then the executor's optimizer
+  }
 }
 
 TEST_F(ReplicatedTest, MoreReplicasThanWorkersIsRejectedWithTheNumbers) {
