@@ -12,9 +12,10 @@
 // interleaved (unshaped first in each), medians reported. Bounds, the largest taken:
 // - the job's: the unshaped step minus its slowest sync, plus the larger of that sync and the
 //   busiest link's bytes at the rate;
-// - each replica's: the unshaped step minus its own unshaped sync, plus the larger of that sync and
-//   its busiest link's bytes at the rate, or its chain where its sync has an update (SyncBound and
-//   SyncChainBound, link_bounds.h, as the in-process cells).
+// - each replica's: its own step less its sync (the same step of an unshaped job), plus the larger
+//   of that sync and its busiest link's bytes at the rate, or its chain where its sync has an
+//   update (SyncBound and SyncChainBound, link_bounds.h, as the in-process cells); per unshaped
+//   job, then the median over them.
 // fraction = bound / measured; the table gives it without the chains too.
 #include <algorithm>
 #include <cstdio>
@@ -43,6 +44,7 @@ struct ProcessSample {
   double tokens_per_s = 0, sync_s = 0;
   int64_t bytes = 0, raw_bytes = 0, busiest_link = 0;  // data-parallel, per step
   std::vector<SyncFigures> replicas;                   // JobStatus.stages' order (slots)
+  std::vector<double> replica_step_s;                  // the same slots' step that holds the sync
   std::vector<std::string> names;                      // the same slots', "stage 0 replica 1"
 };
 
@@ -118,9 +120,10 @@ int RunDpProcessSweep(const SweepFlags& f, const CLI::App& cmd) {
     if (!st.ok()) return st.status();
     if (st->state() != v1::JOB_STATE_SUCCEEDED) return absl::InternalError(st->error());
     ProcessSample x{st->tokens_per_s(), st->dp_seconds(), st->dp_bytes_per_step(), st->dp_raw_bytes_per_step(),
-                    st->dp_busiest_link_bytes(), {}, {}};
+                    st->dp_busiest_link_bytes(), {}, {}, {}};
     for (const v1::StagePlacement& p : st->stages()) {
       x.replicas.push_back(FiguresOf(p.dp_sync()));
+      x.replica_step_s.push_back(p.dp_sync().step_seconds());
       x.names.push_back(absl::StrCat("stage ", p.stage(), " replica ", p.replica()));
     }
     return x;
@@ -169,20 +172,27 @@ int RunDpProcessSweep(const SweepFlags& f, const CLI::App& cmd) {
       double without_chains = step_bound;
       std::string bounding = "job";
       for (size_t k = 0; k < any.replicas.size(); ++k) {
-        // Replica k's unshaped figures, each the median over the unshaped jobs; its bytes from this cell.
-        auto med = [&](double SyncFigures::*field) {
-          return MedianOf(unshaped, [&](const ProcessSample& u) { return k < u.replicas.size() ? u.replicas[k].*field : 0.0; });
-        };
-        SyncFigures r = any.replicas[k];
-        r.sync = med(&SyncFigures::sync);
-        r.before_update = med(&SyncFigures::before_update);
-        r.after_update = med(&SyncFigures::after_update);
-        const double own = SyncBound(r, bytes_per_s), chain = SyncChainBound(r, bytes_per_s);
-        const double b = unshaped_step - r.sync + std::max(own, chain);
-        without_chains = std::max(without_chains, unshaped_step - r.sync + own);
+        // Replica k's bound from each unshaped job's figures of its step (its bytes: this cell's),
+        // then the median over those jobs.
+        std::vector<double> with, without;
+        int chains = 0;
+        for (const ProcessSample& u : unshaped) {
+          if (k >= u.replicas.size()) continue;
+          SyncFigures r = u.replicas[k];
+          r.link_bytes = any.replicas[k].link_bytes;
+          r.link_bytes_before_update = any.replicas[k].link_bytes_before_update;
+          r.link_bytes_after_update = any.replicas[k].link_bytes_after_update;
+          const double own = SyncBound(r, bytes_per_s), chain = SyncChainBound(r, bytes_per_s);
+          with.push_back(u.replica_step_s[k] - r.sync + std::max(own, chain));
+          without.push_back(u.replica_step_s[k] - r.sync + own);
+          chains += chain > own ? 1 : 0;
+        }
+        if (with.empty()) continue;
+        const double b = Median(with);
+        without_chains = std::max(without_chains, Median(without));
         if (b > step_bound) {
           step_bound = b;
-          bounding = absl::StrCat(any.names[k], chain > own ? " (chain)" : "");
+          bounding = absl::StrCat(any.names[k], 2 * chains > static_cast<int>(with.size()) ? " (chain)" : "");
         }
       }
       const bool has_fp32 = samples.count({rate, "fp32"}) > 0;

@@ -106,6 +106,7 @@ void CoordinatorService::ResetProgress(Job& job) {
     p.set_compute_seconds(0);
     p.set_predicted_compute_seconds(0);
     p.clear_straggler();
+    p.clear_dp_sync();  // the previous attempt's, perhaps another worker's
   }
 }
 

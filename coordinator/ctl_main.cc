@@ -158,13 +158,17 @@ nlohmann::json Summary(const v1::JobStatus& j) {
                       {"replica", p.replica()}});
     if (p.has_dp_sync()) {
       const v1::DpSyncFigures& d = p.dp_sync();
-      stages.back()["dp_sync"] = {{"seconds", d.seconds()},
-                                  {"busiest_link_bytes", d.busiest_link_bytes()},
-                                  {"has_update", d.has_update()},
-                                  {"before_update_seconds", d.before_update_seconds()},
-                                  {"update_seconds", d.update_seconds()},
-                                  {"busiest_link_bytes_before_update", d.busiest_link_bytes_before_update()},
-                                  {"busiest_link_bytes_after_update", d.busiest_link_bytes_after_update()}};
+      nlohmann::json sync = {{"seconds", d.seconds()},
+                             {"step_seconds", d.step_seconds()},
+                             {"busiest_link_bytes", d.busiest_link_bytes()},
+                             {"has_update", d.has_update()}};
+      if (d.has_update()) {
+        sync["before_update_seconds"] = d.before_update_seconds();
+        sync["update_seconds"] = d.update_seconds();
+        sync["busiest_link_bytes_before_update"] = d.busiest_link_bytes_before_update();
+        sync["busiest_link_bytes_after_update"] = d.busiest_link_bytes_after_update();
+      }
+      stages.back()["dp_sync"] = sync;
     }
   }
   out["stages"] = stages;

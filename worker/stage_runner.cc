@@ -564,6 +564,7 @@ absl::Status StageRunner::RunSteps() {
       p.set_dp_raw_bytes(sync_->last().bytes_sent_uncompressed);
       p.set_dp_seconds(absl::ToDoubleSeconds(sync_->last().wall));
       *p.mutable_dp_sync() = DpSyncFiguresOf(sync_->last());
+      p.mutable_dp_sync()->set_step_seconds(p.step_seconds());
       sample.dp_codec = collective::DpCodecName(sync_->codec());
       sample.dp_bytes = p.dp_bytes();
       sample.dp_raw_bytes = p.dp_raw_bytes();

@@ -143,6 +143,13 @@ TEST_F(ReplicatedTest, CompressedSyncKeepsReplicasIdenticalAndTrains) {
                 static_cast<long long>(st->dp_raw_bytes_per_step()));
     EXPECT_LT(st->dp_bytes_per_step(), st->dp_raw_bytes_per_step());
     ASSERT_EQ(st->stages_size(), 4);
+    for (const v1::StagePlacement& sp : st->stages()) {  // each replica's sync in parts, its update inside
+      const v1::DpSyncFigures& d = sp.dp_sync();
+      EXPECT_TRUE(d.has_update()) << codec;
+      EXPECT_GT(d.before_update_seconds(), 0) << codec;
+      EXPECT_LE(d.before_update_seconds() + d.update_seconds(), d.seconds()) << codec;
+      EXPECT_LE(d.seconds(), d.step_seconds()) << codec;
+    }
     for (int s = 0; s < 2; ++s) {
       const std::string pa = st->stages(s).checkpoint_path(), pb = st->stages(2 + s).checkpoint_path();
       int64_t bytes_a = 0, bytes_b = 0;
