@@ -4,8 +4,10 @@
 #ifndef LONGHAUL_BENCH_BENCHMARKS_H_
 #define LONGHAUL_BENCH_BENCHMARKS_H_
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -25,6 +27,13 @@ BenchmarkRun AddStageBench(CLI::App& app);
 inline double Round(double v, int decimals) {
   const double scale = std::pow(10.0, decimals);
   return std::round(v * scale) / scale;
+}
+
+// The median of `v` (the mean of the middle two for an even count; 0 for none).
+inline double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
 }
 
 }  // namespace longhaul::bench

@@ -39,13 +39,18 @@
 namespace longhaul::bench {
 namespace {
 
+// One replica's sync in its latest step (StagePlacement.dp_sync).
+struct ReplicaSample {
+  SyncFigures sync;
+  double step_s = 0;  // the step that holds it
+  std::string name;   // "stage 0 replica 1"
+};
+
 // One job's figures.
 struct ProcessSample {
   double tokens_per_s = 0, sync_s = 0;
   int64_t bytes = 0, raw_bytes = 0, busiest_link = 0;  // data-parallel, per step
-  std::vector<SyncFigures> replicas;                   // JobStatus.stages' order (slots)
-  std::vector<double> replica_step_s;                  // the same slots' step that holds the sync
-  std::vector<std::string> names;                      // the same slots', "stage 0 replica 1"
+  std::vector<ReplicaSample> replicas;                 // JobStatus.stages' order (slots)
 };
 
 SyncFigures FiguresOf(const v1::DpSyncFigures& d) {
@@ -59,11 +64,6 @@ SyncFigures FiguresOf(const v1::DpSyncFigures& d) {
     f.link_bytes_after_update = d.busiest_link_bytes_after_update();
   }
   return f;
-}
-
-double Median(std::vector<double> x) {
-  std::sort(x.begin(), x.end());
-  return x.size() % 2 ? x[x.size() / 2] : (x[x.size() / 2 - 1] + x[x.size() / 2]) / 2;
 }
 
 double MedianOf(const std::vector<ProcessSample>& v, const std::function<double(const ProcessSample&)>& get) {
@@ -95,15 +95,7 @@ int RunDpProcessSweep(const SweepFlags& f, const CLI::App& cmd) {
   for (int y = 0; y < Y; ++y) regions.push_back(absl::StrCat("region-", y));
   cl.SetWorkerRegions(regions);
   StopClusterOnTermination(cl, nullptr);
-  if (absl::Status s = cl.StartCoordinator(); !s.ok()) {
-    std::fprintf(stderr, "longhaul-bench sweep: %s\n", std::string(s.message()).c_str());
-    return 1;
-  }
-  if (absl::Status s = cl.StartWorkers(workers); !s.ok()) {
-    std::fprintf(stderr, "longhaul-bench sweep: %s\n", std::string(s.message()).c_str());
-    cl.DumpLogs();
-    return 1;
-  }
+  if (!StartSweepCluster(cl, workers)) return 1;
   if (!f.json) {
     std::fprintf(stderr, "%d worker processes in %d regions: %d stage%s x replicas %s\n", workers, Y, stages,
                  stages == 1 ? "" : "s", replicas.c_str());
@@ -120,11 +112,10 @@ int RunDpProcessSweep(const SweepFlags& f, const CLI::App& cmd) {
     if (!st.ok()) return st.status();
     if (st->state() != v1::JOB_STATE_SUCCEEDED) return absl::InternalError(st->error());
     ProcessSample x{st->tokens_per_s(), st->dp_seconds(), st->dp_bytes_per_step(), st->dp_raw_bytes_per_step(),
-                    st->dp_busiest_link_bytes(), {}, {}, {}};
+                    st->dp_busiest_link_bytes(), {}};
     for (const v1::StagePlacement& p : st->stages()) {
-      x.replicas.push_back(FiguresOf(p.dp_sync()));
-      x.replica_step_s.push_back(p.dp_sync().step_seconds());
-      x.names.push_back(absl::StrCat("stage ", p.stage(), " replica ", p.replica()));
+      x.replicas.push_back(
+          {FiguresOf(p.dp_sync()), p.dp_sync().step_seconds(), absl::StrCat("stage ", p.stage(), " replica ", p.replica())});
     }
     return x;
   };
@@ -178,13 +169,14 @@ int RunDpProcessSweep(const SweepFlags& f, const CLI::App& cmd) {
         int chains = 0;
         for (const ProcessSample& u : unshaped) {
           if (k >= u.replicas.size()) continue;
-          SyncFigures r = u.replicas[k];
-          r.link_bytes = any.replicas[k].link_bytes;
-          r.link_bytes_before_update = any.replicas[k].link_bytes_before_update;
-          r.link_bytes_after_update = any.replicas[k].link_bytes_after_update;
+          SyncFigures r = u.replicas[k].sync;
+          const SyncFigures& bytes = any.replicas[k].sync;
+          r.link_bytes = bytes.link_bytes;
+          r.link_bytes_before_update = bytes.link_bytes_before_update;
+          r.link_bytes_after_update = bytes.link_bytes_after_update;
           const double own = SyncBound(r, bytes_per_s), chain = SyncChainBound(r, bytes_per_s);
-          with.push_back(u.replica_step_s[k] - r.sync + std::max(own, chain));
-          without.push_back(u.replica_step_s[k] - r.sync + own);
+          with.push_back(u.replicas[k].step_s - r.sync + std::max(own, chain));
+          without.push_back(u.replicas[k].step_s - r.sync + own);
           chains += chain > own ? 1 : 0;
         }
         if (with.empty()) continue;
@@ -192,7 +184,7 @@ int RunDpProcessSweep(const SweepFlags& f, const CLI::App& cmd) {
         without_chains = std::max(without_chains, Median(without));
         if (b > step_bound) {
           step_bound = b;
-          bounding = absl::StrCat(any.names[k], 2 * chains > static_cast<int>(with.size()) ? " (chain)" : "");
+          bounding = absl::StrCat(any.replicas[k].name, 2 * chains > static_cast<int>(with.size()) ? " (chain)" : "");
         }
       }
       const bool has_fp32 = samples.count({rate, "fp32"}) > 0;

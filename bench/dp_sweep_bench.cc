@@ -273,8 +273,7 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
   auto median = [&](double rate, const std::string& c, const std::function<double(const DpSample&)>& field) {
     std::vector<double> v;
     for (const DpSample& x : samples.at({rate, c})) v.push_back(field(x));
-    std::sort(v.begin(), v.end());
-    return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+    return Median(std::move(v));
   };
   auto step_of = [](const DpSample& x) { return x.step_s; };
   auto of = [](std::vector<std::vector<double>> DpSample::*field, int s, int r) {

@@ -89,6 +89,16 @@ void StopClusterOnTermination(cluster::Cluster& cl, netem::Network* net) {
   }).detach();
 }
 
+bool StartSweepCluster(cluster::Cluster& cl, int workers) {
+  absl::Status s = cl.StartCoordinator();
+  if (s.ok()) {
+    s = cl.StartWorkers(workers);
+    if (!s.ok()) cl.DumpLogs();
+  }
+  if (!s.ok()) std::fprintf(stderr, "longhaul-bench sweep: %s\n", std::string(s.message()).c_str());
+  return s.ok();
+}
+
 namespace {
 
 int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
@@ -188,15 +198,7 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
     cl.SetPlacement({[&topo, host](const std::string& r) { return topo.Namespace(host(r)); },
                      [&topo, host](const std::string& r) { return topo.Address(host(r)); }});
   }
-  if (absl::Status s = cl.StartCoordinator(); !s.ok()) {
-    std::fprintf(stderr, "longhaul-bench sweep: %s\n", std::string(s.message()).c_str());
-    return 1;
-  }
-  if (absl::Status s = cl.StartWorkers(stages); !s.ok()) {
-    std::fprintf(stderr, "longhaul-bench sweep: %s\n", std::string(s.message()).c_str());
-    cl.DumpLogs();
-    return 1;
-  }
+  if (!StartSweepCluster(cl, stages)) return 1;
   // One job of codec `c` at `rate` (0: unshaped), in sweep round `round` (from 1; the link trace's).
   auto run = [&](const std::string& c, double rate, int64_t round) -> absl::StatusOr<Sample> {
     if (tc) {
@@ -347,14 +349,10 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
       }
     }
   }
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-  };
   auto median_by = [&](const std::vector<Sample>& v, const std::function<double(const Sample&)>& get) {
     std::vector<double> x;
     for (const Sample& s : v) x.push_back(get(s));
-    return median(x);
+    return Median(std::move(x));
   };
   auto median_of = [&](const std::vector<Sample>& v, double Sample::*field) {
     return median_by(v, [field](const Sample& s) { return s.*field; });
@@ -383,7 +381,7 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
                 idle_median(&IdleShares::long_gaps),
                 idle_median(&IdleShares::turns_per_step),
                 idle_median(&IdleShares::long_per_step)};
-      r.goodput_mbit = tc ? median(goodput[rate]) : rate;
+      r.goodput_mbit = tc ? Median(goodput[rate]) : rate;
       const LinkBounds lb = ComputeLinkBounds({tokens_per_step, frame[c].first, frame[c].second, f.micro_batches,
                                                stages, sum_directions, schedule == "gpipe", rate, r.goodput_mbit});
       r.frame_bytes_per_step = lb.busiest_bytes;

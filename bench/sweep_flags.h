@@ -71,6 +71,9 @@ int PrintDpCells(const SweepFlags& f, const std::string& md, const nlohmann::ord
 // Ctrl-C / SIGTERM: stops the cluster's processes and removes the network namespaces of `net`
 // (none: nullptr) before the process leaves (its main thread may be waiting on a job for minutes).
 void StopClusterOnTermination(cluster::Cluster& cl, netem::Network* net);
+// Starts the cluster's coordinator and `workers` workers; false after printing why it could not
+// (and the workers' logs when they did not start).
+bool StartSweepCluster(cluster::Cluster& cl, int workers);
 
 }  // namespace longhaul::bench
 
