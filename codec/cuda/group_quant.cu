@@ -248,8 +248,12 @@ __device__ __forceinline__ void EncodeRow(gqt::TokenSmem& sm, int64_t t, const T
       const bool whole = 8 * (o - lane) + 8 * kWarp <= len;  // every lane of the warp has 8
       if (whole) {
         const gqt::GroupRange gp = sm.group[e0 / G];
-        w = bits <= 4 ? gqt::QuantOctet<false>(v, gp.lo, gp.hi, fmaxq, bits)
-                      : gqt::QuantOctet<true>(v, gp.lo, gp.hi, fmaxq, bits);
+        // TAH-Quant's two widths (and int3, int4) with the width a constant: the block takes one
+        // branch.
+        w = bits == 4   ? gqt::QuantOctetNarrow<4>(v, gp.lo, gp.hi)
+            : bits == 3 ? gqt::QuantOctetNarrow<3>(v, gp.lo, gp.hi)
+            : bits <= 4 ? gqt::QuantOctet<false>(v, gp.lo, gp.hi, fmaxq, bits)
+                        : gqt::QuantOctet<true>(v, gp.lo, gp.hi, fmaxq, bits);
         nb = bits;
       } else if (cnt > 0) {
         const gqt::GroupRange gp = sm.group[e0 / G];  // lo: the decoded lo; hi: 1 / the decoded scale
@@ -291,6 +295,19 @@ __device__ __forceinline__ TokenPlan LoadTokenPlan(const EncArgs& a, int64_t t) 
   return TokenPlan{ti.exp, ti.ok, ti.flagged, a.bits[t], t == 0 ? 0 : static_cast<int64_t>(a.ends[t - 1])};
 }
 
+// Whether a one-chunk token is encoded (p.ok), tested on every figure its encode reads after
+// WaitForPriorGrids. ptxas issues a load where its value is first used, so figures used only past
+// the early return were loaded after it: a second round trip to memory a block (its wait 14% of
+// EncodeTokens' stall samples on an H200). Every other term holds for a good token (a pivot is -1
+// or an index, a width 2..8, an exponent clamped, a count and an offset not negative); the terms
+// are combined by & so that no branch splits them.
+__device__ __forceinline__ bool EncodesToken(const TokenPlan& p, const RoundPivots& piv) {
+  bool all = (p.ok != 0) & (p.flagged >= 0) & (p.bits != 0) & (p.exp != INT_MIN) & (p.blk_off >= 0);
+#pragma unroll
+  for (int k = 0; k < kRounds; ++k) all &= piv.p[k] >= -1;
+  return all;
+}
+
 template <int G, typename T>
 __global__ void __launch_bounds__(kThreads) EncodeTokens(const T* __restrict__ x, EncArgs a) {
   __shared__ gqt::TokenSmem sm;
@@ -306,7 +323,7 @@ __global__ void __launch_bounds__(kThreads) EncodeTokens(const T* __restrict__ x
     WaitForPriorGrids();
     LoadResidentPivots<G>(a, t, &resident);
     const TokenPlan p = LoadTokenPlan(a, t);
-    if (p.ok == 0) return;  // the encode fails; the block is not written
+    if (!EncodesToken(p, resident.piv)) return;  // the encode fails; the block is not written
     EncodeRow<G, true>(sm, t, row, a, p.exp, p.bits, p.flagged, p.blk_off, false, &resident);
   } else {
     WaitForPriorGrids();

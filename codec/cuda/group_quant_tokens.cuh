@@ -192,6 +192,28 @@ __device__ __forceinline__ uint64_t QuantOctet(const float (&v)[8], float lo, fl
   return w_lo | (w_hi << (4 * bits));
 }
 
+// QuantOctet for a width known when compiling, at most 4 bits (all eight codes in one word): code j
+// is u_j - kMagic, u_j the float bits QuantCode reads it from, so the packed word, the sum of the
+// codes each shifted into place (their fields are disjoint), is the sum of the u_j shifted alike
+// less the magic's share of it, modulo 2^32 both: one shift-and-add (LEA) a code instead of a
+// subtraction, a shift and an OR. The same codes as QuantOctet<false>(..., kBits).
+template <int kBits>
+__device__ __forceinline__ uint32_t QuantOctetNarrow(const float (&v)[8], float lo, float inv) {
+  static_assert(kBits >= 1 && kBits <= 4, "eight codes in one 32-bit word");
+  constexpr uint32_t kMagic = 0x4B400000u;  // the float bits of 1.5 * 2^23, QuantCode's zero
+  constexpr float kMaxq = static_cast<float>((1 << kBits) - 1);
+  uint32_t magic_share = 0;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) magic_share += kMagic << (j * kBits);
+  uint32_t w = 0u - magic_share;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const float y = fminf(fmaxf((v[j] - lo) * inv, 0.0f), kMaxq);
+    w += __float_as_uint(__fadd_rn(y, 12582912.0f)) << (j * kBits);
+  }
+  return w;
+}
+
 // A code (below 2^23) as a float, exactly as static_cast<float>, without the conversion instruction.
 __device__ __forceinline__ float CodeToFloat(uint32_t q) {
   return __fsub_rn(__uint_as_float(0x4B000000u | q), 8388608.0f);
