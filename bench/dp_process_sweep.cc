@@ -94,7 +94,7 @@ int RunDpProcessSweep(const SweepFlags& f, const CLI::App& cmd) {
   std::vector<std::string> regions;
   for (int y = 0; y < Y; ++y) regions.push_back(absl::StrCat("region-", y));
   cl.SetWorkerRegions(regions);
-  StopClusterOnTermination(cl, nullptr);
+  const StopClusterOnTermination stop_on_signal(cl, nullptr);
   if (!StartSweepCluster(cl, workers)) return 1;
   if (!f.json) {
     std::fprintf(stderr, "%d worker processes in %d regions: %d stage%s x replicas %s\n", workers, Y, stages,

@@ -27,6 +27,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 #include "bench/benchmarks.h"
 #include "bench/link_bounds.h"
 #include "bench/link_timeline.h"
@@ -75,18 +76,39 @@ absl::StatusOr<int64_t> FrameBytes(const std::string& spec, int64_t mbs, int64_t
 
 }  // namespace
 
-void StopClusterOnTermination(cluster::Cluster& cl, netem::Network* net) {
+struct StopClusterOnTermination::Target {
+  absl::Mutex mu;
+  cluster::Cluster* cl ABSL_GUARDED_BY(mu);
+  netem::Network* net ABSL_GUARDED_BY(mu);
+};
+
+StopClusterOnTermination::StopClusterOnTermination(cluster::Cluster& cl, netem::Network* net)
+    : target_(std::make_shared<Target>()) {
+  {
+    absl::MutexLock l(&target_->mu);
+    target_->cl = &cl;
+    target_->net = net;
+  }
   if (!common::InstallTerminationHandlers()) return;
-  std::thread([&cl, net] {
+  std::thread([t = target_] {
     const int sig = common::WaitForTerminationSignal();
-    std::fprintf(stderr, "longhaul-bench sweep: %s: stopping the cluster%s\n", common::SignalName(sig),
-                 net ? " and removing the network namespaces" : "");
-    cl.SignalAll(SIGTERM);
-    absl::SleepFor(absl::Seconds(2));
-    cl.SignalAll(SIGKILL);
-    if (net) (void)net->Down();
+    absl::MutexLock l(&t->mu);  // held until _exit: the sweep's destructor waits for it
+    if (t->cl != nullptr) {
+      std::fprintf(stderr, "longhaul-bench sweep: %s: stopping the cluster%s\n", common::SignalName(sig),
+                   t->net ? " and removing the network namespaces" : "");
+      t->cl->SignalAll(SIGTERM);
+      absl::SleepFor(absl::Seconds(2));
+      t->cl->SignalAll(SIGKILL);
+      if (t->net) (void)t->net->Down();
+    }
     _exit(128 + sig);
   }).detach();
+}
+
+StopClusterOnTermination::~StopClusterOnTermination() {
+  absl::MutexLock l(&target_->mu);
+  target_->cl = nullptr;
+  target_->net = nullptr;
 }
 
 bool StartSweepCluster(cluster::Cluster& cl, int workers) {
@@ -192,7 +214,7 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
   } net_down{net.get()};
   cluster::Cluster cl(1);
   if (f.devices != std::vector<std::string>{"cpu"}) cl.SetWorkerDevices(f.devices);
-  StopClusterOnTermination(cl, net.get());
+  const StopClusterOnTermination stop_on_signal(cl, net.get());
   if (tc) {
     auto host = [&topo](const std::string& role) { return role == "coordinator" ? std::string("coord") : role; };
     cl.SetPlacement({[&topo, host](const std::string& r) { return topo.Namespace(host(r)); },

@@ -4,6 +4,7 @@
 #define LONGHAUL_BENCH_SWEEP_FLAGS_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -68,9 +69,25 @@ int RunDpProcessSweep(const SweepFlags& f, const CLI::App& cmd);
 // The cells' table (markdown, or {"runs": rows} with --json) on stdout, and to --markdown.
 int PrintDpCells(const SweepFlags& f, const std::string& md, const nlohmann::ordered_json& rows);
 
-// Ctrl-C / SIGTERM: stops the cluster's processes and removes the network namespaces of `net`
-// (none: nullptr) before the process leaves (its main thread may be waiting on a job for minutes).
-void StopClusterOnTermination(cluster::Cluster& cl, netem::Network* net);
+// Ctrl-C / SIGTERM while a sweep runs: stops the cluster's processes and removes the network
+// namespaces of `net` (none: nullptr) before the process leaves (its main thread may be waiting on a
+// job for minutes). Declared after the cluster and the network, so destroyed before them: from
+// then on a signal only ends the process (the watching thread, detached, outlives the sweep, and
+// holds the shared state, not the cluster). A signal being handled holds the state's lock until
+// the process exits, so the destructor cannot free the cluster under it. One a process (each
+// watching thread reads the one signal pipe).
+class StopClusterOnTermination {
+ public:
+  StopClusterOnTermination(cluster::Cluster& cl, netem::Network* net);
+  ~StopClusterOnTermination();
+  StopClusterOnTermination(const StopClusterOnTermination&) = delete;
+  StopClusterOnTermination& operator=(const StopClusterOnTermination&) = delete;
+
+  struct Target;
+
+ private:
+  std::shared_ptr<Target> target_;
+};
 // Starts the cluster's coordinator and `workers` workers; false after printing why it could not
 // (and the workers' logs when they did not start).
 bool StartSweepCluster(cluster::Cluster& cl, int workers);
