@@ -75,7 +75,10 @@ int PrintDpCells(const SweepFlags& f, const std::string& md, const nlohmann::ord
 // then on a signal only ends the process (the watching thread, detached, outlives the sweep, and
 // holds the shared state, not the cluster). A signal being handled holds the state's lock until
 // the process exits, so the destructor cannot free the cluster under it. One a process (each
-// watching thread reads the one signal pipe).
+// watching thread reads the one signal pipe). A signal after the guard is gone (while the
+// cluster's destructor waits for its processes, up to about 20 s, or the namespaces come down)
+// ends the process at once: workers still exiting may be orphaned and the namespaces left, which
+// the next sweep removes first.
 class StopClusterOnTermination {
  public:
   StopClusterOnTermination(cluster::Cluster& cl, netem::Network* net);

@@ -195,8 +195,8 @@ __device__ __forceinline__ uint64_t QuantOctet(const float (&v)[8], float lo, fl
 // QuantOctet for a width known when compiling, at most 4 bits (all eight codes in one word): code j
 // is u_j - kMagic, u_j the float bits QuantCode reads it from, so the packed word, the sum of the
 // codes each shifted into place (their fields are disjoint), is the sum of the u_j shifted alike
-// less the magic's share of it, modulo 2^32 both: one shift-and-add (LEA) a code instead of a
-// subtraction, a shift and an OR. The same codes as QuantOctet<false>(..., kBits).
+// less the magic's share of it, modulo 2^32 both: one multiply-add by a power of two (IMAD) a code
+// instead of a subtraction, a shift and an OR. The same codes as QuantOctet<false>(..., kBits).
 template <int kBits>
 __device__ __forceinline__ uint32_t QuantOctetNarrow(const float (&v)[8], float lo, float inv) {
   static_assert(kBits >= 1 && kBits <= 4, "eight codes in one 32-bit word");
