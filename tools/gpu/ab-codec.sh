@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# An A/B of two commits' GPU codecs on one GPU machine: longhaul-bench codec (8192 x 4096 on
+# cuda:0) with each commit's binary in turn, A B A B ..., after B's GPU codec tests (every codec's
+# GPU frame byte for byte against the CPU's).
+#   git archive --format=tar A >.deps/a.tar; git archive --format=tar B >.deps/b.tar   # dev machine
+#   tools/gpu/ab-codec.sh OUT_DIR .deps/a.tar .deps/b.tar [PAIRS]                      # GPU machine
+# Both archives build in one tree (/var/tmp/lh-ab-codec, B last, so its build recompiles only the
+# files that differ: about a minute on 16 cores after A's few); each longhaul-bench is kept (the
+# codecs are linked in statically). One line a run in OUT_DIR/ab-codec.txt (encode, decode and
+# copy GB/s of the same run, encode / copy, decode / copy, frame byte-identical), then each side's
+# mean. PAIRS default 4; AB_CODEC (default tahquant) and AB_DTYPE (fp32) choose the cell; PROF=1
+# adds Nsight Compute's kernel durations of each side (checks.sh codecprof, in OUT_DIR/prof-a, -b).
+set -euo pipefail
+usage="usage: ab-codec.sh OUT_DIR A.tar B.tar [PAIRS]"
+OUT="${1:?$usage}"
+A="$(realpath "${2:?$usage}")"
+B="$(realpath "${3:?$usage}")"
+PAIRS="${4:-4}"
+CODEC="${AB_CODEC:-tahquant}"
+DTYPE="${AB_DTYPE:-fp32}"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+TREE=/var/tmp/lh-ab-codec
+BINS=/var/tmp/lh-ab-codec-bins
+mkdir -p "$OUT" "$BINS"
+OUT="$(realpath "$OUT")"
+# The offline prefix's libraries, for the binaries started directly (as checks.sh).
+if [[ -d "$ROOT/.deps/gpu/debs" ]]; then
+  export LD_LIBRARY_PATH="$ROOT/.deps/gpu-prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+for side in a b; do
+  tar="$A"; [[ "$side" == b ]] && tar="$B"
+  "$ROOT/tools/gpu/from-archive.sh" "$tar" "$TREE" bash -c \
+    "cd '$TREE' && ./longhaul.sh build longhaul-bench gpu_codec_test >'$OUT/build-$side.log' 2>&1" \
+    || { tail -30 "$OUT/build-$side.log"; exit 1; }
+  cp "$TREE/build/bin/longhaul-bench" "$BINS/$side"
+  echo "ab-codec: $side built ($SECONDS s)"
+done
+"$TREE/build/tests/gpu_codec_test" >"$OUT/gpu-codec-test-b.log" 2>&1 || true
+echo "ab-codec: B's GPU codec tests: $(grep -E '^\[  (PASSED|FAILED)' "$OUT/gpu-codec-test-b.log" | tr '\n' ' ')"
+run_side() {  # side pair
+  local json
+  json="$("$BINS/$1" codec --device=cuda:0 --codec="$CODEC" --dtype="$DTYPE" --tokens=8192 --hidden=4096 --json \
+    2>>"$OUT/bench-$1.log")" || { echo "$1 $2 FAILED (bench-$1.log)"; return; }
+  python3 - "$1" "$2" "$json" <<'PY'
+import json, sys
+side, pair, text = sys.argv[1], sys.argv[2], sys.argv[3]
+d = json.loads(text)
+r = d["results"][0] if isinstance(d.get("results"), list) else d
+e, dec, c = r["encode_gbps"], r["decode_gbps"], r["copy_gbps"]
+print(f"{side} {pair} encode {e:.1f} decode {dec:.1f} copy {c:.1f} encode/copy {e / c:.4f} "
+      f"decode/copy {dec / c:.4f} byte_identical {r['byte_identical']}")
+PY
+}
+{
+  echo "# $CODEC $DTYPE 8192 x 4096, A $(basename "$A"), B $(basename "$B"), $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+  for ((p = 1; p <= PAIRS; ++p)); do
+    run_side a "$p"
+    run_side b "$p"
+  done
+} | tee "$OUT/ab-codec.txt"
+awk '$3 == "encode" { e[$1] += $10; d[$1] += $12; n[$1]++ }
+     END { for (s in n) printf "%s mean of %d: encode/copy %.4f decode/copy %.4f\n", s, n[s], e[s] / n[s], d[s] / n[s] }' \
+  "$OUT/ab-codec.txt" | sort | tee -a "$OUT/ab-codec.txt"
+if [[ -n "${PROF:-}" ]]; then
+  for side in a b; do
+    cp "$BINS/$side" "$TREE/build/bin/longhaul-bench"
+    (cd "$TREE" && PROF_CODECS="$CODEC" tools/gpu/checks.sh "$OUT/prof-$side" codecprof) \
+      | grep -E "^  [A-Za-z]|Duration" | sed "s/^/$side /" || true
+  done
+  cp "$BINS/b" "$TREE/build/bin/longhaul-bench"
+fi
