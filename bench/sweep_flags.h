@@ -86,9 +86,8 @@ class StopClusterOnTermination {
   StopClusterOnTermination(const StopClusterOnTermination&) = delete;
   StopClusterOnTermination& operator=(const StopClusterOnTermination&) = delete;
 
-  struct Target;
-
  private:
+  struct Target;  // the cluster and network under a lock, shared with the watching thread
   std::shared_ptr<Target> target_;
 };
 // Starts the cluster's coordinator and `workers` workers; false after printing why it could not
