@@ -36,7 +36,7 @@ for side in a b; do
   echo "ab-codec: $side built ($SECONDS s)"
 done
 "$TREE/build/tests/gpu_codec_test" >"$OUT/gpu-codec-test-b.log" 2>&1 || true
-echo "ab-codec: B's GPU codec tests: $(grep -E '^\[  (PASSED|FAILED)' "$OUT/gpu-codec-test-b.log" | tr '\n' ' ')"
+echo "ab-codec: B's GPU codec tests: $(grep -E '^\[  (PASSED  |FAILED  |SKIPPED )\] [0-9]+ tests?' "$OUT/gpu-codec-test-b.log" | tr '\n' ' ')"
 run_side() {  # side pair
   local json
   json="$("$BINS/$1" codec --device=cuda:0 --codec="$CODEC" --dtype="$DTYPE" --tokens=8192 --hidden=4096 --json \
@@ -52,7 +52,7 @@ print(f"{side} {pair} encode {e:.1f} decode {dec:.1f} copy {c:.1f} encode/copy {
 PY
 }
 {
-  echo "# $CODEC $DTYPE 8192 x 4096, A $(basename "$A"), B $(basename "$B"), $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+  echo "# $CODEC $DTYPE 8192 x 4096, A $(basename "$A"), B $(basename "$B"), $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)"
   for ((p = 1; p <= PAIRS; ++p)); do
     run_side a "$p"
     run_side b "$p"
@@ -65,7 +65,7 @@ if [[ -n "${PROF:-}" ]]; then
   for side in a b; do
     cp "$BINS/$side" "$TREE/build/bin/longhaul-bench"
     (cd "$TREE" && PROF_CODECS="$CODEC" tools/gpu/checks.sh "$OUT/prof-$side" codecprof) \
-      | grep -E "^  [A-Za-z]|Duration" | sed "s/^/$side /" || true
+      | grep -E "^  [A-Za-z]|Duration|no Nsight" | sed "s/^/$side /" || true
   done
   cp "$BINS/b" "$TREE/build/bin/longhaul-bench"
 fi
