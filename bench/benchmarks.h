@@ -36,6 +36,15 @@ inline double Median(std::vector<double> v) {
   return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
 }
 
+// The median of get(s) over the samples s (the sweeps' rounds of one cell).
+template <typename Sample, typename Get>
+double MedianOf(const std::vector<Sample>& samples, const Get& get) {
+  std::vector<double> x;
+  x.reserve(samples.size());
+  for (const Sample& s : samples) x.push_back(get(s));
+  return Median(std::move(x));
+}
+
 }  // namespace longhaul::bench
 
 #endif  // LONGHAUL_BENCH_BENCHMARKS_H_

@@ -19,7 +19,6 @@
 // fraction = bound / measured; the table gives it without the chains too.
 #include <algorithm>
 #include <cstdio>
-#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -66,46 +65,37 @@ SyncFigures FiguresOf(const v1::DpSyncFigures& d) {
   return f;
 }
 
-double MedianOf(const std::vector<ProcessSample>& v, const std::function<double(const ProcessSample&)>& get) {
-  std::vector<double> x;
-  for (const ProcessSample& s : v) x.push_back(get(s));
-  return Median(std::move(x));
-}
-
 }  // namespace
 
 int RunDpProcessSweep(const SweepFlags& f, const CLI::App& cmd) {
   absl::StatusOr<DpCellShape> shape = DpCellShapeOf(f, cmd, /*default_stages=*/1, /*min_regions=*/2);
   if (!shape.ok()) return common::FlagError(cmd, std::string(shape.status().message()));
-  const std::vector<double>& rates = shape->rates;
-  const int stages = shape->stages;
-  const int64_t mbs = shape->micro_batches, mbsize = shape->micro_batch_size;
-  const std::vector<int>& counts = shape->replicas;
-  const int Y = shape->regions;
+  const DpCellShape& grid = *shape;
   int workers = 0;
-  for (int c : counts) workers += c;
+  for (int c : grid.replicas) workers += c;
   const std::string replicas =
-      counts.size() == 1 || std::all_of(counts.begin(), counts.end(), [&](int c) { return c == counts[0]; })
-          ? absl::StrCat(counts[0])
-          : absl::StrCat("[", absl::StrJoin(counts, ", "), "]");
-  const double tokens_per_step = static_cast<double>(mbs * mbsize * f.context);
+      std::all_of(grid.replicas.begin(), grid.replicas.end(), [&](int c) { return c == grid.replicas[0]; })
+          ? absl::StrCat(grid.replicas[0])
+          : absl::StrCat("[", absl::StrJoin(grid.replicas, ", "), "]");
+  const double tokens_per_step = static_cast<double>(grid.micro_batches * grid.micro_batch_size * f.context);
 
   cluster::Cluster cl(1);
   std::vector<std::string> regions;
-  for (int y = 0; y < Y; ++y) regions.push_back(absl::StrCat("region-", y));
+  for (int y = 0; y < grid.regions; ++y) regions.push_back(absl::StrCat("region-", y));
   cl.SetWorkerRegions(regions);
   const StopClusterOnTermination stop_on_signal(cl, nullptr);
   if (!StartSweepCluster(cl, workers)) return 1;
   if (!f.json) {
-    std::fprintf(stderr, "%d worker processes in %d regions: %d stage%s x replicas %s\n", workers, Y, stages,
-                 stages == 1 ? "" : "s", replicas.c_str());
+    std::fprintf(stderr, "%d worker processes in %d regions: %d stage%s x replicas %s\n", workers, grid.regions,
+                 grid.stages, grid.stages == 1 ? "" : "s", replicas.c_str());
   }
   auto run = [&](const std::string& codec, double rate) -> absl::StatusOr<ProcessSample> {
     const std::string yaml = absl::StrFormat(
         "name: dp-sweep-%s-%g\nmodel: {layers: %d, hidden: %d, heads: 4, context: %d}\nstages: %d\nreplicas: %s\n"
         "micro_batches: %d\nmicro_batch_size: %d\nschedule: %s\nsteps: %d\ndata_parallel: {codec: %s}\n"
         "links: {between_regions_mbit: %g}\ncheckpoint: {replicate: none}\n",
-        codec, rate, f.layers, f.hidden, f.context, stages, replicas, mbs, mbsize, f.schedule, f.steps, codec, rate);
+        codec, rate, f.layers, f.hidden, f.context, grid.stages, replicas, grid.micro_batches, grid.micro_batch_size,
+        f.schedule, f.steps, codec, rate);
     absl::StatusOr<uint64_t> job = cl.Submit(yaml);
     if (!job.ok()) return job.status();
     absl::StatusOr<v1::JobStatus> st = cl.WaitForEnd(*job, absl::Minutes(10));
@@ -119,11 +109,9 @@ int RunDpProcessSweep(const SweepFlags& f, const CLI::App& cmd) {
     }
     return x;
   };
-  std::vector<double> all_rates = {0};
-  all_rates.insert(all_rates.end(), rates.begin(), rates.end());
   std::map<std::pair<double, std::string>, std::vector<ProcessSample>> samples;
   for (int64_t rep = 0; rep < f.repeats; ++rep) {
-    for (double rate : all_rates) {
+    for (double rate : grid.RoundRates()) {
       for (const std::string& c : f.dp_codecs) {
         const std::string where = rate > 0 ? absl::StrCat(rate, " Mbit/s between regions") : "unshaped";
         absl::StatusOr<ProcessSample> x = run(c, rate);
@@ -150,7 +138,7 @@ int RunDpProcessSweep(const SweepFlags& f, const CLI::App& cmd) {
       "per step | data-parallel KB per step, all replicas / as fp32 | sync speed-up vs fp32 | step speed-up vs fp32 |\n"
       "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
-  for (double rate : rates) {
+  for (double rate : grid.rates) {
     for (const std::string& c : f.dp_codecs) {
       const std::vector<ProcessSample>& cell = samples.at({rate, c});
       const std::vector<ProcessSample>& unshaped = samples.at({0, c});
@@ -206,7 +194,7 @@ int RunDpProcessSweep(const SweepFlags& f, const CLI::App& cmd) {
     }
   }
   absl::StrAppendFormat(&md, "\n%d worker processes over gRPC in %d regions; the median of %lld job%s per cell.\n",
-                        workers, Y, static_cast<long long>(f.repeats), f.repeats == 1 ? "" : "s");
+                        workers, grid.regions, static_cast<long long>(f.repeats), f.repeats == 1 ? "" : "s");
   return PrintDpCells(f, md, rows);
 }
 

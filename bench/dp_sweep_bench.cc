@@ -132,16 +132,12 @@ absl::StatusOr<DpCellShape> DpCellShapeOf(const SweepFlags& f, const CLI::App& c
 int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
   absl::StatusOr<DpCellShape> shape = DpCellShapeOf(f, cmd, /*default_stages=*/2, /*min_regions=*/1);
   if (!shape.ok()) return common::FlagError(cmd, std::string(shape.status().message()));
-  const std::vector<double>& rates = shape->rates;
-  const int stages = shape->stages;
-  const int64_t mbs = shape->micro_batches, mbsize = shape->micro_batch_size;
-  const std::vector<int>& counts = shape->replicas;
-  const int Y = shape->regions;
+  const DpCellShape& grid = *shape;
   stage_runtime::PipelineOptions o;
   o.model = {static_cast<int>(f.layers), static_cast<int>(f.hidden), 4, static_cast<int>(f.context), 256};
-  o.stages = stages;
-  o.micro_batches = static_cast<int>(mbs);
-  o.micro_batch_size = static_cast<int>(mbsize);
+  o.stages = grid.stages;
+  o.micro_batches = static_cast<int>(grid.micro_batches);
+  o.micro_batch_size = static_cast<int>(grid.micro_batch_size);
   o.schedule = f.schedule == "gpipe" ? stage_runtime::Schedule::kGPipe : stage_runtime::Schedule::k1F1B;
   o.optimizer.total_steps = static_cast<int>(f.steps + 1);
   auto data = stage_runtime::OpenDataset({"text", stage_runtime::kDefaultCorpusDir, 256, 0.1}, o.model.context);
@@ -153,7 +149,7 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
     if (!c.ok()) return c.status();
     netem::LinkProfile between;
     between.rate_bytes_per_s = rate * 1e6 / 8;
-    auto p = ReplicatedPipeline::Create(o, counts, *c, Y, 4, between);
+    auto p = ReplicatedPipeline::Create(o, grid.replicas, *c, grid.regions, 4, between);
     if (!p.ok()) return p.status();
     std::vector<DpSample> steps;
     for (int64_t step = 0; step <= f.steps; ++step) {
@@ -191,29 +187,29 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
       steps.push_back(std::move(x));
     }
     DpSample mean;
-    for (auto* v : {&mean.sync_s, &mean.update_s}) v->assign(static_cast<size_t>(stages), 0.0);
-    mean.phase_starts_s.assign(static_cast<size_t>(stages), {});
-    mean.bucket_spans.assign(static_cast<size_t>(stages), std::string());
-    mean.busiest_link_bytes.assign(static_cast<size_t>(stages), 0);
-    for (int s = 0; s < stages; ++s) {
+    for (auto* v : {&mean.sync_s, &mean.update_s}) v->assign(static_cast<size_t>(grid.stages), 0.0);
+    mean.phase_starts_s.assign(static_cast<size_t>(grid.stages), {});
+    mean.bucket_spans.assign(static_cast<size_t>(grid.stages), std::string());
+    mean.busiest_link_bytes.assign(static_cast<size_t>(grid.stages), 0);
+    for (int s = 0; s < grid.stages; ++s) {
       for (auto* v : {&mean.start_s, &mean.replica_sync_s, &mean.before_update_s, &mean.after_update_s}) {
-        v->emplace_back(static_cast<size_t>(counts[s]), 0.0);
+        v->emplace_back(static_cast<size_t>(grid.replicas[s]), 0.0);
       }
       for (auto* v : {&mean.link_bytes, &mean.link_before_update, &mean.link_after_update}) {
-        v->emplace_back(static_cast<size_t>(counts[s]), 0);
+        v->emplace_back(static_cast<size_t>(grid.replicas[s]), 0);
       }
     }
     for (const DpSample& x : steps) {
       const double w = 1.0 / static_cast<double>(steps.size());
       mean.step_s += x.step_s * w;
-      for (int s = 0; s < stages; ++s) {
+      for (int s = 0; s < grid.stages; ++s) {
         mean.sync_s[s] += x.sync_s[s] * w;
         mean.update_s[s] += x.update_s[s] * w;
         std::vector<double>& ph = mean.phase_starts_s[s];
         ph.resize(std::max(ph.size(), x.phase_starts_s[s].size()), 0.0);
         for (size_t i = 0; i < x.phase_starts_s[s].size(); ++i) ph[i] += x.phase_starts_s[s][i] * w;
         mean.busiest_link_bytes[s] = std::max(mean.busiest_link_bytes[s], x.busiest_link_bytes[s]);
-        for (int r = 0; r < counts[s]; ++r) {
+        for (int r = 0; r < grid.replicas[s]; ++r) {
           mean.start_s[s][r] += x.start_s[s][r] * w;
           mean.replica_sync_s[s][r] += x.replica_sync_s[s][r] * w;
           mean.before_update_s[s][r] += x.before_update_s[s][r] * w;  // -1 in every step, or in none
@@ -230,11 +226,9 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
     }
     return mean;
   };
-  std::vector<double> all_rates = {0};
-  all_rates.insert(all_rates.end(), rates.begin(), rates.end());
   std::map<std::pair<double, std::string>, std::vector<DpSample>> samples;
   for (int64_t rep = 0; rep < f.repeats; ++rep) {
-    for (double rate : all_rates) {
+    for (double rate : grid.RoundRates()) {
       for (const std::string& c : f.dp_codecs) {
         absl::StatusOr<DpSample> x = cell(c, rate);
         if (!x.ok()) {
@@ -244,7 +238,7 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
         }
         if (!f.json) {
           std::string per_stage;
-          for (int s = 0; s < stages; ++s) {
+          for (int s = 0; s < grid.stages; ++s) {
             // (fp32 syncs through Group::AllReduceFp32 and the executor's optimizer: no update time)
             std::string update =
                 x->update_s[s] > 0 ? absl::StrFormat("%.3f s in the update; ", x->update_s[s]) : std::string();
@@ -271,9 +265,7 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
   }
   // The median over the rounds of what `field` takes from a sample.
   auto median = [&](double rate, const std::string& c, const std::function<double(const DpSample&)>& field) {
-    std::vector<double> v;
-    for (const DpSample& x : samples.at({rate, c})) v.push_back(field(x));
-    return Median(std::move(v));
+    return MedianOf(samples.at({rate, c}), field);
   };
   auto step_of = [](const DpSample& x) { return x.step_s; };
   auto of = [](std::vector<std::vector<double>> DpSample::*field, int s, int r) {
@@ -292,7 +284,7 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
   // The slowest replica's sync of any stage.
   auto slowest_sync = [](const DpSample& x) { return *std::max_element(x.sync_s.begin(), x.sync_s.end()); };
-  for (double rate : rates) {
+  for (double rate : grid.rates) {
     for (const std::string& c : f.dp_codecs) {
       const DpSample& any = samples.at({rate, c}).front();
       const double step = median(rate, c, step_of), slowest = median(rate, c, slowest_sync);
@@ -308,7 +300,7 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
         if (!x.chain) without_chain = std::max(without_chain, x.step_bound);
       };
       const double unshaped_step = median(0, c, step_of);
-      for (int s = 0; s < stages; ++s) {
+      for (int s = 0; s < grid.stages; ++s) {
         // The stage's: its backward pass ends at the unshaped step minus its slowest unshaped sync,
         // which also counts what follows the sync call in the step.
         const double slowest_unshaped = median(0, c, of_stage(&DpSample::sync_s, s));
@@ -317,10 +309,10 @@ int RunDpSweep(const SweepFlags& f, const CLI::App& cmd) {
         consider({unshaped_step - slowest_unshaped + stage_sync, stage_sync, median(rate, c, of_stage(&DpSample::sync_s, s)),
                   0, s, -1});
         // Each replica's: from its own start, which none of its bytes can precede.
-        std::vector<double> start(static_cast<size_t>(counts[s]));
-        for (int r = 0; r < counts[s]; ++r) start[r] = median(0, c, of(&DpSample::start_s, s, r));
+        std::vector<double> start(static_cast<size_t>(grid.replicas[s]));
+        for (int r = 0; r < grid.replicas[s]; ++r) start[r] = median(0, c, of(&DpSample::start_s, s, r));
         const double first = *std::min_element(start.begin(), start.end());
-        for (int r = 0; r < counts[s]; ++r) {
+        for (int r = 0; r < grid.replicas[s]; ++r) {
           SyncFigures sf;
           sf.sync = median(0, c, of(&DpSample::replica_sync_s, s, r));
           sf.before_update = median(0, c, of(&DpSample::before_update_s, s, r));

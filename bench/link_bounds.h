@@ -57,8 +57,6 @@ inline LinkBounds ComputeLinkBounds(const LinkBoundInputs& in) {
   return b;
 }
 
-}  // namespace longhaul::bench
-
 // A data-parallel sync's own bounds (dp_sweep_bench.cc), from its unshaped figures (seconds) and
 // its busiest link's bytes between regions at `bytes_per_s`.
 struct SyncFigures {
@@ -85,5 +83,7 @@ inline double SyncChainBound(const SyncFigures& f, double bytes_per_s) {
   return std::max(f.before_update, static_cast<double>(f.link_bytes_before_update) / bytes_per_s) +
          std::max(f.after_update, static_cast<double>(f.link_bytes_after_update) / bytes_per_s);
 }
+
+}  // namespace longhaul::bench
 
 #endif  // LONGHAUL_BENCH_LINK_BOUNDS_H_

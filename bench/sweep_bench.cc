@@ -17,7 +17,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <functional>
 #include <map>
 #include <string>
 #include <thread>
@@ -371,13 +370,8 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
       }
     }
   }
-  auto median_by = [&](const std::vector<Sample>& v, const std::function<double(const Sample&)>& get) {
-    std::vector<double> x;
-    for (const Sample& s : v) x.push_back(get(s));
-    return Median(std::move(x));
-  };
   auto median_of = [&](const std::vector<Sample>& v, double Sample::*field) {
-    return median_by(v, [field](const Sample& s) { return s.*field; });
+    return MedianOf(v, [field](const Sample& s) { return s.*field; });
   };
   // The bytes per step that must cross the busiest link. GPipe runs all forwards, then all
   // backwards, so a link's two directions never overlap and a step needs forward + backward
@@ -394,7 +388,7 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
       r.wire_bytes_per_step = median_of(cell, &Sample::busiest_link_bytes) / static_cast<double>(f.steps);
       r.drops = median_of(cell, &Sample::drops);
       auto idle_median = [&](double IdleShares::*field) {
-        return median_by(cell, [field](const Sample& s) { return s.idle.*field; });
+        return MedianOf(cell, [field](const Sample& s) { return s.idle.*field; });
       };
       r.idle = {cell.back().idle.link,
                 idle_median(&IdleShares::busy),

@@ -57,6 +57,12 @@ struct DpCellShape {
   int64_t micro_batches = 0, micro_batch_size = 0;
   std::vector<int> replicas;  // per stage
   int regions = 0;
+  // A round's rates: unshaped (0) first, then `rates`.
+  std::vector<double> RoundRates() const {
+    std::vector<double> all = {0};
+    all.insert(all.end(), rates.begin(), rates.end());
+    return all;
+  }
 };
 absl::StatusOr<DpCellShape> DpCellShapeOf(const SweepFlags& f, const CLI::App& cmd, int default_stages,
                                           int min_regions);

@@ -190,18 +190,15 @@ absl::Status StageLoop::RunLastStageOfGPipe(uint64_t step, const std::vector<Bat
   std::deque<torch::Tensor> waiting;               // activations received, not yet forwarded
   std::vector<std::pair<int, torch::Tensor>> held;  // (micro-batch, gradient) while received < M
   int received = 0, forwarded = 0, backwarded = 0;
-  auto take = [&](absl::Duration timeout) -> absl::StatusOr<bool> {
+  // The next activation into `waiting`: waited for (Expect), or only if it is there (false if not).
+  auto take = [&](bool wait) -> absl::StatusOr<bool> {
     absl::StatusOr<LinkFan::Route> r = RouteOf(prev_, received);
     if (!r.ok()) return r.status();
-    absl::StatusOr<LinkMessage> m = timeout == absl::ZeroDuration()
-                                        ? r->link->Receive(timeout)
-                                        : Expect(*r->link, step, received, MessageKind::kActivation);
-    if (timeout == absl::ZeroDuration()) {
-      if (!m.ok()) return absl::IsDeadlineExceeded(m.status()) ? absl::StatusOr<bool>(false) : m.status();
-      // What Expect checks, for the message Receive returned.
+    absl::StatusOr<LinkMessage> m = wait ? Expect(*r->link, step, received, MessageKind::kActivation)
+                                         : r->link->Receive(absl::ZeroDuration());
+    if (!m.ok()) return !wait && absl::IsDeadlineExceeded(m.status()) ? absl::StatusOr<bool>(false) : m.status();
+    if (!wait) {  // what Expect checks, for the message Receive returned
       if (absl::Status s = CheckMessage(*m, *r->link, step, received, MessageKind::kActivation); !s.ok()) return s;
-    } else if (!m.ok()) {
-      return m.status();
     }
     waiting.push_back(std::move(m->tensor));
     ++received;
@@ -210,7 +207,7 @@ absl::Status StageLoop::RunLastStageOfGPipe(uint64_t step, const std::vector<Bat
   while (backwarded < M) {
     if (absl::Status c = Cancelled(); !c.ok()) return c;
     while (received < M) {
-      absl::StatusOr<bool> got = take(absl::ZeroDuration());
+      absl::StatusOr<bool> got = take(/*wait=*/false);
       if (!got.ok()) return got.status();
       if (!*got) break;
     }
@@ -239,7 +236,7 @@ absl::Status StageLoop::RunLastStageOfGPipe(uint64_t step, const std::vector<Bat
       }
       ++backwarded;
     } else {
-      absl::StatusOr<bool> got = take(kReceiveTimeout);  // nothing to do until it comes
+      absl::StatusOr<bool> got = take(/*wait=*/true);  // nothing to do until it comes
       if (!got.ok()) return got.status();
     }
   }
