@@ -16,10 +16,11 @@
 //         outlier test of every group (kept for step 3, and counted per token), each token's
 //         allocation key counted in a global histogram, the input read once, several tokens a
 //         block (a short row's next token loaded while this one is worked on);
-//      2. AllocateBits (group_quant_alloc.cuh), one block: the set of bits_hi tokens nth_element
-//         picks on the CPU (a radix select whose top 16 bits come from the histogram), each
-//         token's bits and block size, the block ends, and the results word, written straight
-//         into pinned host memory;
+//      2. AllocateCandidates and AllocateBits (group_quant_alloc.cuh), a block per tile of
+//         tokens each: the set of bits_hi tokens nth_element picks on the CPU (a radix select
+//         whose top 16 bits come from the histogram, the rest from the keys that share them),
+//         each token's bits and block end, and the results word, written straight into pinned
+//         host memory;
 //      3. EncodeTokens: the tokens again, last first (the statistics pass's last rows are still in
 //         L2), the kept outlier tests, the flagged groups' ordinals by a block-wide count,
 //         header, params, pivots and codes (EncodeRow's phases); a one-chunk token's loads all
@@ -414,14 +415,18 @@ __global__ void __launch_bounds__(kThreads) FusedEncode(const T* __restrict__ x,
 // The fused encode's results word before its kernel (a kernel, not a copy from pageable host memory).
 __global__ void InitResults(Results* res) { *res = Results{ULLONG_MAX, 0, 0}; }
 
-// The allocation's histograms zeroed: a kernel, which the statistics pass follows as a dependent
-// launch (it waits for this one only before its first count).
+// The allocation's histograms and list length zeroed: a kernel, which the statistics pass follows
+// as a dependent launch (it waits for this one only before its first count).
 inline constexpr unsigned kZeroBlocks = 64;
-__global__ void ZeroHistograms(unsigned* hist) {
+__global__ void ZeroHistograms(gqa::AllocScratch* s) {
   LetDependentsStart();
-  for (int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x); i < gqa::kHistWords;
+  for (int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x); i <= gqa::kHistWords;
        i += static_cast<int>(gridDim.x * blockDim.x)) {
-    hist[i] = 0;
+    if (i < gqa::kHistWords) {
+      s->hist[i] = 0;
+    } else {
+      s->ncand = 0;
+    }
   }
 }
 
@@ -432,7 +437,7 @@ __global__ void ZeroHistograms(unsigned* hist) {
 //   kTokens      the statistics' and the allocation's per-token arrays (gqa::TokenArrays)
 //   kPivots      each group's pivot or -1 (the outlier test of the statistics pass, for the encode)
 //   kOffsets     the block ends (inclusive scan of the sizes)
-//   kTemp        the fused encode's Results word; otherwise the allocation's histogram of key digits
+//   kTemp        the fused encode's Results word; otherwise the allocation's gqa::AllocScratch
 //   kPayload     the payload (worst case: every group flagged, every token at bits_hi)
 enum Slot { kInfo = 0, kPivots = 1, kTokens = 2, kOffsets = 5, kTemp = 6, kPayload = 7 };
 
@@ -494,7 +499,7 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
   absl::StatusOr<void*> offsets = maybe(kOffsets, fused ? 0 : sizeof(unsigned long long) * tok);
   absl::StatusOr<void*> payload = ws.Scratch(kPayload, static_cast<size_t>(max_block) * tok);
   absl::StatusOr<void*> temp =
-      maybe(kTemp, fused ? sizeof(Results) : select ? sizeof(unsigned) * gqa::kHistWords : 0);
+      maybe(kTemp, fused ? sizeof(Results) : sizeof(gqa::AllocScratch));
   absl::StatusOr<void*> pinned = ws.Pinned();
   for (const auto* r : {&info, &token_arrays, &pivots, &offsets, &payload, &temp, &pinned}) {
     if (!r->ok()) return r->status();
@@ -534,13 +539,14 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
     // The allocation writes the results word straight into the pinned host area.
     void* res_dev = nullptr;
     LONGHAUL_CUDA_OK(cudaHostGetDevicePointer(&res_dev, res, 0));
-    auto* hist = static_cast<unsigned*>(*temp);
+    auto* scratch = static_cast<gqa::AllocScratch*>(*temp);
+    unsigned* hist = select ? scratch->hist : nullptr;
     const gqa::TokenArrays arrays = TokenArraysAt(*token_arrays, tok);
     // Each kernel after the first is a dependent launch of the one before (cuda_util.cuh): the
-    // statistics pass of the zeroing, the allocation of the statistics, the encode of the
-    // allocation.
+    // statistics pass of the zeroing, the allocation's two kernels of the statistics and of each
+    // other, the encode of the allocation.
     if (select) {
-      ZeroHistograms<<<kZeroBlocks, kThreads, 0, st>>>(hist);
+      ZeroHistograms<<<kZeroBlocks, kThreads, 0, st>>>(scratch);
       LONGHAUL_CUDA_OK(cudaGetLastError());
     }
     // Several tokens a block (its setup shared), one wave of blocks: as many as fit on the SMs.
@@ -559,10 +565,16 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
       });
     });
     if (!stats_launched.ok()) return stats_launched;
-    gqa::AllocArgs alloc{tokens, n_hi, p.adaptive, p.bits_hi, p.bits_lo, fixed_bytes, dim};
+    const gqa::AllocArgs alloc{tokens, n_hi, p.adaptive, p.bits_hi, p.bits_lo, fixed_bytes, dim, gqa::TileTokens(tokens)};
+    const auto tiles = static_cast<unsigned>(gqa::NumTiles(tokens));
     auto* ends = static_cast<unsigned long long*>(*offsets);  // ends[t]: the end of token t's block
-    if (absl::Status s = LaunchDependent(gqa::AllocateBits, 1, gqa::kAllocThreads, st, "allocation kernel", alloc,
-                                         arrays, static_cast<const unsigned*>(hist), ends,
+    if (absl::Status s = LaunchDependent(gqa::AllocateCandidates, tiles, gqa::kAllocThreads, st,
+                                         "allocation's candidates kernel", alloc, arrays, scratch);
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = LaunchDependent(gqa::AllocateBits, tiles, gqa::kAllocThreads, st, "allocation kernel", alloc,
+                                         arrays, static_cast<const gqa::AllocScratch*>(scratch), ends,
                                          static_cast<Results*>(res_dev));
         !s.ok()) {
       return s;

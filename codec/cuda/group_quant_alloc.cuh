@@ -1,7 +1,7 @@
 // TAH-Quant's bit allocation on the device (group_quant.cu, between the statistics and the encode):
 // the n_hi tokens first in the CPU's order get bits_hi, the rest bits_lo; then every token's block
-// size and the inclusive scan of the sizes (the block ends), the flagged groups' total, the payload
-// size and the first bad token, written straight into the host's pinned results word.
+// end (the inclusive scan of the block sizes), the flagged groups' total, the payload size and the
+// first bad token, written straight into the host's pinned results word.
 //
 // The CPU's order (group_quant.cc, phase 2: nth_element with ties by token index): entropy
 // descending (adaptive) or SplitMix64(token) ascending. Both become an unsigned key that ascends in
@@ -11,9 +11,21 @@
 //
 // The selection is a radix select in two levels: the statistics pass counts every token's
 // top 16 key bits (AllocDigit) in a global histogram of 65,536 bins and their top 8 in one of 256
-// (two atomics a token: CountKey), so this block finds the top 16 bits of kth from 256 + 256 bins,
-// then the remaining bits 8 at a time over the keys that share them (a few hundred for entropies,
-// about one for the hashes) with shared-memory histograms. One block of kAllocThreads threads.
+// (two atomics a token: CountKey), which give the top 16 bits of kth from 256 + 256 bins; the
+// remaining bits come 8 at a time from the keys that share them (a few hundred for entropies, about
+// one for the hashes) with shared-memory histograms.
+//
+// Two kernels, each one block of kAllocThreads threads per tile of tokens (TileTokens), so that no
+// block walks every token (one block doing it all took 19 us for 8192 tokens on an H200, all of it
+// between the statistics pass and the encode):
+//  1. AllocateCandidates: kth's top digit (every block), then its tile: the keys below that digit
+//     counted, the flagged groups summed and the first bad token (its Tally in the scratch), and
+//     the keys that share the digit listed with their tokens (the first kCandidates of them);
+//  2. AllocateBits: the rest of kth (every block, from the list; from every token's key when the
+//     list overflowed), then its tile's bits and block ends. A block end is linear in the counts
+//     of hi tokens and flagged groups before it (BlockEnd), and the counts before the tile are the
+//     earlier tiles' tallies plus their listed keys below or equal to kth, so no block waits for
+//     another: within the tile, a block scan. The last block writes the results word.
 #ifndef LONGHAUL_CODEC_CUDA_GROUP_QUANT_ALLOC_CUH_
 #define LONGHAUL_CODEC_CUDA_GROUP_QUANT_ALLOC_CUH_
 
@@ -28,12 +40,10 @@
 
 namespace longhaul::codec::gpu::gqa {
 
-inline constexpr int kAllocThreads = 512;
-// Tokens per thread and tile in the sizes' pass: 512 threads with 8 tokens each keep every
-// per-token array in registers (1,024 threads get 64 registers each and spill).
-inline constexpr int kPer = 8;
-inline constexpr int kTile = kAllocThreads * kPer;
-inline constexpr int kCandidates = 4096;  // keys sharing kth's top digit listed in shared memory
+inline constexpr int kAllocThreads = 256;  // both kernels' blocks; one token a thread at a time
+inline constexpr int kAllocWarps = kAllocThreads / kWarp;
+inline constexpr int kMaxTiles = 1024;     // tiles of more than kAllocThreads tokens past this
+inline constexpr int kCandidates = 4096;   // keys sharing kth's top digit listed
 inline constexpr int kDigitBits = 16;  // the global histogram's digit
 inline constexpr int kBins = 1 << kDigitBits;
 // The coarse histogram (the digit's top 8 bits), after the fine one in the same buffer.
@@ -61,7 +71,19 @@ struct AllocArgs {
   int hi, lo;
   int64_t fixed_bytes;  // a block's bytes before its pivots (header and parameters)
   int64_t dim;
+  int64_t tile;  // tokens a block (TileTokens)
 };
+
+// Tokens a tile: kAllocThreads, or a multiple of it that keeps the tiles to kMaxTiles.
+__host__ __device__ inline int64_t TileTokens(int64_t tokens) {
+  constexpr int64_t kMost = int64_t{kAllocThreads} * kMaxTiles;
+  const int64_t per = (tokens + kMost - 1) / kMost;
+  return kAllocThreads * (per > 0 ? per : 1);
+}
+__host__ __device__ inline int64_t NumTiles(int64_t tokens) {
+  const int64_t tile = TileTokens(tokens);
+  return (tokens + tile - 1) / tile;
+}
 
 // Whether the allocation selects (otherwise every token gets `hi` when n_hi == tokens, else `lo`).
 __host__ __device__ inline bool Selects(int64_t n_hi, int64_t tokens) { return n_hi > 0 && n_hi < tokens; }
@@ -108,8 +130,35 @@ struct SelectState {
   int64_t less;     // keys below the prefix
 };
 
+// Counts over a run of tokens, added up by Tally + Tally.
+struct Tally {
+  long long below;  // keys below kth (a tile's: below kth's top digit; every token when all are hi)
+  long long equal;  // keys equal to kth
+  long long flagged;  // flagged groups of the good tokens
+  unsigned long long first_bad;  // (token << 1) | huge, or ULLONG_MAX
+};
+__device__ __forceinline__ Tally operator+(const Tally& x, const Tally& y) {
+  return Tally{x.below + y.below, x.equal + y.equal, x.flagged + y.flagged,
+               x.first_bad < y.first_bad ? x.first_bad : y.first_bad};
+}
+struct TallySum {
+  __device__ __forceinline__ Tally operator()(const Tally& x, const Tally& y) const { return x + y; }
+};
+inline constexpr Tally kNoTally{0, 0, 0, ULLONG_MAX};
+
+// The allocation's device scratch (the encode's kTemp slot). hist and ncand are zeroed before the
+// statistics pass when the allocation selects.
+struct AllocScratch {
+  unsigned hist[kHistWords];
+  unsigned ncand;  // keys that share kth's top digit: all counted, the first kCandidates listed
+  SelectState top;  // after kth's top digit (AllocateCandidates' block 0)
+  Tally tile[kMaxTiles];  // each tile's (AllocateCandidates)
+  uint64_t cand_key[kCandidates];
+  int32_t cand_token[kCandidates];
+};
+
 // Level 1: the top digit of kth from the global histograms, the coarse one first (two loads a
-// thread). Every thread of the block calls it.
+// thread). Every thread of the block calls it, after *s = {0, n_hi, 0} and a barrier.
 __device__ inline void SelectTopDigit(const unsigned* hist, const AllocArgs& a, SelectState* s) {
   using Scan = cub::BlockScan<unsigned, kAllocThreads>;
   __shared__ typename Scan::TempStorage tmp;
@@ -156,41 +205,16 @@ __device__ __forceinline__ void CountDigits(unsigned* hist, bool match, unsigned
   if (match && digit != d0) atomicAdd(&hist[digit], 1u);
 }
 
-// Level 2: the remaining bits of kth, 8 a pass, over the keys that share its top digit: listed in
-// shared memory first (cand: kCandidates; when they fit, else every key is tested in every pass).
-// Every thread of the block calls it.
-__device__ inline void SelectLowDigits(const Keys& key, const AllocArgs& a, SelectState* s, uint64_t* cand) {
+// Level 2: the remaining bits of kth, 8 a pass, over the keys that share its top digit: cand[0, n)
+// when they were all listed (n <= kCandidates), else every token's key in every pass. Every
+// thread of the block calls it.
+__device__ inline void SelectLowDigits(const Keys& key, const AllocArgs& a, SelectState* s, const uint64_t* cand,
+                                       unsigned ncand) {
   __shared__ unsigned digits[256];
-  __shared__ int ncand;
   const int tid = threadIdx.x, lane = tid % kWarp;
   const int low = KeyBits(a.adaptive) - kDigitBits;  // the bits below the top digit
-  const uint64_t top = s->prefix >> low;
-  if (tid == 0) ncand = 0;
-  __syncthreads();
-  // t0 is the same in every thread, so whole warps take each step; kBatch loads in flight.
-  constexpr int kBatch = 4;
-  for (int64_t t0 = 0; t0 < a.tokens; t0 += kBatch * kAllocThreads) {
-    uint64_t k[kBatch];
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const int64_t t = t0 + u * kAllocThreads + tid;
-      k[u] = t < a.tokens ? key(t) : 0;
-    }
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const bool match = t0 + u * kAllocThreads + tid < a.tokens && (k[u] >> low) == top;
-      const unsigned m = __ballot_sync(kFullMask, match);
-      if (m == 0) continue;
-      int base = 0;
-      if (lane == 0) base = atomicAdd(&ncand, __popc(m));
-      base = __shfl_sync(kFullMask, base, 0);
-      const int at = base + __popc(m & ((1u << lane) - 1u));
-      if (match && at < kCandidates) cand[at] = k[u];
-    }
-  }
-  __syncthreads();
-  const int n = ncand;
-  const bool listed = n <= kCandidates;
+  const bool listed = ncand <= kCandidates;
+  const int n = listed ? static_cast<int>(ncand) : 0;
   for (int shift = low - 8; shift >= 0; shift -= 8) {
     for (int i = tid; i < 256; i += kAllocThreads) digits[i] = 0;
     __syncthreads();
@@ -237,131 +261,197 @@ __device__ inline void SelectLowDigits(const Keys& key, const AllocArgs& a, Sele
   }
 }
 
-// Bits (tok.bits), sizes and ends of every token, in tiles of kTile tokens in index order (thread i
-// takes kPer consecutive tokens of a tile); the results word into `res` (pinned host memory). hist:
-// the statistics pass's histograms (CountKey, when Selects). The arrays of tok and ends are 32-byte
-// aligned. Launched with one block of kAllocThreads threads.
-__global__ void __launch_bounds__(kAllocThreads)
-    AllocateBits(AllocArgs a, TokenArrays tok, const unsigned* hist, unsigned long long* __restrict__ ends,
-                 Results* __restrict__ res) {
-  using IntScan = cub::BlockScan<int, kAllocThreads>;
-  using SizeScan = cub::BlockScan<unsigned long long, kAllocThreads>;
-  __shared__ union {
-    uint64_t cand[kCandidates];  // the selection's (SelectLowDigits), then the scans'
-    typename IntScan::TempStorage ints;
-    typename SizeScan::TempStorage sizes;
-  } scan_tmp;
+// v summed over the block, in every thread. Every thread calls it.
+__device__ __forceinline__ Tally BlockTally(Tally v) {
+  __shared__ Tally warp_tally[kAllocWarps];
+  for (int h = kWarp / 2; h >= 1; h /= 2) {
+    v = v + Tally{__shfl_xor_sync(kFullMask, v.below, h), __shfl_xor_sync(kFullMask, v.equal, h),
+                  __shfl_xor_sync(kFullMask, v.flagged, h), __shfl_xor_sync(kFullMask, v.first_bad, h)};
+  }
+  __syncthreads();  // warp_tally's readers of an earlier call are done
+  if (threadIdx.x % kWarp == 0) warp_tally[threadIdx.x / kWarp] = v;
+  __syncthreads();
+  Tally all = warp_tally[0];
+#pragma unroll
+  for (int w = 1; w < kAllocWarps; ++w) all = all + warp_tally[w];
+  return all;
+}
+
+// A warp's matching lanes' keys and tokens appended to the list (one atomic a warp; past
+// kCandidates only counted). Every lane of the warp calls it.
+__device__ __forceinline__ void ListMatches(AllocScratch* s, bool match, uint64_t k, int64_t t, int lane) {
+  const unsigned m = __ballot_sync(kFullMask, match);
+  if (m == 0) return;
+  unsigned base = 0;
+  if (lane == 0) base = atomicAdd(&s->ncand, static_cast<unsigned>(__popc(m)));
+  base = __shfl_sync(kFullMask, base, 0);
+  const unsigned at = base + static_cast<unsigned>(__popc(m & ((1u << lane) - 1u)));
+  if (match && at < kCandidates) {
+    s->cand_key[at] = k;
+    s->cand_token[at] = static_cast<int32_t>(t);
+  }
+}
+
+// A tile's tokens, kAllocThreads at a time (thread tid: token first + tid; whole warps take each
+// step): each one's flagged groups (bad: < 0) and key. A step's figures are loaded when it is
+// taken (the first by the constructor, so that they are in flight while the caller works), by
+// ordinary loads: the statistics pass wrote these arrays.
+struct TileWalk {
+  TokenArrays tok;
+  bool keyed, adaptive;
+  int64_t end;
+  int64_t t;
+  int f = 0;
+  float h = 0.0f;
+  __device__ TileWalk(const TokenArrays& tk, bool with_keys, bool adapt, int64_t first, int64_t last)
+      : tok(tk), keyed(with_keys), adaptive(adapt), end(last), t(first + threadIdx.x) {
+    Load();
+  }
+  __device__ void Load() {
+    f = t < end ? tok.flagged[t] : 0;
+    h = keyed && adaptive && t < end ? tok.entropy[t] : 0.0f;
+  }
+  __device__ bool in() const { return t < end; }
+  __device__ uint64_t key() const { return adaptive ? EntropyKey(h) : SplitMix64(static_cast<uint64_t>(t)); }
+  // This token's flagged groups and first bad token (an empty tally where it is past the end).
+  __device__ Tally Own() const {
+    Tally v = kNoTally;
+    if (!in()) return v;
+    if (f < 0) {
+      v.first_bad = (static_cast<unsigned long long>(t) << 1) | (f == -2 ? 1ull : 0ull);
+    } else {
+      v.flagged = f;
+    }
+    return v;
+  }
+  // Moves to the next step; false past the tile.
+  __device__ bool Next() {
+    t += kAllocThreads;
+    if (t - static_cast<int64_t>(threadIdx.x) >= end) return false;
+    Load();
+    return true;
+  }
+};
+
+// Kernel 1 (see the top of the file). hist: the statistics pass's histograms, in s. One block of
+// kAllocThreads threads per tile.
+__global__ void __launch_bounds__(kAllocThreads) AllocateCandidates(AllocArgs a, TokenArrays tok, AllocScratch* s) {
   __shared__ SelectState sel;
-  __shared__ unsigned long long first_bad;
-  const int tid = threadIdx.x;
+  const int tid = threadIdx.x, lane = tid % kWarp;
   const bool select = Selects(a.n_hi, a.tokens);
-  // The encode's blocks may start now (a dependent launch: they load their rows while this block
-  // works); this block reads the statistics pass's figures, so it waits for that kernel's end.
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * a.tile;
+  const int64_t last = first + a.tile < a.tokens ? first + a.tile : a.tokens;
+  // The encode's blocks may start now (a dependent launch: they load their rows while the
+  // allocation works); this kernel reads the statistics pass's figures, so it waits for its end.
   LetDependentsStart();
   WaitForPriorGrids();
-  if (tid == 0) {
-    sel = SelectState{0, a.n_hi, 0};
-    first_bad = ULLONG_MAX;
-  }
-  __syncthreads();
-  const Keys key{tok.entropy, a.adaptive};
+  TileWalk w(tok, select, a.adaptive, first, last);  // in flight during the top digit's round trips
   if (select) {
-    SelectTopDigit(hist, a, &sel);
-    SelectLowDigits(key, a, &sel, scan_tmp.cand);
+    if (tid == 0) sel = SelectState{0, a.n_hi, 0};
+    __syncthreads();
+    SelectTopDigit(s->hist, a, &sel);
+    if (blockIdx.x == 0 && tid == 0) s->top = sel;
   }
-  const uint64_t kth = sel.prefix;
-  const int64_t take_equal = a.n_hi - sel.less;  // keys equal to kth that are hi, lowest indices first
-  int64_t equal_before = 0;
-  unsigned long long carry = 0, flagged_sum = 0, bad = ULLONG_MAX;
-  for (int64_t t0 = 0; t0 < a.tokens; t0 += kTile) {
-    const int64_t first = t0 + static_cast<int64_t>(tid) * kPer;
-    // The thread's kPer tokens whole: 16-byte loads and stores (first is a multiple of kPer).
-    const bool whole = first + kPer <= a.tokens;
-    int equal[kPer], flagged[kPer];
-    float entropy[kPer];
-    bool below[kPer];
-    if (whole) {
-      const int4* f4 = reinterpret_cast<const int4*>(tok.flagged + first);
-      const float4* h4 = reinterpret_cast<const float4*>(tok.entropy + first);
-#pragma unroll
-      for (int q = 0; q < kPer / 4; ++q) {
-        const int4 v = f4[q];
-        const float4 h = h4[q];
-        flagged[4 * q] = v.x;
-        flagged[4 * q + 1] = v.y;
-        flagged[4 * q + 2] = v.z;
-        flagged[4 * q + 3] = v.w;
-        entropy[4 * q] = h.x;
-        entropy[4 * q + 1] = h.y;
-        entropy[4 * q + 2] = h.z;
-        entropy[4 * q + 3] = h.w;
-      }
+  const int low = KeyBits(a.adaptive) - kDigitBits;
+  const uint64_t top = select ? sel.prefix >> low : 0;
+  Tally sum = kNoTally;
+  do {
+    Tally v = w.Own();
+    if (select) {
+      const uint64_t k = w.key();
+      v.below = w.in() && (k >> low) < top ? 1 : 0;
+      ListMatches(s, w.in() && (k >> low) == top, k, w.t, lane);
     } else {
-#pragma unroll
-      for (int j = 0; j < kPer; ++j) {
-        const bool in = first + j < a.tokens;
-        flagged[j] = in ? tok.flagged[first + j] : 0;
-        entropy[j] = in ? tok.entropy[first + j] : 0.0f;
-      }
+      v.below = w.in() && a.n_hi >= a.tokens ? 1 : 0;
     }
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const int64_t t = first + j;
-      const bool in = t < a.tokens;
-      const uint64_t k = !select || !in ? 0 : a.adaptive ? EntropyKey(entropy[j]) : SplitMix64(static_cast<uint64_t>(t));
-      equal[j] = select && in && k == kth ? 1 : 0;
-      below[j] = select ? k < kth : a.n_hi >= a.tokens;
-      if (flagged[j] < 0) {  // a bad token (the first of the thread's is its lowest)
-        if (bad == ULLONG_MAX) bad = (static_cast<unsigned long long>(t) << 1) | (flagged[j] == -2 ? 1ull : 0ull);
-        flagged[j] = 0;
-      }
-    }
-    int equal_rank[kPer], equal_tile = 0;
-    IntScan(scan_tmp.ints).ExclusiveSum(equal, equal_rank, equal_tile);
-    unsigned long long size[kPer], end[kPer], tile_total = 0;
-    uint64_t packed_bits = 0;
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const int64_t t = first + j;
-      const bool hi_token = equal[j] != 0 ? equal_before + equal_rank[j] < take_equal : below[j];
-      const int bits = hi_token ? a.hi : a.lo;
-      size[j] = 0;
-      if (t < a.tokens) {
-        packed_bits |= static_cast<uint64_t>(bits) << (8 * j);
-        size[j] = static_cast<unsigned long long>(a.fixed_bytes + flagged[j] + (a.dim * bits + 7) / 8);
-        flagged_sum += static_cast<unsigned long long>(flagged[j]);
-      }
-    }
-    __syncthreads();  // the storage is the sizes' scan's now
-    SizeScan(scan_tmp.sizes).InclusiveSum(size, end, tile_total);
-    if (whole) {
-      static_assert(kPer == 8, "a thread's bit widths are one 8-byte store");
-      *reinterpret_cast<uint64_t*>(tok.bits + first) = packed_bits;
-      ulonglong2* e2 = reinterpret_cast<ulonglong2*>(ends + first);
-#pragma unroll
-      for (int q = 0; q < kPer / 2; ++q) e2[q] = make_ulonglong2(carry + end[2 * q], carry + end[2 * q + 1]);
-    } else {
-#pragma unroll
-      for (int j = 0; j < kPer; ++j) {
-        if (first + j < a.tokens) {
-          tok.bits[first + j] = static_cast<uint8_t>(packed_bits >> (8 * j));
-          ends[first + j] = carry + end[j];
+    sum = sum + v;
+  } while (w.Next());
+  sum = BlockTally(sum);
+  if (tid == 0) s->tile[blockIdx.x] = sum;
+}
+
+// Token t's block end from the counts up to and including it (hi: its hi tokens).
+__device__ __forceinline__ unsigned long long BlockEnd(const AllocArgs& a, int64_t t, long long hi,
+                                                       long long flagged) {
+  const long long lo_bytes = (a.dim * a.lo + 7) / 8, hi_bytes = (a.dim * a.hi + 7) / 8;
+  return static_cast<unsigned long long>((t + 1) * (a.fixed_bytes + lo_bytes) + flagged + hi * (hi_bytes - lo_bytes));
+}
+
+// Kernel 2 (see the top of the file): bits (tok.bits) and ends of its tile's tokens; the last
+// block writes the results word into `res` (pinned host memory). One block of kAllocThreads
+// threads per tile, as kernel 1.
+__global__ void __launch_bounds__(kAllocThreads)
+    AllocateBits(AllocArgs a, TokenArrays tok, const AllocScratch* s, unsigned long long* __restrict__ ends,
+                 Results* __restrict__ res) {
+  using Scan = cub::BlockScan<Tally, kAllocThreads>;
+  __shared__ typename Scan::TempStorage scan_tmp;
+  __shared__ uint64_t cand[kCandidates];
+  __shared__ SelectState sel;
+  const int tid = threadIdx.x;
+  const bool select = Selects(a.n_hi, a.tokens);
+  const unsigned tile = blockIdx.x;
+  const int64_t first = static_cast<int64_t>(tile) * a.tile;
+  const int64_t last = first + a.tile < a.tokens ? first + a.tile : a.tokens;
+  LetDependentsStart();  // the encode's blocks load their rows meanwhile
+  WaitForPriorGrids();
+  // One round trip: the tile's first tokens, the earlier tiles' tallies, the list's length.
+  TileWalk w(tok, select, a.adaptive, first, last);
+  Tally before = kNoTally;
+  for (unsigned i = tid; i < tile; i += kAllocThreads) before = before + s->tile[i];
+  uint64_t kth = 0;
+  long long take_equal = 0;  // keys equal to kth that are hi, lowest tokens first
+  if (select) {
+    const unsigned ncand = s->ncand;
+    const bool listed = ncand <= kCandidates;
+    if (tid == 0) sel = s->top;
+    for (unsigned i = tid; listed && i < ncand; i += kAllocThreads) cand[i] = s->cand_key[i];
+    __syncthreads();
+    const Keys key{tok.entropy, a.adaptive};
+    SelectLowDigits(key, a, &sel, cand, ncand);
+    kth = sel.prefix;
+    take_equal = a.n_hi - sel.less;
+    // The earlier tiles' keys equal to kth or below it that share its top digit: listed, or
+    // (when the list overflowed) every earlier key counted here instead of the tallies' `below`.
+    if (listed) {
+      for (unsigned i = tid; i < ncand; i += kAllocThreads) {
+        if (s->cand_token[i] < first) {
+          before.below += cand[i] < kth ? 1 : 0;
+          before.equal += cand[i] == kth ? 1 : 0;
         }
       }
+    } else {
+      before.below = 0;
+      for (int64_t t = tid; t < first; t += kAllocThreads) {
+        const uint64_t k = key(t);
+        before.below += k < kth ? 1 : 0;
+        before.equal += k == kth ? 1 : 0;
+      }
     }
-    equal_before += equal_tile;
-    carry += tile_total;
-    __syncthreads();  // the scans' storage is reused by the next tile
   }
-  if (bad != ULLONG_MAX) atomicMin(&first_bad, bad);
-  flagged_sum = WarpSumLanes32(flagged_sum);
-  __shared__ unsigned long long warp_flagged[kAllocThreads / kWarp];
-  if (tid % kWarp == 0) warp_flagged[tid / kWarp] = flagged_sum;
-  __syncthreads();
-  if (tid == 0) {
-    unsigned long long transformed = 0;
-    for (int w = 0; w < kAllocThreads / kWarp; ++w) transformed += warp_flagged[w];
-    *res = Results{first_bad, transformed, carry};
+  Tally carry = BlockTally(before);  // the counts before the tile's next step
+  do {
+    Tally v = w.Own();
+    if (w.in()) {
+      const uint64_t k = select ? w.key() : 0;
+      v.below = (select ? k < kth : a.n_hi >= a.tokens) ? 1 : 0;
+      v.equal = select && k == kth ? 1 : 0;
+    }
+    Tally upto, step;
+    Scan(scan_tmp).InclusiveScan(v, upto, TallySum{}, step);
+    if (w.in()) {
+      const long long equal = carry.equal + upto.equal;  // equal keys up to this one
+      const bool hi = v.below != 0 || (v.equal != 0 && equal - 1 < take_equal);
+      const long long his = carry.below + upto.below + (equal < take_equal ? equal : take_equal);
+      tok.bits[w.t] = static_cast<uint8_t>(hi ? a.hi : a.lo);
+      ends[w.t] = BlockEnd(a, w.t, his, carry.flagged + upto.flagged);
+    }
+    carry = carry + step;
+    __syncthreads();  // scan_tmp is reused by the next step
+  } while (w.Next());
+  if (tile == gridDim.x - 1 && tid == 0) {  // carry: every token's counts
+    const long long his = carry.below + (carry.equal < take_equal ? carry.equal : take_equal);
+    *res = Results{carry.first_bad, static_cast<unsigned long long>(carry.flagged),
+                   BlockEnd(a, a.tokens - 1, his, carry.flagged)};
   }
 }
 

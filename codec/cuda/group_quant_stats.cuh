@@ -138,7 +138,7 @@ template <int G, typename T, bool kPrefetch>
 __global__ void __launch_bounds__(kThreads, kPrefetch ? 4 : 5)  // 64 or 48 registers
     TokenStatsKernel(const T* __restrict__ x, StatsArgs a) {
   __shared__ StatsSmem sm;
-  LetDependentsStart();  // the allocation's block: it waits for this kernel's end
+  LetDependentsStart();  // the allocation's first kernel: it waits for this one's end
   const int tid = threadIdx.x, lane = tid % kWarp;
   const int dim = a.dim, noct = (dim + 7) / 8, ng = (dim + G - 1) / G;
   int set = 0;  // the token's parity in this block

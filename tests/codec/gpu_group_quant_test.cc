@@ -159,9 +159,9 @@ TEST_F(GpuGroupQuant, RejectsNonFiniteAndHugeInputNamingTheFirstToken) {
   }
 }
 
-// More tokens than the allocation block's tile (4,096) and than its list of keys that share the
-// selected key's top bits (4,096), with every row repeated in runs of 7 so that equal entropies
-// straddle the tiles and the n_hi-th key: the ties go to the lower token index, as on the CPU.
+// More tokens than the allocation's tiles (256) and than its list of keys that share the selected
+// key's top bits (4,096), with every row repeated in runs of 7 so that equal entropies straddle
+// the tiles and the n_hi-th key: the ties go to the lower token index, as on the CPU.
 TEST_F(GpuGroupQuant, ManyTokensWithTiedEntropiesAllocateAsTheCpu) {
   SKIP_WITHOUT_GPU();
   const Shape s{10007, 16};
@@ -170,6 +170,18 @@ TEST_F(GpuGroupQuant, ManyTokensWithTiedEntropiesAllocateAsTheCpu) {
   for (int64_t t = 0; t < s.tokens; ++t) {
     std::memcpy(&x[t * s.dim], &base[(t / 7) * s.dim], s.dim * sizeof(float));
   }
+  CheckFp32(x, s);
+}
+
+// Every token the same row: one entropy shared by all 9,000 tokens, far more than the allocation's
+// list takes, so kth and the counts before each tile come from every token's key; the n_hi tokens
+// of lowest index are hi, as on the CPU.
+TEST_F(GpuGroupQuant, OneEntropyForEveryTokenAllocatesAsTheCpu) {
+  SKIP_WITHOUT_GPU();
+  const Shape s{9000, 64};
+  const std::vector<float> row = Activations(1, s.dim, 5);
+  std::vector<float> x(s.tokens * s.dim);
+  for (int64_t t = 0; t < s.tokens; ++t) std::memcpy(&x[t * s.dim], row.data(), s.dim * sizeof(float));
   CheckFp32(x, s);
 }
 
