@@ -1,21 +1,28 @@
 #!/usr/bin/env bash
-# An A/B of two commits' GPU codecs on one GPU machine: longhaul-bench codec (8192 x 4096 on
-# cuda:0) with each commit's binary in turn, A B A B ..., after B's GPU codec tests (every codec's
-# GPU frame byte for byte against the CPU's).
+# An A/B (or A/B/C...) of commits' GPU codecs on one GPU machine: longhaul-bench codec (8192 x 4096
+# on cuda:0) with each commit's binary in turn, A B A B ..., after each commit's GPU codec tests
+# (every codec's GPU frame byte for byte against the CPU's).
 #   git archive --format=tar A >.deps/a.tar; git archive --format=tar B >.deps/b.tar   # dev machine
-#   tools/gpu/ab-codec.sh OUT_DIR .deps/a.tar .deps/b.tar [PAIRS]                      # GPU machine
-# Both archives build in one tree (/var/tmp/lh-ab-codec, B last, so its build recompiles only the
-# files that differ: about a minute on 16 cores after A's few); each longhaul-bench is kept (the
-# codecs are linked in statically). One line a run in OUT_DIR/ab-codec.txt (encode, decode and
-# copy GB/s of the same run, encode / copy, decode / copy, frame byte-identical), then each side's
-# mean. PAIRS default 4; AB_CODEC (default tahquant) and AB_DTYPE (fp32) choose the cell; PROF=1
-# adds Nsight Compute's kernel durations of each side (checks.sh codecprof, in OUT_DIR/prof-a, -b).
+#   tools/gpu/ab-codec.sh OUT_DIR .deps/a.tar .deps/b.tar [MORE.tar ...] [ROUNDS]      # GPU machine
+# The archives build in one tree (/var/tmp/lh-ab-codec, in the order given, so each build after the
+# first recompiles only the files that differ: about a minute on 16 cores); each longhaul-bench is
+# kept (the codecs are linked in statically). The sides are named a, b, c, ... in that order. One
+# line a run in OUT_DIR/ab-codec.txt (encode, decode and copy GB/s of the same run, encode / copy,
+# decode / copy, frame byte-identical), then each side's mean. ROUNDS (each side once a round)
+# default 4; AB_CODEC (default tahquant) and AB_DTYPE (fp32) choose the cell; PROF=1 adds Nsight
+# Compute's kernel durations of each side (checks.sh codecprof, in OUT_DIR/prof-a, -b, ...).
 set -euo pipefail
-usage="usage: ab-codec.sh OUT_DIR A.tar B.tar [PAIRS]"
+usage="usage: ab-codec.sh OUT_DIR A.tar B.tar [MORE.tar ...] [ROUNDS]"
 OUT="${1:?$usage}"
-A="$(realpath "${2:?$usage}")"
-B="$(realpath "${3:?$usage}")"
-PAIRS="${4:-4}"
+shift
+ROUNDS=4
+TARS=()
+for arg in "$@"; do
+  if [[ "$arg" =~ ^[0-9]+$ ]]; then ROUNDS="$arg"; else TARS+=("$(realpath "$arg")"); fi
+done
+NAMES=(a b c d e f g h)
+if ((${#TARS[@]} < 2 || ${#TARS[@]} > ${#NAMES[@]})); then echo "$usage (2 to ${#NAMES[@]} archives)" >&2; exit 2; fi
+SIDES=("${NAMES[@]:0:${#TARS[@]}}")
 CODEC="${AB_CODEC:-tahquant}"
 DTYPE="${AB_DTYPE:-fp32}"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -27,17 +34,17 @@ OUT="$(realpath "$OUT")"
 if [[ -d "$ROOT/.deps/gpu/debs" ]]; then
   export LD_LIBRARY_PATH="$ROOT/.deps/gpu-prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
-for side in a b; do
-  tar="$A"; [[ "$side" == b ]] && tar="$B"
-  "$ROOT/tools/gpu/from-archive.sh" "$tar" "$TREE" bash -c \
+for ((i = 0; i < ${#TARS[@]}; ++i)); do
+  side="${SIDES[$i]}"
+  "$ROOT/tools/gpu/from-archive.sh" "${TARS[$i]}" "$TREE" bash -c \
     "cd '$TREE' && ./longhaul.sh build longhaul-bench gpu_codec_test >'$OUT/build-$side.log' 2>&1" \
     || { tail -30 "$OUT/build-$side.log"; exit 1; }
   cp "$TREE/build/bin/longhaul-bench" "$BINS/$side"
-  echo "ab-codec: $side built ($SECONDS s)"
+  "$TREE/build/tests/gpu_codec_test" >"$OUT/gpu-codec-test-$side.log" 2>&1 || true
+  echo "ab-codec: $side built ($SECONDS s), its GPU codec tests: $(grep -E '^\[  (PASSED  |FAILED  |SKIPPED )\] [0-9]+ tests?' "$OUT/gpu-codec-test-$side.log" | tr '\n' ' ')"
 done
-"$TREE/build/tests/gpu_codec_test" >"$OUT/gpu-codec-test-b.log" 2>&1 || true
-echo "ab-codec: B's GPU codec tests: $(grep -E '^\[  (PASSED  |FAILED  |SKIPPED )\] [0-9]+ tests?' "$OUT/gpu-codec-test-b.log" | tr '\n' ' ')"
-run_side() {  # side pair
+last="${SIDES[-1]}"
+run_side() {  # side round
   local json
   json="$("$BINS/$1" codec --device=cuda:0 --codec="$CODEC" --dtype="$DTYPE" --tokens=8192 --hidden=4096 --json \
     2>>"$OUT/bench-$1.log")" || { echo "$1 $2 FAILED (bench-$1.log)"; return; }
@@ -52,20 +59,19 @@ print(f"{side} {pair} encode {e:.1f} decode {dec:.1f} copy {c:.1f} encode/copy {
 PY
 }
 {
-  echo "# $CODEC $DTYPE 8192 x 4096, A $(basename "$A"), B $(basename "$B"), $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)"
-  for ((p = 1; p <= PAIRS; ++p)); do
-    run_side a "$p"
-    run_side b "$p"
+  echo "# $CODEC $DTYPE 8192 x 4096, $(for ((i = 0; i < ${#TARS[@]}; ++i)); do printf '%s %s, ' "${SIDES[$i]}" "$(basename "${TARS[$i]}")"; done)$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)"
+  for ((p = 1; p <= ROUNDS; ++p)); do
+    for side in "${SIDES[@]}"; do run_side "$side" "$p"; done
   done
 } | tee "$OUT/ab-codec.txt"
 awk '$3 == "encode" { e[$1] += $10; d[$1] += $12; n[$1]++ }
      END { for (s in n) printf "%s mean of %d: encode/copy %.4f decode/copy %.4f\n", s, n[s], e[s] / n[s], d[s] / n[s] }' \
   "$OUT/ab-codec.txt" | sort | tee -a "$OUT/ab-codec.txt"
 if [[ -n "${PROF:-}" ]]; then
-  for side in a b; do
+  for side in "${SIDES[@]}"; do
     cp "$BINS/$side" "$TREE/build/bin/longhaul-bench"
     (cd "$TREE" && PROF_CODECS="$CODEC" tools/gpu/checks.sh "$OUT/prof-$side" codecprof) \
       | grep -E "^  [A-Za-z]|Duration|no Nsight" | sed "s/^/$side /" || true
   done
-  cp "$BINS/b" "$TREE/build/bin/longhaul-bench"
+  cp "$BINS/$last" "$TREE/build/bin/longhaul-bench"
 fi
