@@ -80,18 +80,29 @@ class Workspace {
   // until the next call with the same slot and a larger size.
   static constexpr int kSlots = 8;
   absl::StatusOr<void*> Scratch(int slot, size_t bytes);
-  // A small pinned host area (kPinnedBytes) for results read back after a synchronisation.
+  // The same area for a caller that leaves it all zeros when its work on `s` ends (its kernels
+  // clear what they wrote): zeroed on `s` here only when that is not known to hold, that is, the
+  // first time, after Scratch used the slot, after it grew, and after MarkDirty. The caller calls
+  // MarkDirty(slot) when its work may end without clearing (a launch failed half-way).
+  absl::StatusOr<void*> ZeroedScratch(int slot, size_t bytes, Stream s);
+  void MarkDirty(int slot);
+  // A small pinned host area (kPinnedBytes) for results read back after a synchronisation, and
+  // its address for the device's kernels to write.
   static constexpr size_t kPinnedBytes = 256;
   absl::StatusOr<void*> Pinned();
+  absl::StatusOr<void*> PinnedOnDevice();
   // Copies n bytes of host memory to dst_dev on `s` and returns without waiting for the copy or
   // for earlier work on `s` (as a copy from pageable memory would): the bytes go through this
   // workspace's pinned staging buffer, which the next call reuses once this copy has read it.
   absl::Status UploadAsync(void* dst_dev, const void* src_host, size_t n, Stream s);
 
  private:
+  absl::StatusOr<void*> Grow(int slot, size_t bytes);
   void* scratch_[kSlots] = {};
   size_t scratch_size_[kSlots] = {};
+  bool zeroed_[kSlots] = {};  // the slot is all zeros once the work queued so far ends (ZeroedScratch)
   void* pinned_ = nullptr;
+  void* pinned_dev_ = nullptr;
   void* staging_ = nullptr;
   size_t staging_size_ = 0;
   void* staging_read_ = nullptr;  // cudaEvent_t: the last copy out of staging_ is done

@@ -415,39 +415,27 @@ __global__ void __launch_bounds__(kThreads) FusedEncode(const T* __restrict__ x,
 // The fused encode's results word before its kernel (a kernel, not a copy from pageable host memory).
 __global__ void InitResults(Results* res) { *res = Results{ULLONG_MAX, 0, 0}; }
 
-// The allocation's histograms and list length zeroed: a kernel, which the statistics pass follows
-// as a dependent launch (it waits for this one only before its first count).
-inline constexpr unsigned kZeroBlocks = 64;
-__global__ void ZeroHistograms(gqa::AllocScratch* s) {
-  LetDependentsStart();
-  for (int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x); i <= gqa::kHistWords;
-       i += static_cast<int>(gridDim.x * blockDim.x)) {
-    if (i < gqa::kHistWords) {
-      s->hist[i] = 0;
-    } else {
-      s->ncand = 0;
-    }
-  }
-}
-
 // Scratch slots of the workspace, and what they hold during an encode (the decoder, in
 // group_quant_decode.cu, uses kOffsets only; the fused int<k> encode only kTemp and kPayload; the
 // symmetric and BitDP codecs use kPayload):
 //   kInfo        TokenInfo per token
 //   kTokens      the statistics' and the allocation's per-token arrays (gqa::TokenArrays)
 //   kPivots      each group's pivot or -1 (the outlier test of the statistics pass, for the encode)
+//   kHist        the allocation's histograms of key digits: zero between encodes (ZeroedScratch;
+//                the allocation clears them after use)
 //   kOffsets     the block ends (inclusive scan of the sizes)
 //   kTemp        the fused encode's Results word; otherwise the allocation's gqa::AllocScratch
 //   kPayload     the payload (worst case: every group flagged, every token at bits_hi)
-enum Slot { kInfo = 0, kPivots = 1, kTokens = 2, kOffsets = 5, kTemp = 6, kPayload = 7 };
+enum Slot { kInfo = 0, kPivots = 1, kTokens = 2, kHist = 3, kOffsets = 5, kTemp = 6, kPayload = 7 };
 
 // gqa::TokenArrays in one scratch area of TokenArraysBytes(tokens) bytes, each array 32-byte aligned.
-size_t TokenArrayStride(size_t tokens) { return (4 * tokens + 31) / 32 * 32; }
-size_t TokenArraysBytes(size_t tokens) { return 2 * TokenArrayStride(tokens) + tokens; }
+size_t Aligned32(size_t bytes) { return (bytes + 31) / 32 * 32; }
+size_t TokenArraysBytes(size_t tokens) { return 2 * Aligned32(4 * tokens) + Aligned32(8 * tokens) + tokens; }
 gqa::TokenArrays TokenArraysAt(void* base, size_t tokens) {
   auto* b = static_cast<uint8_t*>(base);
-  const size_t stride = TokenArrayStride(tokens);
-  return gqa::TokenArrays{reinterpret_cast<float*>(b), reinterpret_cast<int32_t*>(b + stride), b + 2 * stride};
+  const size_t f32 = Aligned32(4 * tokens), u64 = Aligned32(8 * tokens);
+  return gqa::TokenArrays{reinterpret_cast<float*>(b), reinterpret_cast<int32_t*>(b + f32),
+                          reinterpret_cast<uint64_t*>(b + 2 * f32), b + 2 * f32 + u64};
 }
 static_assert(kOffsets == 5, "group_quant_decode.cu names the offsets slot 5");
 static_assert(kPayload == Workspace::kSlots - 1, "the payload slot is the last, as the other codecs'");
@@ -500,8 +488,11 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
   absl::StatusOr<void*> payload = ws.Scratch(kPayload, static_cast<size_t>(max_block) * tok);
   absl::StatusOr<void*> temp =
       maybe(kTemp, fused ? sizeof(Results) : sizeof(gqa::AllocScratch));
+  absl::StatusOr<void*> hist = select ? ws.ZeroedScratch(kHist, sizeof(unsigned) * gqa::kHistWords, s)
+                                      : absl::StatusOr<void*>(nullptr);
   absl::StatusOr<void*> pinned = ws.Pinned();
-  for (const auto* r : {&info, &token_arrays, &pivots, &offsets, &payload, &temp, &pinned}) {
+  absl::StatusOr<void*> pinned_dev = ws.PinnedOnDevice();
+  for (const auto* r : {&info, &token_arrays, &pivots, &offsets, &payload, &temp, &hist, &pinned, &pinned_dev}) {
     if (!r->ok()) return r->status();
   }
   auto* ti = static_cast<TokenInfo*>(*info);
@@ -537,20 +528,23 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
     LONGHAUL_CUDA_OK(cudaMemcpyAsync(res, dres, sizeof(Results), cudaMemcpyDeviceToHost, st));
   } else {
     // The allocation writes the results word straight into the pinned host area.
-    void* res_dev = nullptr;
-    LONGHAUL_CUDA_OK(cudaHostGetDevicePointer(&res_dev, res, 0));
+    auto* res_dev = static_cast<Results*>(*pinned_dev);
     auto* scratch = static_cast<gqa::AllocScratch*>(*temp);
-    unsigned* hist = select ? scratch->hist : nullptr;
+    auto* hist_words = static_cast<unsigned*>(*hist);
     const gqa::TokenArrays arrays = TokenArraysAt(*token_arrays, tok);
+    // Until the allocation has run, the histograms may hold counts: a failed launch leaves them
+    // for the next encode's ZeroedScratch to clear.
+    struct HistUntilCleared {
+      Workspace& ws;
+      bool cleared = false;
+      ~HistUntilCleared() {
+        if (!cleared) ws.MarkDirty(kHist);
+      }
+    } hist_guard{ws};
     // Each kernel after the first is a dependent launch of the one before (cuda_util.cuh): the
-    // statistics pass of the zeroing, the allocation's two kernels of the statistics and of each
-    // other, the encode of the allocation.
-    if (select) {
-      ZeroHistograms<<<kZeroBlocks, kThreads, 0, st>>>(scratch);
-      LONGHAUL_CUDA_OK(cudaGetLastError());
-    }
+    // allocation's two kernels of the statistics and of each other, the encode of the allocation.
     // Several tokens a block (its setup shared), one wave of blocks: as many as fit on the SMs.
-    const gqs::StatsArgs stats_args{tokens, static_cast<int>(dim), entropy, flags, p.tau, ti, arrays, piv, hist};
+    const gqs::StatsArgs stats_args{tokens, static_cast<int>(dim), entropy, flags, p.tau, ti, arrays, piv, hist_words};
     absl::Status stats_launched = WithGroupSize(g, [&](auto gc) {
       return WithInputType(x, dtype, [&](const auto* xt) -> absl::Status {
         using T = std::remove_cv_t<std::remove_pointer_t<decltype(xt)>>;
@@ -559,7 +553,6 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
         absl::StatusOr<int> blocks = ResidentBlocks(reinterpret_cast<const void*>(kernel), kThreads);
         if (!blocks.ok()) return blocks.status();
         const auto n = static_cast<unsigned>(std::min<int64_t>(tokens, *blocks));
-        if (select) return LaunchDependent(kernel, n, kThreads, st, "token statistics kernel", xt, stats_args);
         kernel<<<n, kThreads, 0, st>>>(xt, stats_args);
         return CudaStatus(cudaGetLastError(), "token statistics kernel");
       });
@@ -569,16 +562,18 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
     const auto tiles = static_cast<unsigned>(gqa::NumTiles(tokens));
     auto* ends = static_cast<unsigned long long*>(*offsets);  // ends[t]: the end of token t's block
     if (absl::Status s = LaunchDependent(gqa::AllocateCandidates, tiles, gqa::kAllocThreads, st,
-                                         "allocation's candidates kernel", alloc, arrays, scratch);
+                                         "allocation's candidates kernel", alloc, arrays,
+                                         static_cast<const unsigned*>(hist_words), scratch);
         !s.ok()) {
       return s;
     }
     if (absl::Status s = LaunchDependent(gqa::AllocateBits, tiles, gqa::kAllocThreads, st, "allocation kernel", alloc,
-                                         arrays, static_cast<const gqa::AllocScratch*>(scratch), ends,
-                                         static_cast<Results*>(res_dev));
+                                         arrays, static_cast<const gqa::AllocScratch*>(scratch), hist_words, ends,
+                                         res_dev);
         !s.ok()) {
       return s;
     }
+    hist_guard.cleared = true;  // the allocation clears them once it runs
     args.info = ti;
     args.bits = arrays.bits;
     args.pivots = piv;

@@ -19,13 +19,15 @@
 // block walks every token (one block doing it all took 19 us for 8192 tokens on an H200, all of it
 // between the statistics pass and the encode):
 //  1. AllocateCandidates: kth's top digit (every block), then its tile: the keys below that digit
-//     counted, the flagged groups summed and the first bad token (its Tally in the scratch), and
-//     the keys that share the digit listed with their tokens (the first kCandidates of them);
-//  2. AllocateBits: the rest of kth (every block, from the list; from every token's key when the
-//     list overflowed), then its tile's bits and block ends. A block end is linear in the counts
-//     of hi tokens and flagged groups before it (BlockEnd), and the counts before the tile are the
-//     earlier tiles' tallies plus their listed keys below or equal to kth, so no block waits for
-//     another: within the tile, a block scan. The last block writes the results word.
+//     counted, the flagged groups summed and the first bad token (its Tally), and the keys that
+//     share the digit listed in the tile's own part of the keys array (their count beside it);
+//  2. AllocateBits: the rest of kth (every block, from the tiles' lists gathered in order; from
+//     every token's key when more than kCandidates share the digit), then its tile's bits and
+//     block ends. A block end is linear in the counts of hi tokens and flagged groups before it
+//     (BlockEnd), and the counts before the tile are the earlier tiles' tallies plus their listed
+//     keys below or equal to kth, so no block waits for another: within the tile, a block scan. The
+//     last block writes the results word. The histograms are cleared here for the next encode
+//     (the statistics pass counts into a zeroed area: Workspace::ZeroedScratch).
 #ifndef LONGHAUL_CODEC_CUDA_GROUP_QUANT_ALLOC_CUH_
 #define LONGHAUL_CODEC_CUDA_GROUP_QUANT_ALLOC_CUH_
 
@@ -108,10 +110,11 @@ __device__ __forceinline__ unsigned AllocDigit(bool adaptive, uint64_t key) {
 }
 
 // The statistics pass's per-token figures for the allocation, as arrays (a warp's loads of them
-// coalesce), and the allocation's bit widths for the encode.
+// coalesce), the allocation's lists of keys and its bit widths for the encode.
 struct TokenArrays {
   float* entropy;    // +0 for -0; 0 without the adaptive option and for a bad token
   int32_t* flagged;  // flagged groups; a bad token: -1 NaN/Inf, -2 huge
+  uint64_t* keys;    // each tile's listed keys, from its first token on (AllocateCandidates)
   uint8_t* bits;     // set by AllocateBits
 };
 
@@ -146,15 +149,12 @@ struct TallySum {
 };
 inline constexpr Tally kNoTally{0, 0, 0, ULLONG_MAX};
 
-// The allocation's device scratch (the encode's kTemp slot). hist and ncand are zeroed before the
-// statistics pass when the allocation selects.
+// What the allocation's first kernel leaves for the second (the histograms are apart: kHistWords
+// words that are zero between encodes).
 struct AllocScratch {
-  unsigned hist[kHistWords];
-  unsigned ncand;  // keys that share kth's top digit: all counted, the first kCandidates listed
-  SelectState top;  // after kth's top digit (AllocateCandidates' block 0)
-  Tally tile[kMaxTiles];  // each tile's (AllocateCandidates)
-  uint64_t cand_key[kCandidates];
-  int32_t cand_token[kCandidates];
+  SelectState top;                // kth's top digit (AllocateCandidates' block 0)
+  Tally tile[kMaxTiles];          // each tile's
+  unsigned listed[kMaxTiles];     // each tile's keys that share kth's top digit (in TokenArrays::keys)
 };
 
 // Level 1: the top digit of kth from the global histograms, the coarse one first (two loads a
@@ -277,19 +277,15 @@ __device__ __forceinline__ Tally BlockTally(Tally v) {
   return all;
 }
 
-// A warp's matching lanes' keys and tokens appended to the list (one atomic a warp; past
-// kCandidates only counted). Every lane of the warp calls it.
-__device__ __forceinline__ void ListMatches(AllocScratch* s, bool match, uint64_t k, int64_t t, int lane) {
+// A warp's matching lanes' keys appended to the block's list (list: the tile's part of the keys
+// array, count: its length in shared memory; one atomic a warp). Every lane of the warp calls it.
+__device__ __forceinline__ void ListMatches(uint64_t* list, unsigned* count, bool match, uint64_t k, int lane) {
   const unsigned m = __ballot_sync(kFullMask, match);
   if (m == 0) return;
   unsigned base = 0;
-  if (lane == 0) base = atomicAdd(&s->ncand, static_cast<unsigned>(__popc(m)));
+  if (lane == 0) base = atomicAdd(count, static_cast<unsigned>(__popc(m)));
   base = __shfl_sync(kFullMask, base, 0);
-  const unsigned at = base + static_cast<unsigned>(__popc(m & ((1u << lane) - 1u)));
-  if (match && at < kCandidates) {
-    s->cand_key[at] = k;
-    s->cand_token[at] = static_cast<int32_t>(t);
-  }
+  if (match) list[base + static_cast<unsigned>(__popc(m & ((1u << lane) - 1u)))] = k;
 }
 
 // A tile's tokens, kAllocThreads at a time (thread tid: token first + tid; whole warps take each
@@ -333,10 +329,12 @@ struct TileWalk {
   }
 };
 
-// Kernel 1 (see the top of the file). hist: the statistics pass's histograms, in s. One block of
-// kAllocThreads threads per tile.
-__global__ void __launch_bounds__(kAllocThreads) AllocateCandidates(AllocArgs a, TokenArrays tok, AllocScratch* s) {
+// Kernel 1 (see the top of the file). hist: the statistics pass's histograms (when Selects). One
+// block of kAllocThreads threads per tile.
+__global__ void __launch_bounds__(kAllocThreads)
+    AllocateCandidates(AllocArgs a, TokenArrays tok, const unsigned* hist, AllocScratch* s) {
   __shared__ SelectState sel;
+  __shared__ unsigned listed;
   const int tid = threadIdx.x, lane = tid % kWarp;
   const bool select = Selects(a.n_hi, a.tokens);
   const int64_t first = static_cast<int64_t>(blockIdx.x) * a.tile;
@@ -347,9 +345,12 @@ __global__ void __launch_bounds__(kAllocThreads) AllocateCandidates(AllocArgs a,
   WaitForPriorGrids();
   TileWalk w(tok, select, a.adaptive, first, last);  // in flight during the top digit's round trips
   if (select) {
-    if (tid == 0) sel = SelectState{0, a.n_hi, 0};
+    if (tid == 0) {
+      sel = SelectState{0, a.n_hi, 0};
+      listed = 0;
+    }
     __syncthreads();
-    SelectTopDigit(s->hist, a, &sel);
+    SelectTopDigit(hist, a, &sel);
     if (blockIdx.x == 0 && tid == 0) s->top = sel;
   }
   const int low = KeyBits(a.adaptive) - kDigitBits;
@@ -360,14 +361,53 @@ __global__ void __launch_bounds__(kAllocThreads) AllocateCandidates(AllocArgs a,
     if (select) {
       const uint64_t k = w.key();
       v.below = w.in() && (k >> low) < top ? 1 : 0;
-      ListMatches(s, w.in() && (k >> low) == top, k, w.t, lane);
+      ListMatches(tok.keys + first, &listed, w.in() && (k >> low) == top, k, lane);
     } else {
       v.below = w.in() && a.n_hi >= a.tokens ? 1 : 0;
     }
     sum = sum + v;
   } while (w.Next());
-  sum = BlockTally(sum);
-  if (tid == 0) s->tile[blockIdx.x] = sum;
+  sum = BlockTally(sum);  // (its barriers: `listed` is final)
+  if (tid == 0) {
+    s->tile[blockIdx.x] = sum;
+    s->listed[blockIdx.x] = select ? listed : 0;
+  }
+}
+
+// The tiles' listed keys gathered in tile order into cand (shared memory; when they fit,
+// kCandidates), and at[i] the place of tile i's first (at[ntiles]: their count). Every thread of
+// the block calls it.
+__device__ inline void GatherCandidates(const AllocScratch* s, const TokenArrays& tok, int64_t tile_tokens,
+                                        int ntiles, uint64_t* cand, unsigned* at) {
+  using Scan = cub::BlockScan<unsigned, kAllocThreads>;
+  __shared__ typename Scan::TempStorage tmp;
+  const int tid = threadIdx.x;
+  unsigned carry = 0;
+  for (int base = 0; base < ntiles; base += kAllocThreads) {
+    const int i = base + tid;
+    const unsigned c = i < ntiles ? s->listed[i] : 0u;
+    unsigned before = 0, all = 0;
+    Scan(tmp).ExclusiveSum(c, before, all);
+    if (i < ntiles) at[i] = carry + before;
+    carry += all;
+    __syncthreads();  // tmp is reused
+  }
+  if (tid == 0) at[ntiles] = carry;
+  __syncthreads();
+  if (carry > kCandidates) return;
+  for (unsigned p = tid; p < carry; p += kAllocThreads) {
+    int lo = 0, hi = ntiles;  // the last tile whose first place is at or before p (it has p)
+    while (hi - lo > 1) {
+      const int mid = (lo + hi) / 2;
+      if (at[mid] <= p) {
+        lo = mid;
+      } else {
+        hi = mid;
+      }
+    }
+    cand[p] = tok.keys[static_cast<int64_t>(lo) * tile_tokens + (p - at[lo])];
+  }
+  __syncthreads();
 }
 
 // Token t's block end from the counts up to and including it (hi: its hi tokens).
@@ -378,14 +418,15 @@ __device__ __forceinline__ unsigned long long BlockEnd(const AllocArgs& a, int64
 }
 
 // Kernel 2 (see the top of the file): bits (tok.bits) and ends of its tile's tokens; the last
-// block writes the results word into `res` (pinned host memory). One block of kAllocThreads
-// threads per tile, as kernel 1.
+// block writes the results word into `res` (pinned host memory); hist cleared (when Selects). One
+// block of kAllocThreads threads per tile, as kernel 1.
 __global__ void __launch_bounds__(kAllocThreads)
-    AllocateBits(AllocArgs a, TokenArrays tok, const AllocScratch* s, unsigned long long* __restrict__ ends,
-                 Results* __restrict__ res) {
+    AllocateBits(AllocArgs a, TokenArrays tok, const AllocScratch* s, unsigned* hist,
+                 unsigned long long* __restrict__ ends, Results* __restrict__ res) {
   using Scan = cub::BlockScan<Tally, kAllocThreads>;
   __shared__ typename Scan::TempStorage scan_tmp;
   __shared__ uint64_t cand[kCandidates];
+  __shared__ unsigned cand_at[kMaxTiles + 1];
   __shared__ SelectState sel;
   const int tid = threadIdx.x;
   const bool select = Selects(a.n_hi, a.tokens);
@@ -401,23 +442,27 @@ __global__ void __launch_bounds__(kAllocThreads)
   uint64_t kth = 0;
   long long take_equal = 0;  // keys equal to kth that are hi, lowest tokens first
   if (select) {
-    const unsigned ncand = s->ncand;
-    const bool listed = ncand <= kCandidates;
+    // The first kernel has read the histograms: cleared for the next encode.
+    auto* h4 = reinterpret_cast<uint4*>(hist);
+    static_assert(kHistWords % 4 == 0, "the histograms are whole 16-byte pieces");
+    for (int i = static_cast<int>(tile * kAllocThreads) + tid; i < kHistWords / 4;
+         i += static_cast<int>(gridDim.x * kAllocThreads)) {
+      h4[i] = make_uint4(0, 0, 0, 0);
+    }
     if (tid == 0) sel = s->top;
-    for (unsigned i = tid; listed && i < ncand; i += kAllocThreads) cand[i] = s->cand_key[i];
-    __syncthreads();
+    GatherCandidates(s, tok, a.tile, static_cast<int>(gridDim.x), cand, cand_at);
+    const unsigned ncand = cand_at[gridDim.x];
     const Keys key{tok.entropy, a.adaptive};
     SelectLowDigits(key, a, &sel, cand, ncand);
     kth = sel.prefix;
     take_equal = a.n_hi - sel.less;
-    // The earlier tiles' keys equal to kth or below it that share its top digit: listed, or
-    // (when the list overflowed) every earlier key counted here instead of the tallies' `below`.
-    if (listed) {
-      for (unsigned i = tid; i < ncand; i += kAllocThreads) {
-        if (s->cand_token[i] < first) {
-          before.below += cand[i] < kth ? 1 : 0;
-          before.equal += cand[i] == kth ? 1 : 0;
-        }
+    // The earlier tiles' keys equal to kth or below it that share its top digit: listed (in tile
+    // order, so the first cand_at[tile]), or, when the list did not fit, every earlier key counted
+    // here instead of the tallies' `below`.
+    if (ncand <= kCandidates) {
+      for (unsigned p = tid; p < cand_at[tile]; p += kAllocThreads) {
+        before.below += cand[p] < kth ? 1 : 0;
+        before.equal += cand[p] == kth ? 1 : 0;
       }
     } else {
       before.below = 0;

@@ -70,10 +70,9 @@ struct StatsSmem {
 };
 
 // Token t's allocation key (h: its entropy) counted in the histograms, when the allocation
-// selects; after the histograms' zeroing (a dependent launch of it: cuda_util.cuh).
+// selects (they are zero when this kernel starts: the first of the encode, an ordinary launch).
 __device__ __forceinline__ void CountToken(const StatsArgs& a, int64_t t, float h) {
   if (a.hist == nullptr) return;
-  WaitForPriorGrids();
   gqa::CountKey(a.hist, gqa::AllocDigit(a.entropy, gqa::AllocKey(a.entropy, t, h)));
 }
 

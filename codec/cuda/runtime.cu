@@ -115,9 +115,28 @@ Workspace::~Workspace() {
 }
 
 absl::StatusOr<void*> Workspace::Scratch(int slot, size_t bytes) {
+  absl::StatusOr<void*> p = Grow(slot, bytes);
+  if (p.ok()) zeroed_[slot] = false;  // its user may write anything
+  return p;
+}
+
+absl::StatusOr<void*> Workspace::ZeroedScratch(int slot, size_t bytes, Stream s) {
+  absl::StatusOr<void*> p = Grow(slot, bytes);
+  if (!p.ok() || zeroed_[slot]) return p;
+  LONGHAUL_CUDA_OK(cudaMemsetAsync(*p, 0, scratch_size_[slot], AsStream(s)));
+  zeroed_[slot] = true;
+  return p;
+}
+
+void Workspace::MarkDirty(int slot) {
+  if (slot >= 0 && slot < kSlots) zeroed_[slot] = false;
+}
+
+absl::StatusOr<void*> Workspace::Grow(int slot, size_t bytes) {
   if (slot < 0 || slot >= kSlots) return absl::InternalError(absl::StrCat("workspace slot ", slot));
   if (bytes == 0) bytes = 1;
   if (scratch_size_[slot] < bytes) {
+    zeroed_[slot] = false;
     if (scratch_[slot] != nullptr) {
       // Earlier work on any stream may still use the old block.
       LONGHAUL_CUDA_OK(cudaDeviceSynchronize());
@@ -136,6 +155,15 @@ absl::StatusOr<void*> Workspace::Scratch(int slot, size_t bytes) {
 absl::StatusOr<void*> Workspace::Pinned() {
   if (pinned_ == nullptr) LONGHAUL_CUDA_OK(cudaMallocHost(&pinned_, kPinnedBytes));
   return pinned_;
+}
+
+absl::StatusOr<void*> Workspace::PinnedOnDevice() {
+  if (pinned_dev_ == nullptr) {
+    absl::StatusOr<void*> host = Pinned();
+    if (!host.ok()) return host.status();
+    LONGHAUL_CUDA_OK(cudaHostGetDevicePointer(&pinned_dev_, *host, 0));
+  }
+  return pinned_dev_;
 }
 
 absl::Status Workspace::UploadAsync(void* dst_dev, const void* src_host, size_t n, Stream s) {

@@ -14,7 +14,7 @@ absl::Status NotBuilt() {
 }  // namespace
 
 bool Available(std::string* why) {
-  if (why != nullptr) *why = NotBuilt().message();
+  if (why != nullptr) *why = std::string(NotBuilt().message());
   return false;
 }
 
@@ -30,7 +30,10 @@ absl::StatusOr<DeviceBuffer> DeviceBuffer::Allocate(size_t) { return NotBuilt();
 Workspace::Workspace() = default;
 Workspace::~Workspace() = default;
 absl::StatusOr<void*> Workspace::Scratch(int, size_t) { return NotBuilt(); }
+absl::StatusOr<void*> Workspace::ZeroedScratch(int, size_t, Stream) { return NotBuilt(); }
+void Workspace::MarkDirty(int) {}
 absl::StatusOr<void*> Workspace::Pinned() { return NotBuilt(); }
+absl::StatusOr<void*> Workspace::PinnedOnDevice() { return NotBuilt(); }
 absl::Status Workspace::UploadAsync(void*, const void*, size_t, Stream) { return NotBuilt(); }
 
 absl::Status Upload(void*, const void*, size_t, Stream) { return NotBuilt(); }

@@ -6,11 +6,13 @@
 #   tools/gpu/ab-codec.sh OUT_DIR .deps/a.tar .deps/b.tar [MORE.tar ...] [ROUNDS]      # GPU machine
 # The archives build in one tree (/var/tmp/lh-ab-codec, in the order given, so each build after the
 # first recompiles only the files that differ: about a minute on 16 cores); each longhaul-bench is
-# kept (the codecs are linked in statically). The sides are named a, b, c, ... in that order. One
-# line a run in OUT_DIR/ab-codec.txt (encode, decode and copy GB/s of the same run, encode / copy,
-# decode / copy, frame byte-identical), then each side's mean. ROUNDS (each side once a round)
-# default 4; AB_CODEC (default tahquant) and AB_DTYPE (fp32) choose the cell; PROF=1 adds Nsight
-# Compute's kernel durations of each side (checks.sh codecprof, in OUT_DIR/prof-a, -b, ...).
+# kept (the codecs are linked in statically), and reused by a later call on the same machine for the
+# same archive (so one call may build, ROUNDS 0, and the next measure). The sides are named a, b,
+# c, ... in that order. One line a run in OUT_DIR/ab-codec.txt (encode, decode and copy GB/s of the
+# same run, encode / copy, decode / copy, frame byte-identical), then each side's mean. ROUNDS
+# (each side once a round) default 4; AB_CODEC (default tahquant) and AB_DTYPE (fp32) choose the
+# cell; PROF=1 adds Nsight Compute's kernel durations of each side (checks.sh codecprof, in
+# OUT_DIR/prof-a, -b, ...).
 set -euo pipefail
 usage="usage: ab-codec.sh OUT_DIR A.tar B.tar [MORE.tar ...] [ROUNDS]"
 OUT="${1:?$usage}"
@@ -36,11 +38,21 @@ if [[ -d "$ROOT/.deps/gpu/debs" ]]; then
 fi
 for ((i = 0; i < ${#TARS[@]}; ++i)); do
   side="${SIDES[$i]}"
+  # A binary built from the same archive earlier on this machine is reused (a call that only
+  # builds, ROUNDS 0, then one that measures, while the machine is held).
+  sum="$(sha256sum "${TARS[$i]}" | cut -c1-16)"
+  if [[ -x "$BINS/by-archive/$sum" ]]; then
+    cp "$BINS/by-archive/$sum" "$BINS/$side"
+    echo "ab-codec: $side reused (built earlier from the same archive)"
+    continue
+  fi
   "$ROOT/tools/gpu/from-archive.sh" "${TARS[$i]}" "$TREE" bash -c \
     "cd '$TREE' && ./longhaul.sh build longhaul-bench gpu_codec_test >'$OUT/build-$side.log' 2>&1" \
     || { tail -30 "$OUT/build-$side.log"; exit 1; }
+  mkdir -p "$BINS/by-archive"
   cp "$TREE/build/bin/longhaul-bench" "$BINS/$side"
   "$TREE/build/tests/gpu_codec_test" >"$OUT/gpu-codec-test-$side.log" 2>&1 || true
+  cp "$BINS/$side" "$BINS/by-archive/$sum"
   echo "ab-codec: $side built ($SECONDS s), its GPU codec tests: $(grep -E '^\[  (PASSED  |FAILED  |SKIPPED )\] [0-9]+ tests?' "$OUT/gpu-codec-test-$side.log" | tr '\n' ' ')"
 done
 last="${SIDES[-1]}"
