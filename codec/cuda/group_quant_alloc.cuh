@@ -9,20 +9,22 @@
 // `less`, the keys below it; a token is hi when its key is below kth, or equal to it and among the
 // first n_hi - less such tokens by index.
 //
-// The selection is a radix select in two levels: the statistics pass counts every token's
-// top 16 key bits (AllocDigit) in a global histogram of 65,536 bins and their top 8 in one of 256
-// (two atomics a token: CountKey), which give the top 16 bits of kth from 256 + 256 bins; the
-// remaining bits come 8 at a time from the keys that share them (a few hundred for entropies, about
-// one for the hashes) with shared-memory histograms.
+// The selection is a radix select in two levels. The statistics pass counts every token's key in
+// three global histograms (three atomics a token: CountKey): its top 8 bits (256 bins), its top 16
+// (65,536) and its bits 8..23 (65,536), from which the first level reads the top 16 bits of kth
+// (256 + 256 bins) and, where every key shares the top 8 (entropies within one octave: the usual
+// case), the next 8 (256 more); the remaining bits come 8 at a time from the keys that share those
+// (for 8192 tokens of the bench's activations: at most 2,425 share the top 16 bits of their
+// entropy, 25 the top 24; about one for the hashes) with shared-memory histograms.
 //
 // Two kernels, each one block of kAllocThreads threads per tile of tokens (TileTokens), so that no
 // block walks every token (one block doing it all took 19 us for 8192 tokens on an H200, all of it
 // between the statistics pass and the encode):
-//  1. AllocateCandidates: kth's top digit (every block), then its tile: the keys below that digit
+//  1. AllocateCandidates: kth's top bits (every block), then its tile: the keys below those bits
 //     counted, the flagged groups summed and the first bad token (its Tally), and the keys that
-//     share the digit listed in the tile's own part of the keys array (their count beside it);
+//     share them listed in the tile's own part of the keys array (their count beside it);
 //  2. AllocateBits: the rest of kth (every block, from the tiles' lists gathered in order; from
-//     every token's key when more than kCandidates share the digit), then its tile's bits and
+//     every token's key when more than kCandidates share them), then its tile's bits and
 //     block ends. A block end is linear in the counts of hi tokens and flagged groups before it
 //     (BlockEnd), and the counts before the tile are the earlier tiles' tallies plus their listed
 //     keys below or equal to kth, so no block waits for another: within the tile, a block scan. The
@@ -45,18 +47,23 @@ namespace longhaul::codec::gpu::gqa {
 inline constexpr int kAllocThreads = 256;  // both kernels' blocks; one token a thread at a time
 inline constexpr int kAllocWarps = kAllocThreads / kWarp;
 inline constexpr int kMaxTiles = 1024;     // tiles of more than kAllocThreads tokens past this
-inline constexpr int kCandidates = 4096;   // keys sharing kth's top digit listed
-inline constexpr int kDigitBits = 16;  // the global histogram's digit
+inline constexpr int kCandidates = 4096;   // keys sharing kth's top bits listed
+inline constexpr int kDigitBits = 16;  // the fine histogram's digit: the key's top 16 bits
+inline constexpr int kPrefixBits = 24;  // the bits of a key the histograms see (AllocPrefix)
 inline constexpr int kBins = 1 << kDigitBits;
-// The coarse histogram (the digit's top 8 bits), after the fine one in the same buffer.
-inline constexpr int kCoarseBins = 256;
-inline constexpr int kHistWords = kBins + kCoarseBins;
-static_assert(kCoarseBins * kCoarseBins == kBins && kCoarseBins <= kAllocThreads, "two 8-bit levels");
+inline constexpr int kCoarseBins = 256;  // the coarse histogram's: the top 8 bits
+// The histograms in one buffer: fine, coarse, then the bits 8..23 (as fine's, kBins).
+inline constexpr int kCoarseAt = kBins;
+inline constexpr int kMidAt = kBins + kCoarseBins;
+inline constexpr int kHistWords = kMidAt + kBins;
+static_assert(kCoarseBins * kCoarseBins == kBins && kCoarseBins <= kAllocThreads, "8-bit levels");
 
-// Counts a token's key in both histograms (the statistics pass).
-__device__ __forceinline__ void CountKey(unsigned* hist, unsigned digit) {
-  atomicAdd(&hist[digit], 1u);
-  atomicAdd(&hist[kBins + (digit >> 8)], 1u);
+// Counts a token's key (its top kPrefixBits bits: AllocPrefix) in the three histograms (the
+// statistics pass).
+__device__ __forceinline__ void CountKey(unsigned* hist, unsigned prefix) {
+  atomicAdd(&hist[prefix >> 8], 1u);
+  atomicAdd(&hist[kCoarseAt + (prefix >> 16)], 1u);
+  atomicAdd(&hist[kMidAt + (prefix & 0xFFFFu)], 1u);
 }
 
 // Results the host reads after the one synchronisation (pinned, written by AllocateBits).
@@ -104,9 +111,9 @@ __device__ __forceinline__ uint64_t AllocKey(bool adaptive, int64_t t, float h) 
 }
 __host__ __device__ inline int KeyBits(bool adaptive) { return adaptive ? 32 : 64; }
 
-// The global histogram's bin of a key.
-__device__ __forceinline__ unsigned AllocDigit(bool adaptive, uint64_t key) {
-  return static_cast<unsigned>(key >> (KeyBits(adaptive) - kDigitBits));
+// A key's top kPrefixBits bits, which the histograms count.
+__device__ __forceinline__ unsigned AllocPrefix(bool adaptive, uint64_t key) {
+  return static_cast<unsigned>(key >> (KeyBits(adaptive) - kPrefixBits));
 }
 
 // The statistics pass's per-token figures for the allocation, as arrays (a warp's loads of them
@@ -128,14 +135,15 @@ struct Keys {
 };
 
 struct SelectState {
-  uint64_t prefix;  // kth's bits found so far
+  uint64_t prefix;  // kth's bits found so far (the top `known`, the others 0)
   int64_t need;     // rank still sought among the keys that match the prefix (1-based)
   int64_t less;     // keys below the prefix
+  int known;        // 16 or 24 after the first level
 };
 
 // Counts over a run of tokens, added up by Tally + Tally.
 struct Tally {
-  long long below;  // keys below kth (a tile's: below kth's top digit; every token when all are hi)
+  long long below;  // keys below kth (a tile's: below kth's top bits; every token when all are hi)
   long long equal;  // keys equal to kth
   long long flagged;  // flagged groups of the good tokens
   unsigned long long first_bad;  // (token << 1) | huge, or ULLONG_MAX
@@ -152,42 +160,64 @@ inline constexpr Tally kNoTally{0, 0, 0, ULLONG_MAX};
 // What the allocation's first kernel leaves for the second (the histograms are apart: kHistWords
 // words that are zero between encodes).
 struct AllocScratch {
-  SelectState top;                // kth's top digit (AllocateCandidates' block 0)
+  SelectState top;                // kth's top bits (AllocateCandidates' block 0)
   Tally tile[kMaxTiles];          // each tile's
-  unsigned listed[kMaxTiles];     // each tile's keys that share kth's top digit (in TokenArrays::keys)
+  unsigned listed[kMaxTiles];     // each tile's keys that share kth's top bits (in TokenArrays::keys)
 };
 
-// Level 1: the top digit of kth from the global histograms, the coarse one first (two loads a
-// thread). Every thread of the block calls it, after *s = {0, n_hi, 0} and a barrier.
+// Level 1: the top 16 bits of kth from the global histograms, the coarse one first, then, where
+// every key shares the top 8 bits, 8 more from the histogram of the bits 8..23 (restricted to keys
+// with kth's bits 8..15: those with kth's top 16, since all share the top 8). One load a thread a
+// step. Every thread of the block calls it, after *s = {0, n_hi, 0, 0} and a barrier.
 __device__ inline void SelectTopDigit(const unsigned* hist, const AllocArgs& a, SelectState* s) {
   using Scan = cub::BlockScan<unsigned, kAllocThreads>;
   __shared__ typename Scan::TempStorage tmp;
-  __shared__ unsigned coarse;
-  __shared__ int64_t coarse_less;
+  __shared__ unsigned bin;  // the step's bin that holds rank need
+  __shared__ int64_t bin_less;
+  __shared__ bool one_octave;  // every key shares the top 8 bits
   const int tid = threadIdx.x;
-  // Every token is counted, so some bin holds rank n_hi; were none to, bin 0 keeps the reads in range.
+  // Every token is counted, so some bin holds the rank sought; were none to, bin 0 keeps the reads
+  // in range.
   if (tid == 0) {
-    coarse = 0;
-    coarse_less = 0;
+    bin = 0;
+    bin_less = 0;
+    one_octave = false;
   }
   __syncthreads();
-  const unsigned c = tid < kCoarseBins ? hist[kBins + tid] : 0u;
+  const unsigned c = tid < kCoarseBins ? hist[kCoarseAt + tid] : 0u;
   unsigned before = 0;
   Scan(tmp).ExclusiveSum(c, before);
   if (static_cast<int64_t>(before) < a.n_hi && a.n_hi <= static_cast<int64_t>(before) + c) {
-    coarse = static_cast<unsigned>(tid);
-    coarse_less = before;
+    bin = static_cast<unsigned>(tid);
+    bin_less = before;
+    one_octave = c == a.tokens;
   }
   __syncthreads();  // also: the scan's storage is free again
-  const int64_t less0 = coarse_less;
-  const unsigned fine = coarse * kCoarseBins + static_cast<unsigned>(tid);
-  const unsigned f = tid < kCoarseBins ? hist[fine] : 0u;
+  const unsigned top8 = bin;
+  const int64_t less8 = bin_less;
+  const unsigned f = tid < kCoarseBins ? hist[top8 * kCoarseBins + static_cast<unsigned>(tid)] : 0u;
   Scan(tmp).ExclusiveSum(f, before);
-  const int64_t run = less0 + before;
-  if (run < a.n_hi && a.n_hi <= run + f) {
-    s->prefix = static_cast<uint64_t>(fine) << (KeyBits(a.adaptive) - kDigitBits);
-    s->need = a.n_hi - run;
-    s->less = run;
+  if (less8 + before < a.n_hi && a.n_hi <= less8 + before + f) {
+    bin = static_cast<unsigned>(tid);
+    bin_less = less8 + before;
+  }
+  __syncthreads();
+  const unsigned top16 = top8 * kCoarseBins + bin;
+  const int64_t less16 = bin_less;
+  if (!one_octave) {
+    if (tid == 0) *s = SelectState{static_cast<uint64_t>(top16) << (KeyBits(a.adaptive) - kDigitBits),
+                                   a.n_hi - less16, less16, kDigitBits};
+    __syncthreads();
+    return;
+  }
+  const unsigned b2 = top16 & 0xFFu;
+  const unsigned m = tid < kCoarseBins ? hist[kMidAt + b2 * kCoarseBins + static_cast<unsigned>(tid)] : 0u;
+  Scan(tmp).ExclusiveSum(m, before);
+  if (less16 + before < a.n_hi && a.n_hi <= less16 + before + m) {
+    const int64_t run = less16 + before;
+    *s = SelectState{static_cast<uint64_t>(top16 * kCoarseBins + static_cast<unsigned>(tid))
+                         << (KeyBits(a.adaptive) - kPrefixBits),
+                     a.n_hi - run, run, kPrefixBits};
   }
   __syncthreads();
 }
@@ -205,14 +235,14 @@ __device__ __forceinline__ void CountDigits(unsigned* hist, bool match, unsigned
   if (match && digit != d0) atomicAdd(&hist[digit], 1u);
 }
 
-// Level 2: the remaining bits of kth, 8 a pass, over the keys that share its top digit: cand[0, n)
+// Level 2: the remaining bits of kth, 8 a pass, over the keys that share its top bits: cand[0, n)
 // when they were all listed (n <= kCandidates), else every token's key in every pass. Every
 // thread of the block calls it.
 __device__ inline void SelectLowDigits(const Keys& key, const AllocArgs& a, SelectState* s, const uint64_t* cand,
                                        unsigned ncand) {
   __shared__ unsigned digits[256];
   const int tid = threadIdx.x, lane = tid % kWarp;
-  const int low = KeyBits(a.adaptive) - kDigitBits;  // the bits below the top digit
+  const int low = KeyBits(a.adaptive) - s->known;  // the bits below the known ones
   const bool listed = ncand <= kCandidates;
   const int n = listed ? static_cast<int>(ncand) : 0;
   for (int shift = low - 8; shift >= 0; shift -= 8) {
@@ -343,17 +373,17 @@ __global__ void __launch_bounds__(kAllocThreads)
   // allocation works); this kernel reads the statistics pass's figures, so it waits for its end.
   LetDependentsStart();
   WaitForPriorGrids();
-  TileWalk w(tok, select, a.adaptive, first, last);  // in flight during the top digit's round trips
+  TileWalk w(tok, select, a.adaptive, first, last);  // in flight during the top bits' round trips
   if (select) {
     if (tid == 0) {
-      sel = SelectState{0, a.n_hi, 0};
+      sel = SelectState{0, a.n_hi, 0, 0};
       listed = 0;
     }
     __syncthreads();
     SelectTopDigit(hist, a, &sel);
     if (blockIdx.x == 0 && tid == 0) s->top = sel;
   }
-  const int low = KeyBits(a.adaptive) - kDigitBits;
+  const int low = select ? KeyBits(a.adaptive) - sel.known : 0;
   const uint64_t top = select ? sel.prefix >> low : 0;
   Tally sum = kNoTally;
   do {
@@ -456,7 +486,7 @@ __global__ void __launch_bounds__(kAllocThreads)
     SelectLowDigits(key, a, &sel, cand, ncand);
     kth = sel.prefix;
     take_equal = a.n_hi - sel.less;
-    // The earlier tiles' keys equal to kth or below it that share its top digit: listed (in tile
+    // The earlier tiles' keys equal to kth or below it that share its top bits: listed (in tile
     // order, so the first cand_at[tile]), or, when the list did not fit, every earlier key counted
     // here instead of the tallies' `below`.
     if (ncand <= kCandidates) {

@@ -73,7 +73,7 @@ struct StatsSmem {
 // selects (they are zero when this kernel starts: the first of the encode, an ordinary launch).
 __device__ __forceinline__ void CountToken(const StatsArgs& a, int64_t t, float h) {
   if (a.hist == nullptr) return;
-  gqa::CountKey(a.hist, gqa::AllocDigit(a.entropy, gqa::AllocKey(a.entropy, t, h)));
+  gqa::CountKey(a.hist, gqa::AllocPrefix(a.entropy, gqa::AllocKey(a.entropy, t, h)));
 }
 
 // Token t's lanes combined (ReduceLanesAscending: within the thread, across the warp, across the

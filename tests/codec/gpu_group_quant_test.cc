@@ -185,6 +185,19 @@ TEST_F(GpuGroupQuant, OneEntropyForEveryTokenAllocatesAsTheCpu) {
   CheckFp32(x, s);
 }
 
+// Tokens with 1 to 64 nonzero elements: entropies from 0 to 6 bits, keys that differ in their top
+// 8 bits, so the allocation's first level stops at 16 bits (the other tests' entropies share
+// them and it reads 24).
+TEST_F(GpuGroupQuant, EntropiesOverSeveralOctavesAllocateAsTheCpu) {
+  SKIP_WITHOUT_GPU();
+  const Shape s{3001, 64};
+  std::vector<float> x = Activations(s.tokens, s.dim, 9);
+  for (int64_t t = 0; t < s.tokens; ++t) {
+    for (int64_t i = 1 + t % s.dim; i < s.dim; ++i) x[t * s.dim + i] = 0.0f;
+  }
+  CheckFp32(x, s);
+}
+
 TEST_F(GpuGroupQuant, EmptyTensorsGiveEmptyPayloads) {
   SKIP_WITHOUT_GPU();
   for (Shape s : {Shape{0, 64}, Shape{5, 0}}) {
