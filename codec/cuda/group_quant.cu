@@ -14,11 +14,11 @@
 //      1. TokenStatsKernel (group_quant_stats.cuh): statistics (the token sums in the CPU's
 //         2048-lane order, straight from global memory), the entropy (adaptive TAH-Quant) and the
 //         outlier test of every group (kept for step 3, and counted per token), each token's
-//         allocation key counted in a global histogram, the input read once, several tokens a
+//         allocation key counted in global histograms, the input read once, several tokens a
 //         block (a short row's next token loaded while this one is worked on);
 //      2. AllocateCandidates and AllocateBits (group_quant_alloc.cuh), a block per tile of
 //         tokens each: the set of bits_hi tokens nth_element picks on the CPU (a radix select
-//         whose top 16 bits come from the histogram, the rest from the keys that share them),
+//         whose top 16 or 24 bits come from the histograms, the rest from the keys that share them),
 //         each token's bits and block end, and the results word, written straight into pinned
 //         host memory;
 //      3. EncodeTokens: the tokens again, last first (the statistics pass's last rows are still in
@@ -533,14 +533,18 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
     auto* hist_words = static_cast<unsigned*>(*hist);
     const gqa::TokenArrays arrays = TokenArraysAt(*token_arrays, tok);
     // Until the allocation has run, the histograms may hold counts: a failed launch leaves them
-    // for the next encode's ZeroedScratch to clear.
+    // for the next encode's ZeroedScratch to clear, once the kernels already queued have finished
+    // (the next encode may run on another stream).
     struct HistUntilCleared {
       Workspace& ws;
+      cudaStream_t st;
       bool cleared = false;
       ~HistUntilCleared() {
-        if (!cleared) ws.MarkDirty(kHist);
+        if (cleared) return;
+        (void)cudaStreamSynchronize(st);
+        ws.MarkDirty(kHist);
       }
-    } hist_guard{ws};
+    } hist_guard{ws, st};
     // Each kernel after the first is a dependent launch of the one before (cuda_util.cuh): the
     // allocation's two kernels of the statistics and of each other, the encode of the allocation.
     // Several tokens a block (its setup shared), one wave of blocks: as many as fit on the SMs.

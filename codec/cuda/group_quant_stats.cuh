@@ -1,7 +1,7 @@
 // TAH-Quant's statistics pass on the device (group_quant.cu, before the allocation and the
 // encode): per token, the sums of |x| and |x| log2 |x| in the CPU's 2048-lane order (kernels.h
 // token_sums), the maximum, the entropy (TokenEntropy), the outlier test of every group, and the
-// allocation key counted in the histogram (group_quant_alloc.cuh). A block of 256 threads takes
+// allocation key counted in the histograms (group_quant_alloc.cuh). A block of 256 threads takes
 // several tokens in turn, each row read once.
 #ifndef LONGHAUL_CODEC_CUDA_GROUP_QUANT_STATS_CUH_
 #define LONGHAUL_CODEC_CUDA_GROUP_QUANT_STATS_CUH_

@@ -41,19 +41,24 @@ for ((i = 0; i < ${#TARS[@]}; ++i)); do
   # A binary built from the same archive earlier on this machine is reused (a call that only
   # builds, ROUNDS 0, then one that measures, while the machine is held).
   sum="$(sha256sum "${TARS[$i]}" | cut -c1-16)"
-  if [[ -x "$BINS/by-archive/$sum" ]]; then
-    cp "$BINS/by-archive/$sum" "$BINS/$side"
-    echo "ab-codec: $side reused (built earlier from the same archive)"
-    continue
+  cached="$BINS/by-archive/$sum"
+  if [[ -x "$cached" && -f "$cached.tests" ]]; then
+    cp "$cached" "$BINS/$side"
+    cp "$cached.tests" "$OUT/gpu-codec-test-$side.log"
+    how="reused (built earlier from the same archive)"
+  else
+    "$ROOT/tools/gpu/from-archive.sh" "${TARS[$i]}" "$TREE" bash -c \
+      "cd '$TREE' && ./longhaul.sh build longhaul-bench gpu_codec_test >'$OUT/build-$side.log' 2>&1" \
+      || { tail -30 "$OUT/build-$side.log"; exit 1; }
+    cp "$TREE/build/bin/longhaul-bench" "$BINS/$side"
+    "$TREE/build/tests/gpu_codec_test" >"$OUT/gpu-codec-test-$side.log" 2>&1 || true
+    # Into the cache under a temporary name first: a killed run leaves no half-copied binary.
+    mkdir -p "$BINS/by-archive"
+    cp "$BINS/$side" "$cached.tmp" && mv "$cached.tmp" "$cached"
+    cp "$OUT/gpu-codec-test-$side.log" "$cached.tests"
+    how="built ($SECONDS s)"
   fi
-  "$ROOT/tools/gpu/from-archive.sh" "${TARS[$i]}" "$TREE" bash -c \
-    "cd '$TREE' && ./longhaul.sh build longhaul-bench gpu_codec_test >'$OUT/build-$side.log' 2>&1" \
-    || { tail -30 "$OUT/build-$side.log"; exit 1; }
-  mkdir -p "$BINS/by-archive"
-  cp "$TREE/build/bin/longhaul-bench" "$BINS/$side"
-  "$TREE/build/tests/gpu_codec_test" >"$OUT/gpu-codec-test-$side.log" 2>&1 || true
-  cp "$BINS/$side" "$BINS/by-archive/$sum"
-  echo "ab-codec: $side built ($SECONDS s), its GPU codec tests: $(grep -E '^\[  (PASSED  |FAILED  |SKIPPED )\] [0-9]+ tests?' "$OUT/gpu-codec-test-$side.log" | tr '\n' ' ')"
+  echo "ab-codec: $side $how, its GPU codec tests: $(grep -E '^\[  (PASSED  |FAILED  |SKIPPED )\] [0-9]+ tests?' "$OUT/gpu-codec-test-$side.log" | tr '\n' ' ')"
 done
 last="${SIDES[-1]}"
 run_side() {  # side round
