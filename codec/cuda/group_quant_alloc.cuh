@@ -369,8 +369,8 @@ __global__ void __launch_bounds__(kAllocThreads)
   const bool select = Selects(a.n_hi, a.tokens);
   const int64_t first = static_cast<int64_t>(blockIdx.x) * a.tile;
   const int64_t last = first + a.tile < a.tokens ? first + a.tile : a.tokens;
-  // The encode's blocks may start now (a dependent launch: they load their rows while the
-  // allocation works); this kernel reads the statistics pass's figures, so it waits for its end.
+  // The second kernel's blocks may start now (a dependent launch); this kernel reads the
+  // statistics pass's figures, so it waits for its end.
   LetDependentsStart();
   WaitForPriorGrids();
   TileWalk w(tok, select, a.adaptive, first, last);  // in flight during the top bits' round trips
