@@ -562,7 +562,8 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
       });
     });
     if (!stats_launched.ok()) return stats_launched;
-    const gqa::AllocArgs alloc{tokens, n_hi, p.adaptive, p.bits_hi, p.bits_lo, fixed_bytes, dim, gqa::TileTokens(tokens)};
+    const gqa::AllocArgs alloc{tokens,      n_hi, p.adaptive, p.bits_hi, p.bits_lo,
+                               fixed_bytes, dim,  gqa::TileTokens(tokens)};
     const auto tiles = static_cast<unsigned>(gqa::NumTiles(tokens));
     auto* ends = static_cast<unsigned long long*>(*offsets);  // ends[t]: the end of token t's block
     if (absl::Status s = LaunchDependent(gqa::AllocateCandidates, tiles, gqa::kAllocThreads, st,
