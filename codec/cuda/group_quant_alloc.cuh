@@ -129,9 +129,7 @@ struct TokenArrays {
 struct Keys {
   const float* entropy;
   bool adaptive;
-  __device__ uint64_t operator()(int64_t t) const {
-    return adaptive ? EntropyKey(entropy[t]) : SplitMix64(static_cast<uint64_t>(t));
-  }
+  __device__ uint64_t operator()(int64_t t) const { return AllocKey(adaptive, t, adaptive ? entropy[t] : 0.0f); }
 };
 
 struct SelectState {
@@ -338,7 +336,7 @@ struct TileWalk {
     h = keyed && adaptive && t < end ? tok.entropy[t] : 0.0f;
   }
   __device__ bool in() const { return t < end; }
-  __device__ uint64_t key() const { return adaptive ? EntropyKey(h) : SplitMix64(static_cast<uint64_t>(t)); }
+  __device__ uint64_t key() const { return AllocKey(adaptive, t, h); }
   // This token's flagged groups and first bad token (an empty tally where it is past the end).
   __device__ Tally Own() const {
     Tally v = kNoTally;

@@ -172,10 +172,14 @@ __device__ __forceinline__ void LoadOctet(const float* row, int o, int len, floa
 // full-rate instructions instead of a round and a conversion, which run at a quarter of the rate.
 // The clamp is fmaxf/fminf (one instruction each): NaN -> 0 as the CPU's compare-and-select, and
 // the sign a zero may get makes no code differ.
-__device__ __forceinline__ uint32_t QuantCode(float y, float fmaxq) {
-  y = fminf(fmaxf(y, 0.0f), fmaxq);
-  return __float_as_uint(__fadd_rn(y, 12582912.0f)) - 0x4B400000u;
+// The rounding's constant (1.5 * 2^23) and its float bits: a code q's sum has the bits kCodeZero + q.
+inline constexpr float kCodeRound = 12582912.0f;
+inline constexpr uint32_t kCodeZero = 0x4B400000u;
+// The float bits of y clamped to [0, fmaxq] plus kCodeRound: kCodeZero + its code.
+__device__ __forceinline__ uint32_t CodeBits(float y, float fmaxq) {
+  return __float_as_uint(__fadd_rn(fminf(fmaxf(y, 0.0f), fmaxq), kCodeRound));
 }
+__device__ __forceinline__ uint32_t QuantCode(float y, float fmaxq) { return CodeBits(y, fmaxq) - kCodeZero; }
 
 // The codes of a complete octet against its group's decoded lo and 1 / scale, packed (code j at bit
 // j * bits): QuantCode's, in two 32-bit halves of four codes; kWide when bits > 4 (the halves then
@@ -193,24 +197,20 @@ __device__ __forceinline__ uint64_t QuantOctet(const float (&v)[8], float lo, fl
 }
 
 // QuantOctet for a width known when compiling, at most 4 bits (all eight codes in one word): code j
-// is u_j - kMagic, u_j the float bits QuantCode reads it from, so the packed word, the sum of the
-// codes each shifted into place (their fields are disjoint), is the sum of the u_j shifted alike
-// less the magic's share of it, modulo 2^32 both: one multiply-add by a power of two (IMAD) a code
+// is u_j - kCodeZero, u_j its CodeBits, so the packed word, the sum of the codes each shifted into
+// place (their fields are disjoint), is the sum of the u_j shifted alike less kCodeZero's share of
+// it, modulo 2^32 both: one multiply-add by a power of two (IMAD) a code
 // instead of a subtraction, a shift and an OR. The same codes as QuantOctet<false>(..., kBits).
 template <int kBits>
 __device__ __forceinline__ uint32_t QuantOctetNarrow(const float (&v)[8], float lo, float inv) {
   static_assert(kBits >= 1 && kBits <= 4, "eight codes in one 32-bit word");
-  constexpr uint32_t kMagic = 0x4B400000u;  // the float bits of 1.5 * 2^23, QuantCode's zero
   constexpr float kMaxq = static_cast<float>((1 << kBits) - 1);
-  uint32_t magic_share = 0;
+  uint32_t zero_share = 0;
 #pragma unroll
-  for (int j = 0; j < 8; ++j) magic_share += kMagic << (j * kBits);
-  uint32_t w = 0u - magic_share;
+  for (int j = 0; j < 8; ++j) zero_share += kCodeZero << (j * kBits);
+  uint32_t w = 0u - zero_share;
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const float y = fminf(fmaxf((v[j] - lo) * inv, 0.0f), kMaxq);
-    w += __float_as_uint(__fadd_rn(y, 12582912.0f)) << (j * kBits);
-  }
+  for (int j = 0; j < 8; ++j) w += CodeBits((v[j] - lo) * inv, kMaxq) << (j * kBits);
   return w;
 }
 
