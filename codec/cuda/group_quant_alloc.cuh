@@ -47,7 +47,7 @@ namespace longhaul::codec::gpu::gqa {
 inline constexpr int kAllocThreads = 256;  // both kernels' blocks; one token a thread at a time
 inline constexpr int kAllocWarps = kAllocThreads / kWarp;
 inline constexpr int kMaxTiles = 1024;     // tiles of more than kAllocThreads tokens past this
-inline constexpr int kCandidates = 4096;   // keys sharing kth's top bits listed
+inline constexpr int kCandidates = 4096;   // keys sharing kth's known bits copied into shared memory
 inline constexpr int kDigitBits = 16;  // the fine histogram's digit: the key's top 16 bits
 inline constexpr int kPrefixBits = 24;  // the bits of a key the histograms see (AllocPrefix)
 inline constexpr int kBins = 1 << kDigitBits;
@@ -125,13 +125,6 @@ struct TokenArrays {
   uint8_t* bits;     // set by AllocateBits
 };
 
-// The keys: the hash computed, the entropy's from the statistics' array.
-struct Keys {
-  const float* entropy;
-  bool adaptive;
-  __device__ uint64_t operator()(int64_t t) const { return AllocKey(adaptive, t, adaptive ? entropy[t] : 0.0f); }
-};
-
 struct SelectState {
   uint64_t prefix;  // kth's bits found so far (the top `known`, the others 0)
   int64_t need;     // rank still sought among the keys that match the prefix (1-based)
@@ -193,6 +186,7 @@ __device__ inline void SelectTopDigit(const unsigned* hist, const AllocArgs& a, 
   __syncthreads();  // also: the scan's storage is free again
   const unsigned top8 = bin;
   const int64_t less8 = bin_less;
+  __syncthreads();  // every thread has read bin and bin_less
   const unsigned f = tid < kCoarseBins ? hist[top8 * kCoarseBins + static_cast<unsigned>(tid)] : 0u;
   Scan(tmp).ExclusiveSum(f, before);
   if (less8 + before < a.n_hi && a.n_hi <= less8 + before + f) {
@@ -202,12 +196,14 @@ __device__ inline void SelectTopDigit(const unsigned* hist, const AllocArgs& a, 
   __syncthreads();
   const unsigned top16 = top8 * kCoarseBins + bin;
   const int64_t less16 = bin_less;
-  if (!one_octave) {
-    if (tid == 0) *s = SelectState{static_cast<uint64_t>(top16) << (KeyBits(a.adaptive) - kDigitBits),
-                                   a.n_hi - less16, less16, kDigitBits};
-    __syncthreads();
-    return;
+  // The 16 bits, which the next step refines where it applies (they stand should no bin of it
+  // hold the rank, which consistent counts rule out).
+  if (tid == 0) {
+    *s = SelectState{static_cast<uint64_t>(top16) << (KeyBits(a.adaptive) - kDigitBits), a.n_hi - less16, less16,
+                     kDigitBits};
   }
+  __syncthreads();
+  if (!one_octave) return;
   const unsigned b2 = top16 & 0xFFu;
   const unsigned m = tid < kCoarseBins ? hist[kMidAt + b2 * kCoarseBins + static_cast<unsigned>(tid)] : 0u;
   Scan(tmp).ExclusiveSum(m, before);
@@ -233,31 +229,47 @@ __device__ __forceinline__ void CountDigits(unsigned* hist, bool match, unsigned
   if (match && digit != d0) atomicAdd(&hist[digit], 1u);
 }
 
-// Level 2: the remaining bits of kth, 8 a pass, over the keys that share its top bits: cand[0, n)
-// when they were all listed (n <= kCandidates), else every token's key in every pass. Every
+// The keys that share kth's known top bits, in tile order (each tile's list in TokenArrays::keys
+// from its first token on; at[i]: the place of tile i's first, at[ntiles]: their count n). Read
+// from shared memory where GatherCandidates copied them (n <= kCandidates), else from the lists.
+struct Candidates {
+  const uint64_t* copied;  // shared memory
+  const unsigned* at;      // shared memory, ntiles + 1
+  const uint64_t* lists;
+  int64_t tile_tokens;
+  int ntiles;
+  unsigned n;
+  __device__ bool Copied() const { return n <= kCandidates; }
+  // Where key p is in the lists: the last tile whose first place is at or before p has it.
+  __device__ int64_t ListIndex(unsigned p) const {
+    int lo = 0, hi = ntiles;
+    while (hi - lo > 1) {
+      const int mid = (lo + hi) / 2;
+      if (at[mid] <= p) {
+        lo = mid;
+      } else {
+        hi = mid;
+      }
+    }
+    return static_cast<int64_t>(lo) * tile_tokens + (p - at[lo]);
+  }
+  __device__ uint64_t operator[](unsigned p) const { return Copied() ? copied[p] : lists[ListIndex(p)]; }
+};
+
+// Level 2: the remaining bits of kth, 8 a pass, over the keys that share its known bits. Every
 // thread of the block calls it.
-__device__ inline void SelectLowDigits(const Keys& key, const AllocArgs& a, SelectState* s, const uint64_t* cand,
-                                       unsigned ncand) {
+__device__ inline void SelectLowDigits(const Candidates& cand, const AllocArgs& a, SelectState* s) {
   __shared__ unsigned digits[256];
   const int tid = threadIdx.x, lane = tid % kWarp;
   const int low = KeyBits(a.adaptive) - s->known;  // the bits below the known ones
-  const bool listed = ncand <= kCandidates;
-  const int n = listed ? static_cast<int>(ncand) : 0;
   for (int shift = low - 8; shift >= 0; shift -= 8) {
     for (int i = tid; i < 256; i += kAllocThreads) digits[i] = 0;
     __syncthreads();
     const uint64_t prefix = s->prefix;
     const uint64_t hi_mask = ~((uint64_t{1} << (shift + 8)) - 1);
-    if (listed) {
-      for (int i = tid; i - tid < n; i += kAllocThreads) {
-        const uint64_t k = i < n ? cand[i] : 0;
-        CountDigits(digits, i < n && (k & hi_mask) == prefix, static_cast<unsigned>(k >> shift) & 255u, lane);
-      }
-    } else {
-      for (int64_t t = tid; t - tid < a.tokens; t += kAllocThreads) {
-        const uint64_t k = t < a.tokens ? key(t) : 0;
-        CountDigits(digits, t < a.tokens && (k & hi_mask) == prefix, static_cast<unsigned>(k >> shift) & 255u, lane);
-      }
+    for (unsigned p = tid; p - tid < cand.n; p += kAllocThreads) {  // whole warps take each step
+      const uint64_t k = p < cand.n ? cand[p] : 0;
+      CountDigits(digits, p < cand.n && (k & hi_mask) == prefix, static_cast<unsigned>(k >> shift) & 255u, lane);
     }
     __syncthreads();
     if (tid < kWarp) {  // warp 0: lane l owns digits 8l .. 8l + 7
@@ -402,11 +414,11 @@ __global__ void __launch_bounds__(kAllocThreads)
   }
 }
 
-// The tiles' listed keys gathered in tile order into cand (shared memory; when they fit,
-// kCandidates), and at[i] the place of tile i's first (at[ntiles]: their count). Every thread of
-// the block calls it.
-__device__ inline void GatherCandidates(const AllocScratch* s, const TokenArrays& tok, int64_t tile_tokens,
-                                        int ntiles, uint64_t* cand, unsigned* at) {
+// The tiles' lists of keys that share kth's known bits (Candidates): at[] from the tiles' counts,
+// and the keys copied into `copied` (shared memory) where they fit. Every thread of the block
+// calls it.
+__device__ inline Candidates GatherCandidates(const AllocScratch* s, const TokenArrays& tok, int64_t tile_tokens,
+                                              int ntiles, uint64_t* copied, unsigned* at) {
   using Scan = cub::BlockScan<unsigned, kAllocThreads>;
   __shared__ typename Scan::TempStorage tmp;
   const int tid = threadIdx.x;
@@ -422,20 +434,11 @@ __device__ inline void GatherCandidates(const AllocScratch* s, const TokenArrays
   }
   if (tid == 0) at[ntiles] = carry;
   __syncthreads();
-  if (carry > kCandidates) return;
-  for (unsigned p = tid; p < carry; p += kAllocThreads) {
-    int lo = 0, hi = ntiles;  // the last tile whose first place is at or before p (it has p)
-    while (hi - lo > 1) {
-      const int mid = (lo + hi) / 2;
-      if (at[mid] <= p) {
-        lo = mid;
-      } else {
-        hi = mid;
-      }
-    }
-    cand[p] = tok.keys[static_cast<int64_t>(lo) * tile_tokens + (p - at[lo])];
-  }
+  const Candidates from_lists{copied, at, tok.keys, tile_tokens, ntiles, carry};
+  if (!from_lists.Copied()) return from_lists;
+  for (unsigned p = tid; p < carry; p += kAllocThreads) copied[p] = tok.keys[from_lists.ListIndex(p)];
   __syncthreads();
+  return from_lists;
 }
 
 // Token t's block end from the counts up to and including it (hi: its hi tokens).
@@ -452,8 +455,10 @@ __global__ void __launch_bounds__(kAllocThreads)
     AllocateBits(AllocArgs a, TokenArrays tok, const AllocScratch* s, unsigned* hist,
                  unsigned long long* __restrict__ ends, Results* __restrict__ res) {
   using Scan = cub::BlockScan<Tally, kAllocThreads>;
-  __shared__ typename Scan::TempStorage scan_tmp;
-  __shared__ uint64_t cand[kCandidates];
+  __shared__ union {
+    uint64_t cand[kCandidates];  // the selection's, then the scan's
+    typename Scan::TempStorage scan;
+  } sm;
   __shared__ unsigned cand_at[kMaxTiles + 1];
   __shared__ SelectState sel;
   const int tid = threadIdx.x;
@@ -463,7 +468,7 @@ __global__ void __launch_bounds__(kAllocThreads)
   const int64_t last = first + a.tile < a.tokens ? first + a.tile : a.tokens;
   LetDependentsStart();  // the encode's blocks load their rows meanwhile
   WaitForPriorGrids();
-  // One round trip: the tile's first tokens, the earlier tiles' tallies, the list's length.
+  // One round trip: the tile's first tokens and the earlier tiles' tallies.
   TileWalk w(tok, select, a.adaptive, first, last);
   Tally before = kNoTally;
   for (unsigned i = tid; i < tile; i += kAllocThreads) before = before + s->tile[i];
@@ -478,27 +483,16 @@ __global__ void __launch_bounds__(kAllocThreads)
       h4[i] = make_uint4(0, 0, 0, 0);
     }
     if (tid == 0) sel = s->top;
-    GatherCandidates(s, tok, a.tile, static_cast<int>(gridDim.x), cand, cand_at);
-    const unsigned ncand = cand_at[gridDim.x];
-    const Keys key{tok.entropy, a.adaptive};
-    SelectLowDigits(key, a, &sel, cand, ncand);
+    const Candidates cand = GatherCandidates(s, tok, a.tile, static_cast<int>(gridDim.x), sm.cand, cand_at);
+    SelectLowDigits(cand, a, &sel);
     kth = sel.prefix;
     take_equal = a.n_hi - sel.less;
-    // The earlier tiles' keys equal to kth or below it that share its top bits: listed (in tile
-    // order, so the first cand_at[tile]), or, when the list did not fit, every earlier key counted
-    // here instead of the tallies' `below`.
-    if (ncand <= kCandidates) {
-      for (unsigned p = tid; p < cand_at[tile]; p += kAllocThreads) {
-        before.below += cand[p] < kth ? 1 : 0;
-        before.equal += cand[p] == kth ? 1 : 0;
-      }
-    } else {
-      before.below = 0;
-      for (int64_t t = tid; t < first; t += kAllocThreads) {
-        const uint64_t k = key(t);
-        before.below += k < kth ? 1 : 0;
-        before.equal += k == kth ? 1 : 0;
-      }
+    // The earlier tiles' keys equal to kth or below it among those that share its known bits (the
+    // tallies counted the keys below those bits): the first cand_at[tile] in tile order.
+    for (unsigned p = tid; p < cand_at[tile]; p += kAllocThreads) {
+      const uint64_t k = cand[p];
+      before.below += k < kth ? 1 : 0;
+      before.equal += k == kth ? 1 : 0;
     }
   }
   Tally carry = BlockTally(before);  // the counts before the tile's next step
@@ -510,7 +504,7 @@ __global__ void __launch_bounds__(kAllocThreads)
       v.equal = select && k == kth ? 1 : 0;
     }
     Tally upto, step;
-    Scan(scan_tmp).InclusiveScan(v, upto, TallySum{}, step);
+    Scan(sm.scan).InclusiveScan(v, upto, TallySum{}, step);
     if (w.in()) {
       const long long equal = carry.equal + upto.equal;  // equal keys up to this one
       const bool hi = v.below != 0 || (v.equal != 0 && equal - 1 < take_equal);
@@ -519,7 +513,7 @@ __global__ void __launch_bounds__(kAllocThreads)
       ends[w.t] = BlockEnd(a, w.t, his, carry.flagged + upto.flagged);
     }
     carry = carry + step;
-    __syncthreads();  // scan_tmp is reused by the next step
+    __syncthreads();  // sm.scan is reused by the next step
   } while (w.Next());
   if (tile == gridDim.x - 1 && tid == 0) {  // carry: every token's counts
     const long long his = carry.below + (carry.equal < take_equal ? carry.equal : take_equal);

@@ -173,6 +173,20 @@ TEST_F(GpuGroupQuant, ManyTokensWithTiedEntropiesAllocateAsTheCpu) {
   CheckFp32(x, s);
 }
 
+// More tokens than 1,024 tiles of 256 (the allocation's most): tiles of 512, each block's tokens
+// in two steps (counts carried between them), rows repeated in runs of 5 so that equal keys
+// straddle the steps and the tiles.
+TEST_F(GpuGroupQuant, TilesOfSeveralStepsAllocateAsTheCpu) {
+  SKIP_WITHOUT_GPU();
+  const Shape s{300007, 8};
+  const std::vector<float> base = Activations(s.tokens / 5 + 1, s.dim, 13);
+  std::vector<float> x(s.tokens * s.dim);
+  for (int64_t t = 0; t < s.tokens; ++t) {
+    std::memcpy(&x[t * s.dim], &base[(t / 5) * s.dim], s.dim * sizeof(float));
+  }
+  CheckFp32(x, s);
+}
+
 // Every token the same row: one entropy shared by all 9,000 tokens, far more than the allocation's
 // list takes, so kth and the counts before each tile come from every token's key; the n_hi tokens
 // of lowest index are hi, as on the CPU.
