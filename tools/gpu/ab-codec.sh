@@ -12,15 +12,26 @@
 # same run, encode / copy, decode / copy, frame byte-identical), then each side's mean. ROUNDS
 # (each side once a round) default 4; AB_CODEC (default tahquant) and AB_DTYPE (fp32) choose the
 # cell; PROF=1 adds Nsight Compute's kernel durations of each side (checks.sh codecprof, in
-# OUT_DIR/prof-a, -b, ...).
+# OUT_DIR/prof-a, -b, ...). An archive written ARCHIVE.tar@VAR=VALUE runs its tests and bench with
+# that variable in the environment (the same archive twice, once with a switch: one build).
 set -euo pipefail
-usage="usage: ab-codec.sh OUT_DIR A.tar B.tar [MORE.tar ...] [ROUNDS]"
+usage="usage: ab-codec.sh OUT_DIR A.tar[@VAR=VALUE] B.tar[@VAR=VALUE] [MORE.tar ...] [ROUNDS]"
 OUT="${1:?$usage}"
 shift
 ROUNDS=4
 TARS=()
+ENVS=()  # each side's VAR=VALUE, or empty
 for arg in "$@"; do
-  if [[ "$arg" =~ ^[0-9]+$ ]]; then ROUNDS="$arg"; else TARS+=("$(realpath "$arg")"); fi
+  if [[ "$arg" =~ ^[0-9]+$ ]]; then
+    ROUNDS="$arg"
+  elif [[ "$arg" == *@* ]]; then
+    [[ "${arg#*@}" =~ ^[A-Za-z_][A-Za-z0-9_]*=.*$ ]] || { echo "ab-codec: '$arg': expected ARCHIVE.tar@VAR=VALUE" >&2; exit 2; }
+    TARS+=("$(realpath "${arg%%@*}")")
+    ENVS+=("${arg#*@}")
+  else
+    TARS+=("$(realpath "$arg")")
+    ENVS+=("")
+  fi
 done
 NAMES=(a b c d e f g h)
 if ((${#TARS[@]} < 2 || ${#TARS[@]} > ${#NAMES[@]})); then echo "$usage (2 to ${#NAMES[@]} archives)" >&2; exit 2; fi
@@ -42,28 +53,37 @@ for ((i = 0; i < ${#TARS[@]}; ++i)); do
   # builds, ROUNDS 0, then one that measures, while the machine is held).
   sum="$(sha256sum "${TARS[$i]}" | cut -c1-16)"
   cached="$BINS/by-archive/$sum"
-  if [[ -x "$cached" && -f "$cached.tests" ]]; then
+  if [[ -x "$cached" && -x "$cached.test-bin" ]]; then
     cp "$cached" "$BINS/$side"
-    cp "$cached.tests" "$OUT/gpu-codec-test-$side.log"
+    cp "$cached.test-bin" "$BINS/$side.test-bin"
     how="reused (built earlier from the same archive)"
   else
     "$ROOT/tools/gpu/from-archive.sh" "${TARS[$i]}" "$TREE" bash -c \
       "cd '$TREE' && ./longhaul.sh build longhaul-bench gpu_codec_test >'$OUT/build-$side.log' 2>&1" \
       || { tail -30 "$OUT/build-$side.log"; exit 1; }
     cp "$TREE/build/bin/longhaul-bench" "$BINS/$side"
-    "$TREE/build/tests/gpu_codec_test" >"$OUT/gpu-codec-test-$side.log" 2>&1 || true
+    cp "$TREE/build/tests/gpu_codec_test" "$BINS/$side.test-bin"
     # Into the cache under a temporary name first: a killed run leaves no half-copied binary.
     mkdir -p "$BINS/by-archive"
     cp "$BINS/$side" "$cached.tmp" && mv "$cached.tmp" "$cached"
-    cp "$OUT/gpu-codec-test-$side.log" "$cached.tests"
+    cp "$BINS/$side.test-bin" "$cached.tmp" && mv "$cached.tmp" "$cached.test-bin"
     how="built ($SECONDS s)"
   fi
-  echo "ab-codec: $side $how, its GPU codec tests: $(grep -E '^\[  (PASSED  |FAILED  |SKIPPED )\] [0-9]+ tests?' "$OUT/gpu-codec-test-$side.log" | tr '\n' ' ')"
+  # The tests once an archive and switch (their log cached with the binaries).
+  tests_log="$cached.tests${ENVS[$i]:+.$(echo "${ENVS[$i]}" | sha256sum | cut -c1-8)}"
+  if [[ ! -f "$tests_log" ]]; then
+    env ${ENVS[$i]:+"${ENVS[$i]}"} "$BINS/$side.test-bin" >"$tests_log.tmp" 2>&1 || true
+    mv "$tests_log.tmp" "$tests_log"
+  fi
+  cp "$tests_log" "$OUT/gpu-codec-test-$side.log"
+  echo "ab-codec: $side${ENVS[$i]:+ (${ENVS[$i]})} $how, its GPU codec tests: $(grep -E '^\[  (PASSED  |FAILED  |SKIPPED )\] [0-9]+ tests?' "$OUT/gpu-codec-test-$side.log" | tr '\n' ' ')"
 done
 last="${SIDES[-1]}"
 run_side() {  # side round
   local json
-  json="$("$BINS/$1" codec --device=cuda:0 --codec="$CODEC" --dtype="$DTYPE" --tokens=8192 --hidden=4096 --json \
+  local i
+  for ((i = 0; i < ${#SIDES[@]}; ++i)); do [[ "${SIDES[$i]}" == "$1" ]] && break; done
+  json="$(env ${ENVS[$i]:+"${ENVS[$i]}"} "$BINS/$1" codec --device=cuda:0 --codec="$CODEC" --dtype="$DTYPE" --tokens=8192 --hidden=4096 --json \
     2>>"$OUT/bench-$1.log")" || { echo "$1 $2 FAILED (bench-$1.log)"; return; }
   python3 - "$1" "$2" "$json" <<'PY'
 import json, sys
@@ -76,7 +96,7 @@ print(f"{side} {pair} encode {e:.1f} decode {dec:.1f} copy {c:.1f} encode/copy {
 PY
 }
 {
-  echo "# $CODEC $DTYPE 8192 x 4096, $(for ((i = 0; i < ${#TARS[@]}; ++i)); do printf '%s %s, ' "${SIDES[$i]}" "$(basename "${TARS[$i]}")"; done)$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)"
+  echo "# $CODEC $DTYPE 8192 x 4096, $(for ((i = 0; i < ${#TARS[@]}; ++i)); do printf '%s %s%s, ' "${SIDES[$i]}" "$(basename "${TARS[$i]}")" "${ENVS[$i]:+@${ENVS[$i]}}"; done)$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)"
   for ((p = 1; p <= ROUNDS; ++p)); do
     for side in "${SIDES[@]}"; do run_side "$side" "$p"; done
   done
@@ -85,9 +105,10 @@ awk '$3 == "encode" { e[$1] += $10; d[$1] += $12; n[$1]++ }
      END { for (s in n) printf "%s mean of %d: encode/copy %.4f decode/copy %.4f\n", s, n[s], e[s] / n[s], d[s] / n[s] }' \
   "$OUT/ab-codec.txt" | sort | tee -a "$OUT/ab-codec.txt"
 if [[ -n "${PROF:-}" ]]; then
-  for side in "${SIDES[@]}"; do
+  for ((i = 0; i < ${#SIDES[@]}; ++i)); do
+    side="${SIDES[$i]}"
     cp "$BINS/$side" "$TREE/build/bin/longhaul-bench"
-    (cd "$TREE" && PROF_CODECS="$CODEC" tools/gpu/checks.sh "$OUT/prof-$side" codecprof) \
+    (cd "$TREE" && env ${ENVS[$i]:+"${ENVS[$i]}"} PROF_CODECS="$CODEC" tools/gpu/checks.sh "$OUT/prof-$side" codecprof) \
       | grep -E "^  [A-Za-z]|Duration|no Nsight" | sed "s/^/$side /" || true
   done
   cp "$BINS/$last" "$TREE/build/bin/longhaul-bench"
