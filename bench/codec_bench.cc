@@ -13,9 +13,11 @@
 #include <c10/core/DeviceGuard.h>
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bench/benchmarks.h"
 #include "bench/synthetic_data.h"
+#include "bench/torch_trace.h"
 #include "codec/bitdp.h"
 #include "codec/codec.h"
 #include "codec/codec_gpu.h"
@@ -56,6 +58,7 @@ struct Flags {
   std::string dtype = "fp32";
   int64_t iters = 20;
   bool json = false;
+  std::string trace;  // --trace: --iters more encodes and decodes under LibTorch's profiler
 };
 
 struct Result {
@@ -204,6 +207,22 @@ absl::StatusOr<DeviceResult> MeasureOnDevice(const std::string& spec_text, const
       !s.ok()) {
     return s;
   }
+  if (!f.trace.empty()) {
+    // After the figures, in none of them: --iters encodes, then --iters decodes, each kernel's
+    // start and end on the GPU's clock (how the dependent launches overlap).
+    absl::Status traced = TraceTo(f.trace, dev, [&]() -> absl::Status {
+      for (int64_t i = 0; i < f.iters; ++i) {
+        if (absl::Status s = encode(); !s.ok()) return s;
+      }
+      for (int64_t i = 0; i < f.iters; ++i) {
+        if (absl::Status s = decode(); !s.ok()) return s;
+      }
+      return codec::gpu::Synchronize(nullptr);
+    });
+    if (!traced.ok()) return absl::Status(traced.code(), absl::StrCat("--trace: ", traced.message()));
+    std::fprintf(stderr, "longhaul-bench codec: %lld encodes and decodes of %s traced into %s\n",
+                 static_cast<long long>(f.iters), r.spec.c_str(), f.trace.c_str());
+  }
   return r;
 }
 
@@ -282,6 +301,9 @@ int Run(const Flags& f, const CLI::App& cmd) {
   }
   if (f.dtype != "fp32" && f.dtype != "bf16") return common::FlagError(cmd, "--dtype is fp32 or bf16, not \"" + f.dtype + "\"");
   if (f.iters < 1) return common::FlagError(cmd, "--iters must be >= 1");
+  if (!f.trace.empty() && (f.device == "cpu" || f.codecs.size() != 1)) {
+    return common::FlagError(cmd, "--trace takes --device=cuda:N and one --codec");
+  }
   if (f.device != "cpu") {
     // Checked before the data is made: on a machine without a GPU this fails at once.
     std::string why;
@@ -422,6 +444,12 @@ BenchmarkRun AddCodecBench(CLI::App& app) {
   cmd->add_option("--dtype", f->dtype, "input dtype: fp32 or bf16 (made from the fp32 data)")->type_name("DTYPE");
   cmd->add_option("--iters", f->iters, "calls per timing round on a device (3 rounds, median)")->type_name("N");
   cmd->add_flag("--json", f->json, "one JSON object per codec instead of a table");
+  cmd->add_option("--trace", f->trace,
+                  "with --device=cuda:N and one --codec: after the figures, --iters more encodes and decodes "
+                  "under LibTorch's profiler, written to FILE as a Chrome trace (each kernel's start and end on "
+                  "the GPU; tools/torch-trace-summary.py --timeline; needs a LibTorch with Kineto, as the PyTorch "
+                  "wheel's)")
+      ->type_name("FILE");
   cmd->footer(
       "Encodes and decodes a synthetic [tokens, hidden] tensor, fp32 or --dtype=bf16 (activations: Gaussian\n"
       "body, --outliers heavy channels, log-normal token energy, 5% spiky tokens; --data=gradients:\n"

@@ -12,17 +12,14 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
-#include <functional>
 #include <memory>
 #include <optional>
-#include <set>
 #include <string>
 #include <unordered_set>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 #include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/torch.h>
 
 #ifdef LONGHAUL_WITH_CUDA
@@ -32,6 +29,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "bench/benchmarks.h"
+#include "bench/torch_trace.h"
 #include "common/flags.h"
 #include "common/torch_status.h"
 #include "stage_runtime/executor.h"
@@ -137,29 +135,6 @@ std::pair<std::optional<int64_t>, std::string> PeakMemory(const torch::Device& d
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
   return {int64_t{u.ru_maxrss} * 1024, "max RSS of the whole process (getrusage)"};
-}
-
-// Runs `work` under LibTorch's (Kineto) profiler, the host's operators and on a GPU its kernels,
-// and writes the Chrome trace to `path`.
-absl::Status TraceTo(const std::string& path, const torch::Device& d, const std::function<absl::Status()>& work) {
-  namespace prof = torch::autograd::profiler;
-  using torch::profiler::impl::ActivityType;
-  const torch::profiler::impl::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO);
-  std::set<ActivityType> activities{ActivityType::CPU};
-  if (d.is_cuda()) activities.insert(ActivityType::CUDA);
-  absl::Status started = CatchTorch("start the profiler", [&]() -> absl::Status {
-    prof::prepareProfiler(config, activities);
-    prof::enableProfiler(config, activities);
-    return absl::OkStatus();
-  });
-  if (!started.ok()) return started;
-  absl::Status ran = work();
-  absl::Status saved = CatchTorch("write the trace", [&]() -> absl::Status {
-    std::unique_ptr<prof::ProfilerResult> result = prof::disableProfiler();
-    if (ran.ok()) result->save(path);
-    return absl::OkStatus();
-  });
-  return ran.ok() ? saved : ran;
 }
 
 // The autograd nodes a forward recorded, walked from its output (the leaves' AccumulateGrad

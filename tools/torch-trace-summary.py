@@ -1,11 +1,16 @@
 #!/usr/bin/env python3
 """Summarises a LibTorch (Kineto) Chrome trace, as `longhaul-bench stage --trace` writes it.
 
-  tools/torch-trace-summary.py TRACE.json[.gz] [--top N]
+  tools/torch-trace-summary.py TRACE.json[.gz] [--top N] [--timeline N]
 
 Prints the traced span, how much of it the GPU was busy (the union of its kernels' intervals), the
 kernels by total time, the CUDA runtime calls by total time (launches, and the synchronisations
 where the host waited for the GPU), and the host's operators by count. Times in milliseconds.
+--timeline N (as `longhaul-bench codec --device=cuda:0 --trace` writes, where a call's kernels
+overlap through dependent launches) adds, in microseconds, the first N kernels in the order they
+started: each one's start from the first kernel's, its duration, its gap after the kernel before
+it ended (negative: it started before that one ended) and the time from its launch call on the
+host to its start; then those figures' means for each kernel name over the whole trace.
 """
 import argparse
 import collections
@@ -40,10 +45,52 @@ def table(title, rows, top):
         print(f"  {ms:9.2f} {n:7d} {1000 * ms / n:9.1f}  {name[:110]}")
 
 
+def timeline(kernels, runtime, n):
+    """The kernels in start order: start, duration, gap after the previous one's end, launch to start."""
+    launch_at = {}
+    for e in runtime:
+        c = e.get("args", {}).get("correlation")
+        if c is not None and "aunch" in e["name"]:
+            launch_at[c] = e["ts"]
+    ks = sorted(kernels, key=lambda e: e["ts"])
+    t0 = ks[0]["ts"]
+    rows, prev_end = [], None
+    for e in ks:
+        c = e.get("args", {}).get("correlation")
+        rows.append((e["name"], e["ts"] - t0, e["dur"], None if prev_end is None else e["ts"] - prev_end,
+                     e["ts"] - launch_at[c] if c in launch_at else None))
+        prev_end = e["ts"] + e["dur"]
+    fmt = lambda v: f"{v:9.1f}" if v is not None else f"{'-':>9}"
+    print(f"\ntimeline (us): the first {min(n, len(rows))} of {len(rows)} kernels")
+    print(f"  {'start':>9} {'dur':>9} {'gap':>9} {'launch->':>9}  name")
+    for name, start, dur, gap, lat in rows[:n]:
+        print(f"  {start:9.1f} {dur:9.1f} {fmt(gap)} {fmt(lat)}  {name[:100]}")
+    per = collections.defaultdict(lambda: [0, 0.0, 0.0, 0, 0.0, 0])
+    for name, _, dur, gap, lat in rows:
+        p = per[name]
+        p[0] += 1
+        p[1] += dur
+        if gap is not None:
+            p[2] += gap
+            p[3] += 1
+        if lat is not None:
+            p[4] += lat
+            p[5] += 1
+    first = {}
+    for name, start, *_ in rows:
+        first.setdefault(name, start)
+    print("\nper kernel name, means (us):")
+    print(f"  {'count':>9} {'dur':>9} {'gap':>9} {'launch->':>9}  name")
+    for name, (k, dur, gap, ng, lat, nl) in sorted(per.items(), key=lambda kv: first[kv[0]]):
+        print(f"  {k:9d} {dur / k:9.1f} {fmt(gap / ng if ng else None)} {fmt(lat / nl if nl else None)}  {name[:100]}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("trace")
     ap.add_argument("--top", type=int, default=15, help="rows per table (default 15)")
+    ap.add_argument("--timeline", type=int, default=0, metavar="N",
+                    help="the first N kernels in start order, with gaps and overlaps (see above)")
     a = ap.parse_args()
     try:
         events = [e for e in load(a.trace) if e.get("ph") == "X" and "dur" in e]
@@ -76,8 +123,10 @@ def main():
             return rows
 
         table("kernels by total time:", sums(kernels), a.top)
-        table("CUDA runtime calls by total time (the host's side):", sums(by_cat.get("cuda_runtime", []) +
-              by_cat.get("cuda_driver", [])), a.top)
+        runtime = by_cat.get("cuda_runtime", []) + by_cat.get("cuda_driver", [])
+        table("CUDA runtime calls by total time (the host's side):", sums(runtime), a.top)
+        if a.timeline > 0:
+            timeline(kernels, runtime, a.timeline)
     ops = by_cat.get("cpu_op", [])
     if ops:
         # Top-level operators only (not nested in another operator on the same thread).
