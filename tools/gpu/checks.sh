@@ -10,6 +10,9 @@
 #             and main stall for each kernel of one tahquant and one int8 encode and decode (PROF_CODECS,
 #             PROF_LINES; clocks unlocked as in the bench, PROF_CLOCKS=base to lock them; PROF_SOURCE=REGEX
 #             adds the matching kernels' SASS with instructions executed per line)
+#   codectrace  where one encode's time goes on the GPU's clock: each kernel's start, end and overlap
+#             under the dependent launches (longhaul-bench codec --trace, LibTorch's profiler: Nsight
+#             Compute serialises the kernels), 8192 x 4096 fp32, for TRACE_CODECS (default tahquant)
 #   sweep     docs/gpu-sweep.md: 4 workers, one GPU each (the first 4; on fewer GPUs they are dealt in
 #             turn and share them; SWEEP_DEVICES=cuda:0,... to choose), each in its own network
 #             namespace with tc tbf access links, a gpt2-xl-shaped pipeline (SWEEP_LAYERS, default 48,
@@ -91,6 +94,16 @@ for f in sorted(glob.glob(os.path.join(sys.argv[1], "codec-*.json"))):
     keys = ("encode_gbps", "decode_gbps", "copy_gbps", "encode_to_host_gbps", "bits_per_element", "byte_identical")
     print(os.path.basename(f), {k: r.get(k) for k in keys})
 PY
+      ;;
+    codectrace)
+      for codec in ${TRACE_CODECS:-tahquant}; do
+        build/bin/longhaul-bench codec --device=cuda:0 --codec="$codec" --tokens=8192 --hidden=4096 --iters=20 \
+          --trace="$OUT/trace-$codec.json" >"$OUT/trace-$codec.txt" 2>&1 \
+          || { echo "codec trace $codec failed:"; tail -5 "$OUT/trace-$codec.txt"; continue; }
+        python3 tools/torch-trace-summary.py "$OUT/trace-$codec.json" --top 8 --timeline 16 \
+          | tee "$OUT/trace-$codec-summary.txt"
+        gzip -f "$OUT/trace-$codec.json"
+      done
       ;;
     codecprof)
       ncu_bin="$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1 || true)"
