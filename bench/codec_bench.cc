@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -76,6 +77,7 @@ struct DeviceResult {
   double bits = 0, rel_l2 = 0, enc = 0, dec = 0, copy = 0, enc_host = 0, dec_host = 0;
   double transformed_fraction = 0;
   bool byte_identical = false, decode_identical = false;
+  absl::Status traced;  // --trace's outcome (the figures stand either way)
 };
 
 // Seconds per call of fn, which queues work on the legacy default stream (LibTorch's default
@@ -210,7 +212,7 @@ absl::StatusOr<DeviceResult> MeasureOnDevice(const std::string& spec_text, const
   if (!f.trace.empty()) {
     // After the figures, in none of them: --iters encodes, then --iters decodes, each kernel's
     // start and end on the GPU's clock (how the dependent launches overlap).
-    absl::Status traced = TraceTo(f.trace, dev, [&]() -> absl::Status {
+    r.traced = TraceTo(f.trace, dev, [&]() -> absl::Status {
       for (int64_t i = 0; i < f.iters; ++i) {
         if (absl::Status s = encode(); !s.ok()) return s;
       }
@@ -219,9 +221,10 @@ absl::StatusOr<DeviceResult> MeasureOnDevice(const std::string& spec_text, const
       }
       return codec::gpu::Synchronize(nullptr);
     });
-    if (!traced.ok()) return absl::Status(traced.code(), absl::StrCat("--trace: ", traced.message()));
-    std::fprintf(stderr, "longhaul-bench codec: %lld encodes and decodes of %s traced into %s\n",
-                 static_cast<long long>(f.iters), r.spec.c_str(), f.trace.c_str());
+    if (r.traced.ok()) {
+      std::fprintf(stderr, "longhaul-bench codec: %lld encodes and decodes of %s traced into %s\n",
+                   static_cast<long long>(f.iters), r.spec.c_str(), f.trace.c_str());
+    }
   }
   return r;
 }
@@ -244,6 +247,16 @@ int RunOnDevice(const Flags& f, const CLI::App& cmd, const torch::Tensor& x_host
     }
     results.push_back(*std::move(r));
   }
+  // After the figures: a failed --trace (the figures stand) makes the exit status 1.
+  auto exit_status = [&results]() {
+    int status = 0;
+    for (const DeviceResult& r : results) {
+      if (r.traced.ok()) continue;
+      std::fprintf(stderr, "longhaul-bench codec: --trace of %s: %s\n", r.spec.c_str(), std::string(r.traced.message()).c_str());
+      status = 1;
+    }
+    return status;
+  };
   const std::string gbps_bytes = absl::StrFormat("input bytes: tokens * hidden * %d (%s) = %.0f per call",
                                                  static_cast<int>(x_host.element_size()), f.dtype, bytes);
   if (f.json) {
@@ -273,12 +286,12 @@ int RunOnDevice(const Flags& f, const CLI::App& cmd, const torch::Tensor& x_host
     };
     if (results.size() == 1) {
       std::printf("%s\n", one_json(results[0]).dump().c_str());
-      return 0;
+      return exit_status();
     }
     nlohmann::ordered_json all = nlohmann::ordered_json::array();
     for (const DeviceResult& r : results) all.push_back(one_json(r));
     std::printf("%s\n", nlohmann::ordered_json{{"results", all}}.dump(2).c_str());
-    return 0;
+    return exit_status();
   }
   std::printf("%lld x %lld %s %s on %s (%.0f MB); GB/s of %s\n", (long long)f.tokens, (long long)f.hidden,
               f.dtype.c_str(), kind.c_str(), dev->str().c_str(), bytes / 1e6, gbps_bytes.c_str());
@@ -289,7 +302,7 @@ int RunOnDevice(const Flags& f, const CLI::App& cmd, const torch::Tensor& x_host
                 r.rel_l2, r.byte_identical ? "yes" : "NO", r.decode_identical ? "yes" : "NO", r.enc, r.dec, r.copy,
                 r.enc / r.copy, r.dec / r.copy, r.enc_host, r.dec_host);
   }
-  return 0;
+  return exit_status();
 }
 
 int Run(const Flags& f, const CLI::App& cmd) {
@@ -301,8 +314,10 @@ int Run(const Flags& f, const CLI::App& cmd) {
   }
   if (f.dtype != "fp32" && f.dtype != "bf16") return common::FlagError(cmd, "--dtype is fp32 or bf16, not \"" + f.dtype + "\"");
   if (f.iters < 1) return common::FlagError(cmd, "--iters must be >= 1");
-  if (!f.trace.empty() && (f.device == "cpu" || f.codecs.size() != 1)) {
-    return common::FlagError(cmd, "--trace takes --device=cuda:N and one --codec");
+  if (!f.trace.empty()) {
+    if (f.device == "cpu" || f.codecs.size() != 1) return common::FlagError(cmd, "--trace takes --device=cuda:N and one --codec");
+    // Before any measuring: a path that cannot be written fails now, not after the figures.
+    if (!std::ofstream(f.trace)) return common::FlagError(cmd, "--trace=" + f.trace + ": cannot write there");
   }
   if (f.device != "cpu") {
     // Checked before the data is made: on a machine without a GPU this fails at once.

@@ -1,10 +1,12 @@
 #include "bench/torch_trace.h"
 
+#include <filesystem>
 #include <memory>
 #include <set>
 
 #include <torch/csrc/autograd/profiler_kineto.h>
 
+#include "absl/strings/str_cat.h"
 #include "common/torch_status.h"
 
 namespace longhaul::bench {
@@ -22,12 +24,20 @@ absl::Status TraceTo(const std::string& path, const torch::Device& d, const std:
   });
   if (!started.ok()) return started;
   absl::Status ran = work();
+  // Any earlier file of that name goes first: Kineto logs a file it cannot open, and returns.
+  std::error_code ec;
+  std::filesystem::remove(path, ec);
   absl::Status saved = CatchTorch("write the trace", [&]() -> absl::Status {
     std::unique_ptr<prof::ProfilerResult> result = prof::disableProfiler();
     if (ran.ok()) result->save(path);
     return absl::OkStatus();
   });
-  return ran.ok() ? saved : ran;
+  if (!ran.ok()) return ran;
+  if (!saved.ok()) return saved;
+  if (std::filesystem::file_size(path, ec) == 0 || ec) {
+    return absl::FailedPreconditionError(absl::StrCat("the profiler wrote no trace to ", path));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace longhaul::bench

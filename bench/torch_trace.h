@@ -15,7 +15,8 @@ namespace longhaul::bench {
 // Runs `work` under LibTorch's (Kineto) profiler, the host's operators and, when `d` is a CUDA
 // device, every kernel of the process on the GPU (the codecs' own kernels included), and writes the
 // Chrome trace to `path` when the work succeeded. Fails, saying so, where LibTorch has no Kineto
-// (Debian's) or the trace cannot be written; the work's failure comes first.
+// (Debian's) or no trace was written to `path` (checked by its size afterwards: Kineto only logs a
+// file it cannot open); the work's failure comes first.
 absl::Status TraceTo(const std::string& path, const torch::Device& d, const std::function<absl::Status()>& work);
 
 }  // namespace longhaul::bench

@@ -7,10 +7,11 @@ Prints the traced span, how much of it the GPU was busy (the union of its kernel
 kernels by total time, the CUDA runtime calls by total time (launches, and the synchronisations
 where the host waited for the GPU), and the host's operators by count. Times in milliseconds.
 --timeline N (as `longhaul-bench codec --device=cuda:0 --trace` writes, where a call's kernels
-overlap through dependent launches) adds, in microseconds, the first N kernels in the order they
-started: each one's start from the first kernel's, its duration, its gap after the kernel before
-it ended (negative: it started before that one ended) and the time from its launch call on the
-host to its start; then those figures' means for each kernel name over the whole trace.
+overlap through dependent launches) adds, in microseconds, the first N kernels and copies in the
+order they started: each one's start from the first one's, its duration, its gap after the latest
+end of those before it (negative: it started before that one ended) and the time from its call on
+the host (the launch, or the copy's call) to its start; then those figures' means for each name
+over the whole trace.
 """
 import argparse
 import collections
@@ -45,24 +46,26 @@ def table(title, rows, top):
         print(f"  {ms:9.2f} {n:7d} {1000 * ms / n:9.1f}  {name[:110]}")
 
 
-def timeline(kernels, runtime, n):
-    """The kernels in start order: start, duration, gap after the previous one's end, launch to start."""
-    launch_at = {}
+def timeline(kernels, copies, runtime, n):
+    """The kernels (and copies, marked) in start order: start, duration, gap after the latest end
+    so far, time from the host's call to the start."""
+    called_at = {}
     for e in runtime:
         c = e.get("args", {}).get("correlation")
-        if c is not None and "aunch" in e["name"]:
-            launch_at[c] = e["ts"]
-    ks = sorted(kernels, key=lambda e: e["ts"])
-    t0 = ks[0]["ts"]
+        if c is not None:
+            called_at[c] = e["ts"]
+    ks = sorted([(e, "") for e in kernels] + [(e, "[copy] ") for e in copies], key=lambda p: p[0]["ts"])
+    t0 = ks[0][0]["ts"]
     rows, prev_end = [], None
-    for e in ks:
+    for e, mark in ks:
         c = e.get("args", {}).get("correlation")
-        rows.append((e["name"], e["ts"] - t0, e["dur"], None if prev_end is None else e["ts"] - prev_end,
-                     e["ts"] - launch_at[c] if c in launch_at else None))
-        prev_end = e["ts"] + e["dur"]
+        rows.append((mark + e["name"], e["ts"] - t0, e["dur"], None if prev_end is None else e["ts"] - prev_end,
+                     e["ts"] - called_at[c] if c in called_at else None))
+        end = e["ts"] + e["dur"]
+        prev_end = end if prev_end is None else max(prev_end, end)
     fmt = lambda v: f"{v:9.1f}" if v is not None else f"{'-':>9}"
-    print(f"\ntimeline (us): the first {min(n, len(rows))} of {len(rows)} kernels")
-    print(f"  {'start':>9} {'dur':>9} {'gap':>9} {'launch->':>9}  name")
+    print(f"\ntimeline (us): the first {min(n, len(rows))} of {len(rows)} kernels and copies")
+    print(f"  {'start':>9} {'dur':>9} {'gap':>9} {'call->':>9}  name")
     for name, start, dur, gap, lat in rows[:n]:
         print(f"  {start:9.1f} {dur:9.1f} {fmt(gap)} {fmt(lat)}  {name[:100]}")
     per = collections.defaultdict(lambda: [0, 0.0, 0.0, 0, 0.0, 0])
@@ -80,7 +83,7 @@ def timeline(kernels, runtime, n):
     for name, start, *_ in rows:
         first.setdefault(name, start)
     print("\nper kernel name, means (us):")
-    print(f"  {'count':>9} {'dur':>9} {'gap':>9} {'launch->':>9}  name")
+    print(f"  {'count':>9} {'dur':>9} {'gap':>9} {'call->':>9}  name")
     for name, (k, dur, gap, ng, lat, nl) in sorted(per.items(), key=lambda kv: first[kv[0]]):
         print(f"  {k:9d} {dur / k:9.1f} {fmt(gap / ng if ng else None)} {fmt(lat / nl if nl else None)}  {name[:100]}")
 
@@ -126,7 +129,9 @@ def main():
         runtime = by_cat.get("cuda_runtime", []) + by_cat.get("cuda_driver", [])
         table("CUDA runtime calls by total time (the host's side):", sums(runtime), a.top)
         if a.timeline > 0:
-            timeline(kernels, runtime, a.timeline)
+            timeline(kernels, mem, runtime, a.timeline)
+    elif a.timeline > 0:
+        print("no GPU kernels in the trace: no timeline")
     ops = by_cat.get("cpu_op", [])
     if ops:
         # Top-level operators only (not nested in another operator on the same thread).

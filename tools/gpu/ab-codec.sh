@@ -24,10 +24,12 @@ ENVS=()  # each side's VAR=VALUE, or empty
 for arg in "$@"; do
   if [[ "$arg" =~ ^[0-9]+$ ]]; then
     ROUNDS="$arg"
-  elif [[ "$arg" == *@* ]]; then
-    [[ "${arg#*@}" =~ ^[A-Za-z_][A-Za-z0-9_]*=.*$ ]] || { echo "ab-codec: '$arg': expected ARCHIVE.tar@VAR=VALUE" >&2; exit 2; }
-    TARS+=("$(realpath "${arg%%@*}")")
-    ENVS+=("${arg#*@}")
+  elif [[ "$arg" =~ ^(.*\.tar)@([A-Za-z_][A-Za-z0-9_]*=.*)$ ]]; then
+    TARS+=("$(realpath "${BASH_REMATCH[1]}")")
+    ENVS+=("${BASH_REMATCH[2]}")
+  elif [[ "$arg" == *.tar@* ]]; then
+    echo "ab-codec: '$arg': expected ARCHIVE.tar@VAR=VALUE" >&2
+    exit 2
   else
     TARS+=("$(realpath "$arg")")
     ENVS+=("")

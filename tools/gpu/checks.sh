@@ -52,7 +52,7 @@
 #             FIDELITY_STEPS steps (default 1000), both runs at once on cuda:0
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-OUT="${1:?usage: tools/gpu/checks.sh OUT_DIR [build|codec|codecbench|sweep|pipeline|bootstrap|test|bench|data|job|fidelity ...]}"
+OUT="${1:?usage: tools/gpu/checks.sh OUT_DIR [build|codec|codecbench|codectrace|codecprof|sweep|dpsweep|pipeline|bootstrap|fuzz|test|bench|stageprof|data|job|fidelity ...]}"
 shift
 steps=("$@")
 ((${#steps[@]})) || steps=(build test bench data job)
@@ -101,8 +101,8 @@ PY
           --trace="$OUT/trace-$codec.json" >"$OUT/trace-$codec.txt" 2>&1 \
           || { echo "codec trace $codec failed:"; tail -5 "$OUT/trace-$codec.txt"; continue; }
         python3 tools/torch-trace-summary.py "$OUT/trace-$codec.json" --top 8 --timeline 16 \
-          | tee "$OUT/trace-$codec-summary.txt"
-        gzip -f "$OUT/trace-$codec.json"
+          | tee "$OUT/trace-$codec-summary.txt" || echo "codectrace $codec: no summary"
+        gzip -f "$OUT/trace-$codec.json" || true
       done
       ;;
     codecprof)
