@@ -252,7 +252,8 @@ int RunOnDevice(const Flags& f, const CLI::App& cmd, const torch::Tensor& x_host
     int status = 0;
     for (const DeviceResult& r : results) {
       if (r.traced.ok()) continue;
-      std::fprintf(stderr, "longhaul-bench codec: --trace of %s: %s\n", r.spec.c_str(), std::string(r.traced.message()).c_str());
+      std::fprintf(stderr, "longhaul-bench codec: --trace of %s: %s\n", r.spec.c_str(),
+                   std::string(r.traced.message()).c_str());
       status = 1;
     }
     return status;
@@ -315,7 +316,9 @@ int Run(const Flags& f, const CLI::App& cmd) {
   if (f.dtype != "fp32" && f.dtype != "bf16") return common::FlagError(cmd, "--dtype is fp32 or bf16, not \"" + f.dtype + "\"");
   if (f.iters < 1) return common::FlagError(cmd, "--iters must be >= 1");
   if (!f.trace.empty()) {
-    if (f.device == "cpu" || f.codecs.size() != 1) return common::FlagError(cmd, "--trace takes --device=cuda:N and one --codec");
+    if (f.device == "cpu" || f.codecs.size() != 1) {
+      return common::FlagError(cmd, "--trace takes --device=cuda:N and one --codec");
+    }
     // Before any measuring: a path that cannot be written fails now, not after the figures.
     if (!std::ofstream(f.trace)) return common::FlagError(cmd, "--trace=" + f.trace + ": cannot write there");
   }

@@ -159,18 +159,23 @@ TEST_F(GpuGroupQuant, RejectsNonFiniteAndHugeInputNamingTheFirstToken) {
   }
 }
 
+// s.tokens rows of activations (seed), each repeated `run` times in a row: equal entropies in runs.
+std::vector<float> RowsInRuns(const Shape& s, int64_t run, uint32_t seed) {
+  const std::vector<float> base = Activations(s.tokens / run + 1, s.dim, seed);
+  std::vector<float> x(s.tokens * s.dim);
+  for (int64_t t = 0; t < s.tokens; ++t) {
+    std::memcpy(&x[t * s.dim], &base[(t / run) * s.dim], s.dim * sizeof(float));
+  }
+  return x;
+}
+
 // More tokens than the allocation's tiles (256) and than its list of keys that share the selected
 // key's top bits (4,096), with every row repeated in runs of 7 so that equal entropies straddle
 // the tiles and the n_hi-th key: the ties go to the lower token index, as on the CPU.
 TEST_F(GpuGroupQuant, ManyTokensWithTiedEntropiesAllocateAsTheCpu) {
   SKIP_WITHOUT_GPU();
   const Shape s{10007, 16};
-  const std::vector<float> base = Activations(s.tokens / 7 + 1, s.dim, 11);
-  std::vector<float> x(s.tokens * s.dim);
-  for (int64_t t = 0; t < s.tokens; ++t) {
-    std::memcpy(&x[t * s.dim], &base[(t / 7) * s.dim], s.dim * sizeof(float));
-  }
-  CheckFp32(x, s);
+  CheckFp32(RowsInRuns(s, 7, 11), s);
 }
 
 // More tokens than 1,024 tiles of 256 (the allocation's most): tiles of 512, each block's tokens
@@ -179,12 +184,7 @@ TEST_F(GpuGroupQuant, ManyTokensWithTiedEntropiesAllocateAsTheCpu) {
 TEST_F(GpuGroupQuant, TilesOfSeveralStepsAllocateAsTheCpu) {
   SKIP_WITHOUT_GPU();
   const Shape s{300007, 8};
-  const std::vector<float> base = Activations(s.tokens / 5 + 1, s.dim, 13);
-  std::vector<float> x(s.tokens * s.dim);
-  for (int64_t t = 0; t < s.tokens; ++t) {
-    std::memcpy(&x[t * s.dim], &base[(t / 5) * s.dim], s.dim * sizeof(float));
-  }
-  CheckFp32(x, s);
+  CheckFp32(RowsInRuns(s, 5, 13), s);
 }
 
 // Every token the same row: one entropy shared by all 9,000 tokens, far more than the allocation's
