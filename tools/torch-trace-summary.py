@@ -68,24 +68,18 @@ def timeline(kernels, copies, runtime, n):
     print(f"  {'start':>9} {'dur':>9} {'gap':>9} {'call->':>9}  name")
     for name, start, dur, gap, lat in rows[:n]:
         print(f"  {start:9.1f} {dur:9.1f} {fmt(gap)} {fmt(lat)}  {name[:100]}")
-    per = collections.defaultdict(lambda: [0, 0.0, 0.0, 0, 0.0, 0])
+    # Each name's figures, names in the order they first started (rows are in start order).
+    per = {}
     for name, _, dur, gap, lat in rows:
-        p = per[name]
-        p[0] += 1
-        p[1] += dur
-        if gap is not None:
-            p[2] += gap
-            p[3] += 1
-        if lat is not None:
-            p[4] += lat
-            p[5] += 1
-    first = {}
-    for name, start, *_ in rows:
-        first.setdefault(name, start)
+        per.setdefault(name, ([], [], []))
+        for figures, v in zip(per[name], (dur, gap, lat)):
+            if v is not None:
+                figures.append(v)
+    mean = lambda xs: sum(xs) / len(xs) if xs else None
     print("\nper kernel name, means (us):")
     print(f"  {'count':>9} {'dur':>9} {'gap':>9} {'call->':>9}  name")
-    for name, (k, dur, gap, ng, lat, nl) in sorted(per.items(), key=lambda kv: first[kv[0]]):
-        print(f"  {k:9d} {dur / k:9.1f} {fmt(gap / ng if ng else None)} {fmt(lat / nl if nl else None)}  {name[:100]}")
+    for name, (durs, gaps, lats) in per.items():
+        print(f"  {len(durs):9d} {mean(durs):9.1f} {fmt(mean(gaps))} {fmt(mean(lats))}  {name[:100]}")
 
 
 def main():

@@ -156,13 +156,25 @@ struct AllocScratch {
   unsigned listed[kMaxTiles];     // each tile's keys that share kth's top bits (in TokenArrays::keys)
 };
 
+using BinScan = cub::BlockScan<unsigned, kAllocThreads>;
+
+// One step of a radix select over 256 bins: c, this thread's bin count (0 past the bins), less,
+// the keys below the first bin. Whether this thread's bin holds rank `need` (1-based), and the
+// keys before it (*run). Every thread of the block calls it.
+__device__ __forceinline__ bool HoldsRank(unsigned c, int64_t less, int64_t need, BinScan::TempStorage& tmp,
+                                          int64_t* run) {
+  unsigned before = 0;
+  BinScan(tmp).ExclusiveSum(c, before);
+  *run = less + before;
+  return *run < need && need <= *run + c;
+}
+
 // Level 1: the top 16 bits of kth from the global histograms, the coarse one first, then, where
 // every key shares the top 8 bits, 8 more from the histogram of the bits 8..23 (restricted to keys
 // with kth's bits 8..15: those with kth's top 16, since all share the top 8). One load a thread a
 // step. Every thread of the block calls it, after *s = {0, n_hi, 0, 0} and a barrier.
 __device__ inline void SelectTopDigit(const unsigned* hist, const AllocArgs& a, SelectState* s) {
-  using Scan = cub::BlockScan<unsigned, kAllocThreads>;
-  __shared__ typename Scan::TempStorage tmp;
+  __shared__ BinScan::TempStorage tmp;
   __shared__ unsigned bin;  // the step's bin that holds rank need
   __shared__ int64_t bin_less;
   __shared__ bool one_octave;  // every key shares the top 8 bits
@@ -175,12 +187,11 @@ __device__ inline void SelectTopDigit(const unsigned* hist, const AllocArgs& a, 
     one_octave = false;
   }
   __syncthreads();
+  int64_t run = 0;
   const unsigned c = tid < kCoarseBins ? hist[kCoarseAt + tid] : 0u;
-  unsigned before = 0;
-  Scan(tmp).ExclusiveSum(c, before);
-  if (static_cast<int64_t>(before) < a.n_hi && a.n_hi <= static_cast<int64_t>(before) + c) {
+  if (HoldsRank(c, 0, a.n_hi, tmp, &run)) {
     bin = static_cast<unsigned>(tid);
-    bin_less = before;
+    bin_less = run;
     one_octave = c == a.tokens;
   }
   __syncthreads();  // also: the scan's storage is free again
@@ -188,10 +199,9 @@ __device__ inline void SelectTopDigit(const unsigned* hist, const AllocArgs& a, 
   const int64_t less8 = bin_less;
   __syncthreads();  // every thread has read bin and bin_less
   const unsigned f = tid < kCoarseBins ? hist[top8 * kCoarseBins + static_cast<unsigned>(tid)] : 0u;
-  Scan(tmp).ExclusiveSum(f, before);
-  if (less8 + before < a.n_hi && a.n_hi <= less8 + before + f) {
+  if (HoldsRank(f, less8, a.n_hi, tmp, &run)) {
     bin = static_cast<unsigned>(tid);
-    bin_less = less8 + before;
+    bin_less = run;
   }
   __syncthreads();
   const unsigned top16 = top8 * kCoarseBins + bin;
@@ -206,9 +216,7 @@ __device__ inline void SelectTopDigit(const unsigned* hist, const AllocArgs& a, 
   if (!one_octave) return;
   const unsigned b2 = top16 & 0xFFu;
   const unsigned m = tid < kCoarseBins ? hist[kMidAt + b2 * kCoarseBins + static_cast<unsigned>(tid)] : 0u;
-  Scan(tmp).ExclusiveSum(m, before);
-  if (less16 + before < a.n_hi && a.n_hi <= less16 + before + m) {
-    const int64_t run = less16 + before;
+  if (HoldsRank(m, less16, a.n_hi, tmp, &run)) {
     *s = SelectState{static_cast<uint64_t>(top16 * kCoarseBins + static_cast<unsigned>(tid))
                          << (KeyBits(a.adaptive) - kPrefixBits),
                      a.n_hi - run, run, kPrefixBits};
@@ -419,15 +427,14 @@ __global__ void __launch_bounds__(kAllocThreads)
 // calls it.
 __device__ inline Candidates GatherCandidates(const AllocScratch* s, const TokenArrays& tok, int64_t tile_tokens,
                                               int ntiles, uint64_t* copied, unsigned* at) {
-  using Scan = cub::BlockScan<unsigned, kAllocThreads>;
-  __shared__ typename Scan::TempStorage tmp;
+  __shared__ BinScan::TempStorage tmp;
   const int tid = threadIdx.x;
   unsigned carry = 0;
   for (int base = 0; base < ntiles; base += kAllocThreads) {
     const int i = base + tid;
     const unsigned c = i < ntiles ? s->listed[i] : 0u;
     unsigned before = 0, all = 0;
-    Scan(tmp).ExclusiveSum(c, before, all);
+    BinScan(tmp).ExclusiveSum(c, before, all);
     if (i < ntiles) at[i] = carry + before;
     carry += all;
     __syncthreads();  // tmp is reused

@@ -193,10 +193,7 @@ TEST_F(GpuGroupQuant, TilesOfSeveralStepsAllocateAsTheCpu) {
 TEST_F(GpuGroupQuant, OneEntropyForEveryTokenAllocatesAsTheCpu) {
   SKIP_WITHOUT_GPU();
   const Shape s{9000, 64};
-  const std::vector<float> row = Activations(1, s.dim, 5);
-  std::vector<float> x(s.tokens * s.dim);
-  for (int64_t t = 0; t < s.tokens; ++t) std::memcpy(&x[t * s.dim], row.data(), s.dim * sizeof(float));
-  CheckFp32(x, s);
+  CheckFp32(RowsInRuns(s, s.tokens, 5), s);
 }
 
 // Tokens with 1 to 64 nonzero elements: entropies from 0 to 6 bits, keys that differ in their top

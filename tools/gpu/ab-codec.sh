@@ -21,6 +21,9 @@ shift
 ROUNDS=4
 TARS=()
 ENVS=()  # each side's VAR=VALUE, or empty
+with_env() {  # side_index command...: the command with that side's variable, if any
+  env ${ENVS[$1]:+"${ENVS[$1]}"} "${@:2}"
+}
 for arg in "$@"; do
   if [[ "$arg" =~ ^[0-9]+$ ]]; then
     ROUNDS="$arg"
@@ -74,20 +77,18 @@ for ((i = 0; i < ${#TARS[@]}; ++i)); do
   # The tests once an archive and switch (their log cached with the binaries).
   tests_log="$cached.tests${ENVS[$i]:+.$(echo "${ENVS[$i]}" | sha256sum | cut -c1-8)}"
   if [[ ! -f "$tests_log" ]]; then
-    env ${ENVS[$i]:+"${ENVS[$i]}"} "$BINS/$side.test-bin" >"$tests_log.tmp" 2>&1 || true
+    with_env "$i" "$BINS/$side.test-bin" >"$tests_log.tmp" 2>&1 || true
     mv "$tests_log.tmp" "$tests_log"
   fi
   cp "$tests_log" "$OUT/gpu-codec-test-$side.log"
   echo "ab-codec: $side${ENVS[$i]:+ (${ENVS[$i]})} $how, its GPU codec tests: $(grep -E '^\[  (PASSED  |FAILED  |SKIPPED )\] [0-9]+ tests?' "$OUT/gpu-codec-test-$side.log" | tr '\n' ' ')"
 done
 last="${SIDES[-1]}"
-run_side() {  # side round
-  local json
-  local i
-  for ((i = 0; i < ${#SIDES[@]}; ++i)); do [[ "${SIDES[$i]}" == "$1" ]] && break; done
-  json="$(env ${ENVS[$i]:+"${ENVS[$i]}"} "$BINS/$1" codec --device=cuda:0 --codec="$CODEC" --dtype="$DTYPE" --tokens=8192 --hidden=4096 --json \
-    2>>"$OUT/bench-$1.log")" || { echo "$1 $2 FAILED (bench-$1.log)"; return; }
-  python3 - "$1" "$2" "$json" <<'PY'
+run_side() {  # side_index round
+  local side="${SIDES[$1]}" json
+  json="$(with_env "$1" "$BINS/$side" codec --device=cuda:0 --codec="$CODEC" --dtype="$DTYPE" --tokens=8192 \
+    --hidden=4096 --json 2>>"$OUT/bench-$side.log")" || { echo "$side $2 FAILED (bench-$side.log)"; return; }
+  python3 - "$side" "$2" "$json" <<'PY'
 import json, sys
 side, pair, text = sys.argv[1], sys.argv[2], sys.argv[3]
 d = json.loads(text)
@@ -100,7 +101,7 @@ PY
 {
   echo "# $CODEC $DTYPE 8192 x 4096, $(for ((i = 0; i < ${#TARS[@]}; ++i)); do printf '%s %s%s, ' "${SIDES[$i]}" "$(basename "${TARS[$i]}")" "${ENVS[$i]:+@${ENVS[$i]}}"; done)$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)"
   for ((p = 1; p <= ROUNDS; ++p)); do
-    for side in "${SIDES[@]}"; do run_side "$side" "$p"; done
+    for ((i = 0; i < ${#SIDES[@]}; ++i)); do run_side "$i" "$p"; done
   done
 } | tee "$OUT/ab-codec.txt"
 awk '$3 == "encode" { e[$1] += $10; d[$1] += $12; n[$1]++ }
@@ -110,7 +111,7 @@ if [[ -n "${PROF:-}" ]]; then
   for ((i = 0; i < ${#SIDES[@]}; ++i)); do
     side="${SIDES[$i]}"
     cp "$BINS/$side" "$TREE/build/bin/longhaul-bench"
-    (cd "$TREE" && env ${ENVS[$i]:+"${ENVS[$i]}"} PROF_CODECS="$CODEC" tools/gpu/checks.sh "$OUT/prof-$side" codecprof) \
+    (cd "$TREE" && with_env "$i" PROF_CODECS="$CODEC" tools/gpu/checks.sh "$OUT/prof-$side" codecprof) \
       | grep -E "^  [A-Za-z]|Duration|no Nsight" | sed "s/^/$side /" || true
   done
   cp "$BINS/$last" "$TREE/build/bin/longhaul-bench"
