@@ -177,8 +177,9 @@ absl::StatusOr<DeviceResult> MeasureOnDevice(const std::string& spec_text, const
     };
   }
   if (family != codec::CodecFamily::kRaw) {
-    // The payload left in device memory (group quant synchronises once per call: its size depends
-    // on the data; the other encoders are asynchronous and the round ends with a synchronisation).
+    // The payload left in device memory (group quant waits for the payload's size, which depends
+    // on the data: tahquant's call returns while its encode kernel runs, int<k>'s after it; the
+    // other encoders are asynchronous; the round ends with a synchronisation).
     encode = [&] {
       absl::StatusOr<codec::gpu::DeviceBytes> p =
           codec::internal::EncodePayloadOnGpu(*spec, x_dev, shape, 0, enc_ws, nullptr);

@@ -23,9 +23,11 @@
 //   std::string payload;  gpu::AppendToHost(*p, stream, &payload);   // == the CPU's payload
 //
 // Threading: a Workspace is used by one thread at a time; functions on different workspaces may
-// run concurrently. GroupQuantEncode synchronises its stream once (the payload's size depends on
-// the data); the other encoders and the decoders are asynchronous on the stream (AppendToHost and
-// Download wait for them).
+// run concurrently. GroupQuantEncode waits for its payload's size (which depends on the data: for
+// tahquant the allocation's, while the encode kernel still runs; for int<k> the whole encode); the
+// encoders and the decoders are otherwise asynchronous on the stream (AppendToHost and Download wait
+// for them). So the caller keeps an input unchanged, and uses the workspace on another stream
+// only, after the stream's work so far is done (the codec glue's AppendToHost waits for it).
 #ifndef LONGHAUL_CODEC_CUDA_GPU_CODEC_H_
 #define LONGHAUL_CODEC_CUDA_GPU_CODEC_H_
 
@@ -86,11 +88,15 @@ class Workspace {
   // MarkDirty(slot) when its work may end without clearing (a launch failed half-way).
   absl::StatusOr<void*> ZeroedScratch(int slot, size_t bytes, Stream s);
   void MarkDirty(int slot);
-  // A small pinned host area (kPinnedBytes) for results read back after a synchronisation, and
-  // its address for the device's kernels to write.
+  // A small pinned host area (kPinnedBytes) for results the host reads back (after a
+  // synchronisation, or once a number written after them has arrived: NextPinnedSeq), and its
+  // address for the device's kernels to write.
   static constexpr size_t kPinnedBytes = 256;
-  absl::StatusOr<void*> Pinned();
+  absl::StatusOr<void*> Pinned();  // zeroed when first allocated
   absl::StatusOr<void*> PinnedOnDevice();
+  // A new number (1, 2, ...) for each call whose kernels announce their results in the pinned
+  // area: written after the results, it tells this call's from an earlier call's.
+  unsigned long long NextPinnedSeq() { return ++pinned_seq_; }
   // Copies n bytes of host memory to dst_dev on `s` and returns without waiting for the copy or
   // for earlier work on `s` (as a copy from pageable memory would): the bytes go through this
   // workspace's pinned staging buffer, which the next call reuses once this copy has read it.
@@ -103,12 +109,14 @@ class Workspace {
   bool zeroed_[kSlots] = {};  // the slot is all zeros once the work queued so far ends (ZeroedScratch)
   void* pinned_ = nullptr;
   void* pinned_dev_ = nullptr;
+  unsigned long long pinned_seq_ = 0;
   void* staging_ = nullptr;
   size_t staging_size_ = 0;
   void* staging_read_ = nullptr;  // cudaEvent_t: the last copy out of staging_ is done
 };
 
-// A payload in device memory (inside a Workspace: valid until that workspace's next encode).
+// A payload in device memory (inside a Workspace: valid until that workspace's next encode; its
+// bytes are complete in the order of the encode's stream, AppendToHost and Download wait for them).
 struct DeviceBytes {
   const uint8_t* data = nullptr;
   size_t size = 0;

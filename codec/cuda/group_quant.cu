@@ -25,7 +25,9 @@
 //         L2), the kept outlier tests, the flagged groups' ordinals by a block-wide count,
 //         header, params, pivots and codes (EncodeRow's phases); a one-chunk token's loads all
 //         issued before the first is used.
-// The host synchronises once, to read the payload size and the error word.
+// The host waits for the allocation's results (payload size, error word, in pinned memory), not
+// for the encode kernel: the call returns while it runs, as the other encoders return before
+// theirs (int<k>'s fused kernel: the host synchronises once).
 //
 // Decoding: group_quant_decode.cu.
 #include <cuda_runtime.h>
@@ -412,8 +414,38 @@ __global__ void __launch_bounds__(kThreads) FusedEncode(const T* __restrict__ x,
   EncodeRow<G, false>(sm, t, row, a, gqt::TokenExp(mx), a.fused_bits, 0, t * a.fused_block, nch == 1, nullptr);
 }
 
+// A hint to the core that the thread is spinning (the other hardware thread, if any, runs).
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+
+// Waits until AllocateBits has written call `seq`'s results into the pinned area (Results::seq,
+// written last): the payload's size is then known while the encode kernel still runs, and the
+// caller's next work on the stream queues behind it (a call's kernels then follow the previous
+// call's without the host's wake-up and launch between them). Polls the word; every kStreamPolls
+// polls asks whether the stream has failed, or ended without the word (a kernel that failed).
+absl::Status WaitForResults(const Results* res, unsigned long long seq, cudaStream_t st) {
+  constexpr unsigned kStreamPolls = 4096;
+  // An acquire load: the results are read after the number.
+  auto arrived = [&] { return __atomic_load_n(&res->seq, __ATOMIC_ACQUIRE) == seq; };
+  for (unsigned polls = 1; !arrived(); ++polls) {
+    CpuRelax();
+    if (polls % kStreamPolls != 0) continue;
+    const cudaError_t e = cudaStreamQuery(st);
+    if (e == cudaErrorNotReady) continue;
+    if (e != cudaSuccess) return CudaStatus(e, "encode kernels");
+    if (arrived()) break;
+    return absl::InternalError("the allocation kernel ended without writing its results");
+  }
+  return absl::OkStatus();
+}
+
 // The fused encode's results word before its kernel (a kernel, not a copy from pageable host memory).
-__global__ void InitResults(Results* res) { *res = Results{ULLONG_MAX, 0, 0}; }
+__global__ void InitResults(Results* res) { *res = Results{ULLONG_MAX, 0, 0, 0}; }
 
 // Scratch slots of the workspace, and what they hold during an encode (the decoder, in
 // group_quant_decode.cu, uses kOffsets only; the fused int<k> encode only kTemp and kPayload; the
@@ -509,6 +541,7 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
   args.payload = out;
   const unsigned grid = static_cast<unsigned>(tokens);
   uint64_t total = 0;
+  unsigned long long alloc_seq = 0;  // (not fused) the number AllocateBits writes after the results
   if (fused) {
     auto* dres = static_cast<Results*>(*temp);
     InitResults<<<1, 1, 0, st>>>(dres);
@@ -534,7 +567,9 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
     const gqa::TokenArrays arrays = TokenArraysAt(*token_arrays, tok);
     // Until the allocation has run, the histograms may hold counts: a failed launch leaves them
     // for the next encode's ZeroedScratch to clear, once the kernels already queued have finished
-    // (the next encode may run on another stream).
+    // (the next encode may run on another stream). A call that returns early otherwise (bad input,
+    // the encode's launch failed) synchronises too; a good call returns with its encode kernel
+    // running, and the caller orders its next use of the workspace after the stream's work.
     struct HistUntilCleared {
       Workspace& ws;
       cudaStream_t st;
@@ -562,8 +597,9 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
       });
     });
     if (!stats_launched.ok()) return stats_launched;
-    const gqa::AllocArgs alloc{tokens,      n_hi, p.adaptive, p.bits_hi, p.bits_lo,
-                               fixed_bytes, dim,  gqa::TileTokens(tokens)};
+    alloc_seq = ws.NextPinnedSeq();
+    const gqa::AllocArgs alloc{tokens, n_hi, p.adaptive, p.bits_hi, p.bits_lo, fixed_bytes, dim, gqa::TileTokens(tokens),
+                               alloc_seq};
     const auto tiles = static_cast<unsigned>(gqa::NumTiles(tokens));
     auto* ends = static_cast<unsigned long long*>(*offsets);  // ends[t]: the end of token t's block
     if (absl::Status s = LaunchDependent(gqa::AllocateCandidates, tiles, gqa::kAllocThreads, st,
@@ -589,10 +625,19 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
                                grid, kThreads, st, "encode kernel", xt, args);
       });
     });
-    if (!encode_launched.ok()) return encode_launched;
+    if (!encode_launched.ok()) {
+      (void)cudaStreamSynchronize(st);  // the allocation, queued, writes the pinned results: it ends first
+      return encode_launched;
+    }
   }
-  LONGHAUL_CUDA_OK(cudaStreamSynchronize(st));
+  if (fused) {
+    LONGHAUL_CUDA_OK(cudaStreamSynchronize(st));
+  } else if (absl::Status waited = WaitForResults(res, alloc_seq, st); !waited.ok()) {
+    return waited;
+  }
   if (res->first_bad != ULLONG_MAX) {
+    // The kernels still running end first: the caller's next work may be on another stream.
+    LONGHAUL_CUDA_OK(cudaStreamSynchronize(st));
     const unsigned long long bad = res->first_bad >> 1;
     return absl::InvalidArgumentError((res->first_bad & 1)
                                           ? absl::StrCat("input magnitude above 2^100 in token ", bad,

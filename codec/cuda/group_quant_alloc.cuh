@@ -66,11 +66,14 @@ __device__ __forceinline__ void CountKey(unsigned* hist, unsigned prefix) {
   atomicAdd(&hist[kMidAt + (prefix & 0xFFFFu)], 1u);
 }
 
-// Results the host reads after the one synchronisation (pinned, written by AllocateBits).
+// Results the host reads (pinned, written by AllocateBits; the fused int<k> encode copies its own).
+// seq is written last: the host polls it for its call's number (AllocArgs::seq) and then reads the
+// rest, while the encode kernel still runs.
 struct Results {
   unsigned long long first_bad;  // (token << 1) | huge, or ULLONG_MAX
   unsigned long long transformed;
   unsigned long long total;  // payload bytes
+  unsigned long long seq;
 };
 
 struct AllocArgs {
@@ -81,6 +84,7 @@ struct AllocArgs {
   int64_t fixed_bytes;  // a block's bytes before its pivots (header and parameters)
   int64_t dim;
   int64_t tile;  // tokens a block (TileTokens)
+  unsigned long long seq;  // the call's number, written into Results::seq last
 };
 
 // Tokens a tile: kAllocThreads, or a multiple of it that keeps the tiles to kMaxTiles.
@@ -456,8 +460,8 @@ __device__ __forceinline__ unsigned long long BlockEnd(const AllocArgs& a, int64
 }
 
 // Kernel 2 (see the top of the file): bits (tok.bits) and ends of its tile's tokens; the last
-// block writes the results word into `res` (pinned host memory); hist cleared (when Selects). One
-// block of kAllocThreads threads per tile, as kernel 1.
+// block writes the results into `res` (pinned host memory), a.seq last; hist cleared (when
+// Selects). One block of kAllocThreads threads per tile, as kernel 1.
 __global__ void __launch_bounds__(kAllocThreads)
     AllocateBits(AllocArgs a, TokenArrays tok, const AllocScratch* s, unsigned* hist,
                  unsigned long long* __restrict__ ends, Results* __restrict__ res) {
@@ -524,8 +528,11 @@ __global__ void __launch_bounds__(kAllocThreads)
   } while (w.Next());
   if (tile == gridDim.x - 1 && tid == 0) {  // carry: every token's counts
     const long long his = carry.below + (carry.equal < take_equal ? carry.equal : take_equal);
-    *res = Results{carry.first_bad, static_cast<unsigned long long>(carry.flagged),
-                   BlockEnd(a, a.tokens - 1, his, carry.flagged)};
+    res->first_bad = carry.first_bad;
+    res->transformed = static_cast<unsigned long long>(carry.flagged);
+    res->total = BlockEnd(a, a.tokens - 1, his, carry.flagged);
+    __threadfence_system();  // the figures reach the host before the number that announces them
+    *static_cast<volatile unsigned long long*>(&res->seq) = a.seq;
   }
 }
 

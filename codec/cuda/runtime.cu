@@ -153,7 +153,10 @@ absl::StatusOr<void*> Workspace::Grow(int slot, size_t bytes) {
 }
 
 absl::StatusOr<void*> Workspace::Pinned() {
-  if (pinned_ == nullptr) LONGHAUL_CUDA_OK(cudaMallocHost(&pinned_, kPinnedBytes));
+  if (pinned_ == nullptr) {
+    LONGHAUL_CUDA_OK(cudaMallocHost(&pinned_, kPinnedBytes));
+    std::memset(pinned_, 0, kPinnedBytes);
+  }
   return pinned_;
 }
 
