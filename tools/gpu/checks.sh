@@ -72,7 +72,8 @@ for step in "${steps[@]}"; do
   echo "== $step ($(date -u +%H:%M:%S))"
   case "$step" in
     build) ./longhaul.sh build >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
-           grep -E "LibTorch:|CUDA parts" build/CMakeCache.txt "$OUT/build.log" | head -5 || true ;;
+           grep -E "LibTorch:|CUDA parts" build/CMakeCache.txt "$OUT/build.log" | head -5 || true
+           echo "lines with \"warning\" in the build's log: $(grep -ci warning "$OUT/build.log" || true)" ;;
     codec) ./longhaul.sh build gpu_codec_test >"$OUT/build-codec.log" 2>&1 || { tail -40 "$OUT/build-codec.log"; exit 1; }
            build/tests/gpu_codec_test 2>&1 | tee "$OUT/gpu-codec-test.log" | grep -E "^\[  (FAILED|PASSED|SKIPPED)|Failure|first differing|Expected|Which is|actual" | head -60 ;;
     codecbench)
