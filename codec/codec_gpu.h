@@ -82,7 +82,8 @@ bool TorchStreamIs(gpu::Stream s, const torch::Device& d);
 absl::StatusOr<torch::Tensor> KernelInput(const torch::Tensor& x, gpu::Stream s);
 
 // The payload of a quantising codec (group quant, sym quant, BitDP) for `xk` (a KernelInput of the
-// tensor whose shape is `shape`), left in `ws`'s device memory: valid until ws's next encode.
+// tensor whose shape is `shape`), left in `ws`'s device memory: valid until ws's next encode, and
+// complete in the order of `s` (the call may return while its kernels run: gpu_codec.h).
 absl::StatusOr<gpu::DeviceBytes> EncodePayloadOnGpu(const CodecSpec& spec, const torch::Tensor& xk,
                                                     const std::vector<int64_t>& shape, uint64_t seed,
                                                     gpu::Workspace& ws, gpu::Stream s,

@@ -68,9 +68,9 @@ class DeviceBuffer {
   size_t size_ = 0;
 };
 
-// Scratch device memory the codecs reuse from call to call (grown, never shrunk), and the one
-// pinned word the encoders read their results through. Belongs to the device that was current
-// when it first allocated.
+// Scratch device memory the codecs reuse from call to call (grown, never shrunk), and a small
+// pinned area the group-quant encoder reads its results through. Belongs to the device that was
+// current when it first allocated.
 class Workspace {
  public:
   Workspace();
