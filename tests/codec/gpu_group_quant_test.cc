@@ -7,6 +7,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "codec/cpu/kernels.h"
@@ -207,6 +208,56 @@ TEST_F(GpuGroupQuant, EntropiesOverSeveralOctavesAllocateAsTheCpu) {
     for (int64_t i = 1 + t % s.dim; i < s.dim; ++i) x[t * s.dim + i] = 0.0f;
   }
   CheckFp32(x, s);
+}
+
+// TAH-Quant's encode returns once the allocation has announced its payload's size, its encode
+// kernel still running (gpu_codec.h). Each call here is queued right behind the previous call of
+// another size on the same stream and workspace (whose encode may still run), and one behind a
+// failing call (NaN input): every size, statistic and byte is the call's own, not the previous
+// call's results left in the pinned area.
+TEST_F(GpuGroupQuant, BackToBackEncodesEachGetTheirOwnResults) {
+  SKIP_WITHOUT_GPU();
+  const GroupQuantParams p;  // tahquant's defaults
+  const std::vector<Shape> shapes = {{4096, 512}, {33, 257}, {4096, 512}, {1000, 64}};
+  std::vector<std::vector<float>> xs;
+  std::vector<gpu::DeviceBuffer> inputs;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    xs.push_back(Activations(shapes[i].tokens, shapes[i].dim, 40 + static_cast<uint32_t>(i)));
+    if (i == 3) xs[i][17 * shapes[i].dim + 3] = NAN;  // the failing call's input
+    absl::StatusOr<gpu::DeviceBuffer> dx = gpu::DeviceBuffer::Allocate(xs[i].size() * sizeof(float));
+    ASSERT_TRUE(dx.ok());
+    ASSERT_TRUE(gpu::Upload(dx->data(), xs[i].data(), xs[i].size() * sizeof(float), nullptr).ok());
+    inputs.push_back(std::move(*dx));
+  }
+  auto encode = [&](size_t i, GroupQuantStats* st) {
+    return gpu::GroupQuantEncode(inputs[i].data(), FrameDtype::kFloat32, shapes[i].tokens, shapes[i].dim, p, ws_,
+                                 nullptr, st);
+  };
+  // (previous call, call): a large one then a small one, small then large, failing then large.
+  using Calls = std::pair<size_t, size_t>;
+  for (const auto& [before, i] : {Calls{0, 1}, Calls{1, 2}, Calls{3, 0}}) {
+    SCOPED_TRACE(::testing::Message() << "call " << i << " behind call " << before);
+    absl::StatusOr<gpu::DeviceBytes> first = encode(before, nullptr);
+    if (before == 3) {
+      ASSERT_FALSE(first.ok());
+      EXPECT_EQ(first.status().message(), "input has a NaN or Inf in token 17");
+    } else {
+      ASSERT_TRUE(first.ok()) << first.status();
+    }
+    GroupQuantStats got_stats, want_stats;
+    absl::StatusOr<gpu::DeviceBytes> got = encode(i, &got_stats);
+    ASSERT_TRUE(got.ok()) << got.status();
+    std::string want;
+    ASSERT_TRUE(GroupQuantEncode(xs[i].data(), shapes[i].tokens, shapes[i].dim, p, 1, ScalarKernels(), &want,
+                                 &want_stats)
+                    .ok());
+    EXPECT_EQ(got->size, want.size());
+    EXPECT_EQ(got_stats.transformed_groups, want_stats.transformed_groups);
+    EXPECT_EQ(got_stats.tokens_hi, want_stats.tokens_hi);
+    std::string bytes;
+    ASSERT_TRUE(gpu::AppendToHost(*got, nullptr, &bytes).ok());
+    ASSERT_TRUE(bytes == want) << "payloads of " << bytes.size() << " and " << want.size() << " bytes differ";
+  }
 }
 
 TEST_F(GpuGroupQuant, EmptyTensorsGiveEmptyPayloads) {
