@@ -175,6 +175,22 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
   auto* piv = static_cast<int16_t*>(*pivots);
   auto* res = static_cast<Results*>(*pinned);
   auto* out = static_cast<uint8_t*>(*payload);
+  // From the first launch on, a call that returns an error synchronises first, so no kernel of it
+  // outlives the call (the caller's next use of the workspace may be on another stream); until the
+  // allocation has been queued, the histograms may hold counts, left for the next encode's
+  // ZeroedScratch to clear. A good call returns with its encode kernel running: the caller orders
+  // its next use of the workspace after the stream's work (gpu_codec.h).
+  struct UntilReturned {
+    Workspace& ws;
+    cudaStream_t st;
+    bool returned_payload = false;
+    bool hist_in_use = false;
+    ~UntilReturned() {
+      if (returned_payload) return;
+      (void)cudaStreamSynchronize(st);
+      if (hist_in_use) ws.MarkDirty(kHist);
+    }
+  } guard{ws, st};
 
   EncArgs args{};
   args.tokens = tokens;
@@ -209,21 +225,7 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
     auto* scratch = static_cast<gqa::AllocScratch*>(*temp);
     auto* hist_words = static_cast<unsigned*>(*hist);
     const gqa::TokenArrays arrays = TokenArraysAt(*token_arrays, tok);
-    // Until the allocation has run, the histograms may hold counts: a failed launch leaves them
-    // for the next encode's ZeroedScratch to clear, once the kernels already queued have finished
-    // (the next encode may run on another stream). A call that returns early otherwise (bad input,
-    // the encode's launch failed) synchronises too; a good call returns with its encode kernel
-    // running, and the caller orders its next use of the workspace after the stream's work.
-    struct HistUntilCleared {
-      Workspace& ws;
-      cudaStream_t st;
-      bool cleared = false;
-      ~HistUntilCleared() {
-        if (cleared) return;
-        (void)cudaStreamSynchronize(st);
-        ws.MarkDirty(kHist);
-      }
-    } hist_guard{ws, st};
+    guard.hist_in_use = true;
     // Each kernel after the first is a dependent launch of the one before (cuda_util.cuh): the
     // allocation's two kernels of the statistics and of each other, the encode of the allocation.
     // Several tokens a block (its setup shared), one wave of blocks: as many as fit on the SMs.
@@ -258,7 +260,7 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
         !s.ok()) {
       return s;
     }
-    hist_guard.cleared = true;  // the allocation clears them once it runs
+    guard.hist_in_use = false;  // the allocation clears them once it runs
     args.info = ti;
     args.bits = arrays.bits;
     args.pivots = piv;
@@ -269,10 +271,7 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
                                grid, kThreads, st, "encode kernel", xt, args);
       });
     });
-    if (!encode_launched.ok()) {
-      (void)cudaStreamSynchronize(st);  // the allocation, queued, writes the pinned results: it ends first
-      return encode_launched;
-    }
+    if (!encode_launched.ok()) return encode_launched;
   }
   if (fused) {
     LONGHAUL_CUDA_OK(cudaStreamSynchronize(st));
@@ -280,8 +279,6 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
     return waited;
   }
   if (res->first_bad != ULLONG_MAX) {
-    // The kernels still running end first: the caller's next work may be on another stream.
-    LONGHAUL_CUDA_OK(cudaStreamSynchronize(st));
     const unsigned long long bad = res->first_bad >> 1;
     return absl::InvalidArgumentError((res->first_bad & 1)
                                           ? absl::StrCat("input magnitude above 2^100 in token ", bad,
@@ -294,6 +291,7 @@ absl::StatusOr<DeviceBytes> GroupQuantEncode(const void* x, FrameDtype dtype, in
     stats->transformed_groups = static_cast<int64_t>(res->transformed);
     stats->tokens_hi = n_hi;
   }
+  guard.returned_payload = true;
   return DeviceBytes{out, static_cast<size_t>(total)};
 }
 
