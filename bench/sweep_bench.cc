@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -27,6 +28,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "bench/benchmarks.h"
 #include "bench/link_bounds.h"
 #include "bench/link_timeline.h"
@@ -34,6 +36,7 @@
 #include "bench/sweep_plot.h"
 #include "bench/sweep_report.h"
 #include "codec/codec.h"
+#include "netem/tc/claim.h"
 #include "netem/tc/network.h"
 #include "stage_runtime/data.h"
 #include "stage_runtime/model_presets.h"
@@ -44,6 +47,10 @@
 
 namespace longhaul::bench {
 namespace {
+
+// How long a tc sweep waits for another one (its network has the same name) to end: long enough
+// for a stopped one to stop its workers and remove its namespaces.
+constexpr absl::Duration kClaimPatience = absl::Minutes(2);
 
 // One training job's outcome.
 struct Sample {
@@ -187,11 +194,22 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
                      ? absl::StrFormat("; senders paced at %g of the TCP payload each rate carries", f.pace).c_str()
                      : "");
   }
+  std::optional<netem::NetworkClaim> claim;  // outlives the network's removal below
   std::unique_ptr<netem::Network> net;
   netem::Topology topo;
   if (tc) {
     if (geteuid() != 0) return common::FlagError(cmd, "--shaper=tc needs root (network namespaces and tc)");
     topo.name = "lhsw";
+    // Another sweep's namespaces have this name: wait for it rather than remove them under it.
+    absl::StatusOr<netem::NetworkClaim> c = netem::NetworkClaim::Acquire(topo.name, kClaimPatience, [](int64_t pid) {
+      std::fprintf(stderr, "waiting up to %s for the sweep of process %lld to remove its network namespaces\n",
+                   absl::FormatDuration(kClaimPatience).c_str(), static_cast<long long>(pid));
+    });
+    if (!c.ok()) {
+      std::fprintf(stderr, "longhaul-bench sweep: %s\n", std::string(c.status().message()).c_str());
+      return 1;
+    }
+    claim.emplace(*std::move(c));
     topo.subnet = "10.79.0";
     topo.hosts.push_back({"coord"});
     for (int i = 0; i < stages; ++i) topo.hosts.push_back({absl::StrCat("w", i)});
@@ -510,7 +528,7 @@ BenchmarkRun AddSweepBench(CLI::App& app) {
                 "--data-parallel: the cells as jobs of worker processes over gRPC (a coordinator and a "
                 "longhaul-worker per replica, --region dealt in turn; --stages default 1; tokens/s and the "
                 "last step's sync from the coordinator) instead of replicas in this process");
-  cmd->footer(
+  cmd->footer(absl::StrCat(
       "Trains the same job (GPT, one layer per worker process) at every link rate with every forward\n"
       "codec, plus unshaped per codec (the compute bound), each cell --repeats times (the unshaped\n"
       "ones --unshaped-repeats, if more) in interleaved rounds, and prints the median tokens/s, the\n"
@@ -520,7 +538,11 @@ BenchmarkRun AddSweepBench(CLI::App& app) {
       "well). Many small micro-batches: a step's pipeline fill and drain cost\n"
       "(stages - 1) / (micro-batches + stages - 1).\n"
       "--shaper=tc (root): the coordinator and workers run in network namespaces (longhaul-netem's\n"
-      "network, 10.79.0.0/24) and every host's access link is shaped with tc tbf in both directions,\n"
+      "network lhsw, 10.79.0.0/24: one tc sweep at a time; a second waits up to ",
+      absl::FormatDuration(kClaimPatience),
+      " for the\n"
+      "first to remove it, then gives up naming its pid) and every host's access link is shaped with tc tbf in both\n"
+      "directions, "
       "each queueing up to --queue-ms of traffic (with longhaul-netem's default of 400, BBR's probes\n"
       "above the rate overflowed the queue: at 2 Mbit/s 18% of an int4 run's bytes were\n"
       "retransmissions; cubic hosts fill whatever queue there is). --shaper=inprocess: every data-plane link is shaped by the in-process token\n"
@@ -565,7 +587,7 @@ BenchmarkRun AddSweepBench(CLI::App& app) {
       "workers (links.between_regions_mbit). Per cell the coordinator's tokens/s and the latest step's\n"
       "slowest sync; bound: the unshaped step minus its sync plus the larger of that sync and the\n"
       "busiest link's bytes (any replica's) / rate, or the same for a replica from its own figures\n"
-      "(longhaulctl status's per-replica sync), its chain included.");
+      "(longhaulctl status's per-replica sync), its chain included."));
   return [f, cmd] { return RunSweep(*f, *cmd); };
 }
 

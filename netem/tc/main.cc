@@ -19,6 +19,7 @@
 #include "common/flags.h"
 #include "common/read_file.h"
 #include "common/signals.h"
+#include "netem/tc/claim.h"
 #include "netem/tc/network.h"
 #include "netem/tcp_probe.h"
 
@@ -138,6 +139,10 @@ int main(int argc, char** argv) {
   }
   const std::string cmd = up->parsed() ? "up" : "down";
   if (geteuid() != 0) return Fail(cmd + " needs root (network namespaces and tc); run it with sudo", 1);
+  // A sweep or test running on a network of this name built it for itself (netem/tc/claim.h).
+  if (absl::Status s = longhaul::netem::NetworkClaim::CheckUnclaimed(t->name); !s.ok()) {
+    return Fail(std::string(s.message()) + "; it removes the network when it ends");
+  }
   longhaul::netem::Network net(*t, longhaul::netem::RunCommand);
   if (down->parsed()) {
     absl::Status s = net.Down();

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "netem/tc/claim.h"
 #include "netem/tc/network.h"
 #include "tools/cluster/local_cluster.h"
 
@@ -75,6 +77,10 @@ class PlacementMeasuredTest : public ::testing::Test {
     absl::StatusOr<netem::Topology> t = netem::ParseTopology(TopologyYaml());
     ASSERT_TRUE(t.ok()) << t.status();
     topo_ = *t;
+    // Another run of this test has namespaces of this name: wait for it rather than remove them.
+    absl::StatusOr<netem::NetworkClaim> claim = netem::NetworkClaim::Acquire(topo_.name, absl::Minutes(2));
+    ASSERT_TRUE(claim.ok()) << claim.status();
+    claim_.emplace(*std::move(claim));
     net_ = std::make_unique<netem::Network>(topo_, netem::RunCommand);
     (void)net_->Down();  // leftovers of an aborted run
     ASSERT_TRUE(net_->Up().ok());
@@ -137,6 +143,7 @@ class PlacementMeasuredTest : public ::testing::Test {
     return n;
   }
 
+  std::optional<netem::NetworkClaim> claim_;  // declared first: let go after the namespaces are gone
   netem::Topology topo_;
   std::unique_ptr<netem::Network> net_;
   std::unique_ptr<Cluster> c_;
