@@ -148,7 +148,8 @@ class StageRunner {
   absl::Status RunSteps();
   // The link to a replica of the next (forward) or previous stage: a sender to it and the inbox from it.
   absl::StatusOr<std::unique_ptr<GrpcLink>> Connect(Neighbour& n, bool forward, const codec::Codec* codec);
-  // The step's progress message; fills `sample` (the metrics' view of the same step) on the way.
+  // The step's progress message, a replica's synchronisation figures included; fills `sample`
+  // (the metrics' view of the same step) on the way (stage_runner_progress.cc).
   v1::StepProgress Progress(const stage_runtime::StepResult& r, absl::Duration took, StageStepSample* sample);
   absl::Status Cancelled();
   // The compute thread enters `phase` (on the link to `peer` for RECEIVE and SEND); returns the
