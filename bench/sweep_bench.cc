@@ -51,6 +51,7 @@ namespace {
 // How long a tc sweep waits for another one (its network has the same name) to end: long enough
 // for a stopped one to stop its workers and remove its namespaces.
 constexpr absl::Duration kClaimPatience = absl::Minutes(2);
+std::string ClaimPatienceText() { return absl::StrCat(absl::ToInt64Minutes(kClaimPatience), " minutes"); }
 
 // One training job's outcome.
 struct Sample {
@@ -201,9 +202,10 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
     if (geteuid() != 0) return common::FlagError(cmd, "--shaper=tc needs root (network namespaces and tc)");
     topo.name = "lhsw";
     // Another sweep's namespaces have this name: wait for it rather than remove them under it.
-    absl::StatusOr<netem::NetworkClaim> c = netem::NetworkClaim::Acquire(topo.name, kClaimPatience, [](int64_t pid) {
-      std::fprintf(stderr, "waiting up to %s for the sweep of process %lld to remove its network namespaces\n",
-                   absl::FormatDuration(kClaimPatience).c_str(), static_cast<long long>(pid));
+    absl::StatusOr<netem::NetworkClaim> c = netem::NetworkClaim::Acquire(topo.name, kClaimPatience, [&topo](int64_t pid) {
+      std::fprintf(stderr, "waiting up to %s for %s to let go of network %s\n",
+                   ClaimPatienceText().c_str(), pid > 0 ? absl::StrCat("process ", pid).c_str() : "another process",
+                   topo.name.c_str());
     });
     if (!c.ok()) {
       std::fprintf(stderr, "longhaul-bench sweep: %s\n", std::string(c.status().message()).c_str());
@@ -539,7 +541,7 @@ BenchmarkRun AddSweepBench(CLI::App& app) {
       "(stages - 1) / (micro-batches + stages - 1).\n"
       "--shaper=tc (root): the coordinator and workers run in network namespaces (longhaul-netem's\n"
       "network lhsw, 10.79.0.0/24: one tc sweep at a time; a second waits up to ",
-      absl::FormatDuration(kClaimPatience),
+      ClaimPatienceText(),
       " for the\n"
       "first to remove it, then gives up naming its pid) and every host's access link is shaped with tc tbf in both\n"
       "directions, "

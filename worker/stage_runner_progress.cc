@@ -1,8 +1,9 @@
 // StageRunner's report of each step (stage_runner.h): the progress the coordinator gets (loss,
 // bytes on the links, waits, a replica's synchronisation) and the sample the worker's metrics
 // record, both from the step's result and the links' counters.
-#include "absl/time/time.h"
 #include "worker/stage_runner.h"
+
+#include "absl/time/time.h"
 
 namespace longhaul::worker {
 namespace {

@@ -2,20 +2,24 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 
 namespace longhaul::netem {
 namespace {
 
-absl::Status Errno(const std::string& what, const std::string& path) {
-  return absl::InternalError(absl::StrCat("cannot ", what, " ", path, ": ", std::strerror(errno)));
+// `err`: the errno of the failed call, read right after it.
+absl::Status Failed(const std::string& what, const std::string& path, int err) {
+  return absl::InternalError(absl::StrCat("cannot ", what, " ", path, ": ", std::strerror(err)));
 }
 
 // The pid its holder wrote into the lock file (0 if none yet, or unreadable).
@@ -34,9 +38,33 @@ absl::Status CheckName(const std::string& name) {
   return absl::OkStatus();
 }
 
+// The lock directory is writable by every user (/run/lock, /tmp) and we may be root: open no link
+// (a planted symlink or hard link would have root truncate its target) and no file of another user.
+absl::StatusOr<int> OpenLockFile(const std::string& path, int flags) {
+  const int fd = open(path.c_str(), flags | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == ELOOP) return absl::FailedPreconditionError(absl::StrCat("lock file ", path, " is a symbolic link"));
+    return Failed("open the lock file", path, err);
+  }
+  struct stat st {};
+  if (fstat(fd, &st) != 0) {
+    const int err = errno;
+    close(fd);
+    return Failed("stat the lock file", path, err);
+  }
+  if (!S_ISREG(st.st_mode) || st.st_nlink != 1 || st.st_uid != geteuid()) {
+    close(fd);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "lock file ", path, " is not a plain file of this user (uid ", geteuid(), ") with one link; remove it"));
+  }
+  return fd;
+}
+
 std::string HeldBy(const std::string& name, int64_t pid) {
   return absl::StrCat("network \"", name, "\" is in use by ", pid > 0 ? absl::StrCat("process ", pid) : "another process",
-                      " (a sweep or test that built it for its own run; lock file ", NetworkClaim::LockPath(name), ")");
+                      " (a sweep or test running on a network it built, or longhaul-netem up|down; lock file ",
+                      NetworkClaim::LockPath(name), ")");
 }
 
 }  // namespace
@@ -50,23 +78,27 @@ absl::StatusOr<NetworkClaim> NetworkClaim::Acquire(const std::string& name, absl
                                                    const std::function<void(int64_t pid)>& waiting) {
   if (absl::Status s = CheckName(name); !s.ok()) return s;
   const std::string path = LockPath(name);
-  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) return Errno("open the lock file", path);
-  NetworkClaim claim(fd);  // closes it on every return below but the last
-  const absl::Time give_up = absl::Now() + patience;
+  absl::StatusOr<int> fd = OpenLockFile(path, O_RDWR | O_CREAT);
+  if (!fd.ok()) return fd.status();
+  NetworkClaim claim(*fd);  // closes it on every return below but the last
+  // On the monotonic clock: a step of the wall clock neither ends the wait nor stretches it.
+  const auto give_up = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(patience);
   bool told = false;
   for (;;) {
-    if (flock(fd, LOCK_EX | LOCK_NB) == 0) break;
-    if (errno != EWOULDBLOCK) return Errno("lock", path);
-    const int64_t pid = WrittenPid(fd);
-    if (absl::Now() >= give_up) return absl::FailedPreconditionError(HeldBy(name, pid));
+    if (flock(*fd, LOCK_EX | LOCK_NB) == 0) break;
+    if (const int err = errno; err != EWOULDBLOCK) return Failed("lock", path, err);
+    const int64_t pid = WrittenPid(*fd);
+    if (std::chrono::steady_clock::now() >= give_up) return absl::FailedPreconditionError(HeldBy(name, pid));
     if (!told && waiting) waiting(pid);
     told = true;
     absl::SleepFor(absl::Milliseconds(100));
   }
   const std::string mine = absl::StrCat(getpid(), "\n");
-  if (ftruncate(fd, 0) != 0 || pwrite(fd, mine.data(), mine.size(), 0) != static_cast<ssize_t>(mine.size())) {
-    return Errno("write the pid into", path);
+  if (ftruncate(*fd, 0) != 0) return Failed("truncate", path, errno);
+  const ssize_t n = pwrite(*fd, mine.data(), mine.size(), 0);
+  if (n < 0) return Failed("write the pid into", path, errno);
+  if (static_cast<size_t>(n) != mine.size()) {
+    return absl::InternalError(absl::StrCat("short write of the pid into ", path, ": ", n, " of ", mine.size(), " bytes"));
   }
   return claim;
 }
@@ -74,28 +106,19 @@ absl::StatusOr<NetworkClaim> NetworkClaim::Acquire(const std::string& name, absl
 absl::StatusOr<std::optional<int64_t>> NetworkClaim::Holder(const std::string& name) {
   if (absl::Status s = CheckName(name); !s.ok()) return s;
   const std::string path = LockPath(name);
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOENT) return std::optional<int64_t>();
-    return Errno("open the lock file", path);
-  }
+  if (access(path.c_str(), F_OK) != 0 && errno == ENOENT) return std::optional<int64_t>();
+  absl::StatusOr<int> fd = OpenLockFile(path, O_RDONLY);
+  if (!fd.ok()) return fd.status();
   std::optional<int64_t> holder;
-  if (flock(fd, LOCK_SH | LOCK_NB) != 0) {
-    if (errno != EWOULDBLOCK) {
-      absl::Status s = Errno("lock", path);
-      close(fd);
-      return s;
+  if (flock(*fd, LOCK_SH | LOCK_NB) != 0) {
+    if (const int err = errno; err != EWOULDBLOCK) {
+      close(*fd);
+      return Failed("lock", path, err);
     }
-    holder = WrittenPid(fd);
+    holder = WrittenPid(*fd);
   }
-  close(fd);  // and with it the shared lock, if it got one
+  close(*fd);  // and with it the shared lock, if it got one
   return holder;
-}
-
-absl::Status NetworkClaim::CheckUnclaimed(const std::string& name) {
-  absl::StatusOr<std::optional<int64_t>> holder = Holder(name);
-  if (!holder.ok()) return holder.status();
-  return holder->has_value() ? absl::FailedPreconditionError(HeldBy(name, **holder)) : absl::OkStatus();
 }
 
 NetworkClaim& NetworkClaim::operator=(NetworkClaim&& o) noexcept {

@@ -7,7 +7,10 @@
 // stopped one is still cleaning up. So each claims the name first, and keeps the claim until it has
 // removed its own: an advisory lock (flock) on a file of the lock directory (/run/lock, else /tmp),
 // holding its pid, which the kernel releases when the process ends however it ends (a killed
-// run's leftovers can then be removed). `longhaul-netem up|down` refuse a claimed name.
+// run's leftovers can then be removed; a killed sweep's workers may outlive it, and the next run
+// removes their namespaces as it always did). `longhaul-netem up|down` claim the name while they
+// run, so they refuse one that a sweep holds. The lock directory is every user's: a lock file that
+// is a link, or another user's, is refused rather than opened.
 //
 // Threading: a claim is owned by one thread; Holder may be called from any.
 #ifndef LONGHAUL_NETEM_TC_CLAIM_H_
@@ -30,9 +33,8 @@ class NetworkClaim {
   static absl::StatusOr<NetworkClaim> Acquire(const std::string& name, absl::Duration patience,
                                               const std::function<void(int64_t pid)>& waiting = nullptr);
   // The pid of the process that claims `name` (0 if it wrote none yet), or nullopt when none does.
+  // It takes a shared lock for an instant: a claim tried at that instant without patience fails.
   static absl::StatusOr<std::optional<int64_t>> Holder(const std::string& name);
-  // OK when no process claims `name`, else an error naming the one that does.
-  static absl::Status CheckUnclaimed(const std::string& name);
   // The lock file of `name`.
   static std::string LockPath(const std::string& name);
 

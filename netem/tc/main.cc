@@ -16,6 +16,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/time.h"
 #include "common/flags.h"
 #include "common/read_file.h"
 #include "common/signals.h"
@@ -139,10 +140,11 @@ int main(int argc, char** argv) {
   }
   const std::string cmd = up->parsed() ? "up" : "down";
   if (geteuid() != 0) return Fail(cmd + " needs root (network namespaces and tc); run it with sudo", 1);
-  // A sweep or test running on a network of this name built it for itself (netem/tc/claim.h).
-  if (absl::Status s = longhaul::netem::NetworkClaim::CheckUnclaimed(t->name); !s.ok()) {
-    return Fail(std::string(s.message()) + "; it removes the network when it ends");
-  }
+  // Held while this command runs: a sweep or test running on a network of this name built it for
+  // itself and removes it when it ends (netem/tc/claim.h).
+  absl::StatusOr<longhaul::netem::NetworkClaim> claim =
+      longhaul::netem::NetworkClaim::Acquire(t->name, absl::ZeroDuration());
+  if (!claim.ok()) return Fail(std::string(claim.status().message()));
   longhaul::netem::Network net(*t, longhaul::netem::RunCommand);
   if (down->parsed()) {
     absl::Status s = net.Down();

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -22,29 +23,56 @@ class NetworkClaimTest : public ::testing::Test {
       absl::StrCat("test-", ::testing::UnitTest::GetInstance()->current_test_info()->name(), "-", getpid());
   void TearDown() override { unlink(NetworkClaim::LockPath(name_).c_str()); }
 
-  // A child process that claims name_, says so through a pipe, and then ends after `hold` (by
-  // _exit, without releasing anything itself) or waits to be killed (hold infinite).
-  pid_t ChildHolding(absl::Duration hold) {
-    int p[2];
-    if (pipe(p) != 0) return -1;
+  // A child process that claims name_ and holds it until it reads a byte (or end of file) from
+  // its release pipe, then ends by _exit without releasing anything itself; or until killed. The
+  // parent's Child kills and reaps it, whatever the test's assertions do.
+  struct Child {
+    pid_t pid = -1;
+    int release = -1;  // the release pipe's write end
+    void Release() {
+      const char go = 'x';
+      if (release >= 0) (void)!write(release, &go, 1);
+    }
+    ~Child() {
+      if (release >= 0) close(release);
+      if (pid > 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, nullptr, 0);
+      }
+    }
+  };
+  // Empty `pid` (-1) when the child could not be started or could not claim.
+  void StartChildHolding(Child* child) {
+    int said[2], release[2];
+    if (pipe(said) != 0) return;
+    if (pipe(release) != 0) {
+      close(said[0]);
+      close(said[1]);
+      return;
+    }
     const pid_t pid = fork();
     if (pid == 0) {
-      close(p[0]);
+      close(said[0]);
+      close(release[1]);
       absl::StatusOr<NetworkClaim> c = NetworkClaim::Acquire(name_, absl::ZeroDuration());
       const char ok = c.ok() ? 'y' : 'n';
-      (void)!write(p[1], &ok, 1);
-      if (hold == absl::InfiniteDuration()) {
-        for (;;) pause();
-      }
-      absl::SleepFor(hold);
+      (void)!write(said[1], &ok, 1);
+      if (!c.ok()) _exit(1);
+      char go;
+      (void)!read(release[0], &go, 1);
       _exit(0);
     }
-    close(p[1]);
+    close(said[1]);
+    close(release[0]);
+    child->pid = pid;
+    child->release = release[1];
     char got = 0;
-    const bool read_one = pid > 0 && read(p[0], &got, 1) == 1;
-    close(p[0]);
-    EXPECT_TRUE(read_one && got == 'y') << "the child could not claim " << name_;
-    return pid;
+    const bool claimed = pid > 0 && read(said[0], &got, 1) == 1 && got == 'y';
+    close(said[0]);
+    if (!claimed) {
+      ADD_FAILURE() << "the child could not claim " << name_;
+      child->pid = pid > 0 ? pid : -1;  // reaped by ~Child
+    }
   }
 };
 
@@ -62,9 +90,6 @@ TEST_F(NetworkClaimTest, OneHolderAtATimeWhichOthersSeeByPid) {
   absl::StatusOr<std::optional<int64_t>> held = NetworkClaim::Holder(name_);
   ASSERT_TRUE(held.ok()) << held.status();
   EXPECT_EQ(*held, std::optional<int64_t>(getpid()));
-  absl::Status unclaimed = NetworkClaim::CheckUnclaimed(name_);
-  EXPECT_EQ(unclaimed.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(unclaimed.message().find(absl::StrCat("in use by process ", getpid())), std::string::npos) << unclaimed;
 
   // A second claim (another open file: as another process's would be) waits, then names the holder.
   int waits = 0;
@@ -86,34 +111,76 @@ TEST_F(NetworkClaimTest, OneHolderAtATimeWhichOthersSeeByPid) {
   held = NetworkClaim::Holder(name_);
   ASSERT_TRUE(held.ok()) << held.status();
   EXPECT_FALSE(held->has_value()) << "released with the claim";
-  EXPECT_TRUE(NetworkClaim::CheckUnclaimed(name_).ok());
   EXPECT_TRUE(NetworkClaim::Acquire(name_, absl::ZeroDuration()).ok());
 }
 
 TEST_F(NetworkClaimTest, AWaitingClaimGetsItWhenTheHolderEnds) {
-  const pid_t child = ChildHolding(absl::Milliseconds(300));
-  ASSERT_GT(child, 0);
+  Child child;
+  StartChildHolding(&child);
+  ASSERT_GT(child.pid, 0);
+  // The holder is told to end only once the claim below is waiting for it.
   int64_t told_pid = -1;
-  absl::StatusOr<NetworkClaim> c =
-      NetworkClaim::Acquire(name_, absl::Seconds(20), [&](int64_t pid) { told_pid = pid; });
+  absl::StatusOr<NetworkClaim> c = NetworkClaim::Acquire(name_, absl::Seconds(60), [&](int64_t pid) {
+    told_pid = pid;
+    child.Release();
+  });
   EXPECT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(told_pid, child);
+  EXPECT_EQ(told_pid, child.pid);
   int status = 0;
-  EXPECT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_EQ(waitpid(child.pid, &status, 0), child.pid);
+  child.pid = -1;
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
 }
 
 TEST_F(NetworkClaimTest, AKilledHolderLeavesNoClaimBehind) {
-  const pid_t child = ChildHolding(absl::InfiniteDuration());
-  ASSERT_GT(child, 0);
+  Child child;
+  StartChildHolding(&child);
+  ASSERT_GT(child.pid, 0);
   absl::StatusOr<std::optional<int64_t>> held = NetworkClaim::Holder(name_);
   ASSERT_TRUE(held.ok()) << held.status();
-  EXPECT_EQ(*held, std::optional<int64_t>(child));
+  EXPECT_EQ(*held, std::optional<int64_t>(child.pid));
   EXPECT_FALSE(NetworkClaim::Acquire(name_, absl::ZeroDuration()).ok());
-  kill(child, SIGKILL);
-  int status = 0;
-  ASSERT_EQ(waitpid(child, &status, 0), child);
+  kill(child.pid, SIGKILL);
+  ASSERT_EQ(waitpid(child.pid, nullptr, 0), child.pid);
+  child.pid = -1;
   absl::StatusOr<NetworkClaim> c = NetworkClaim::Acquire(name_, absl::ZeroDuration());
   EXPECT_TRUE(c.ok()) << c.status();
+}
+
+// The lock directory is every user's and the claimer may be root: a planted link must not get its
+// target truncated (or claimed); the error says what is wrong with the file.
+TEST_F(NetworkClaimTest, ALockFileThatIsALinkIsRefusedAndItsTargetUntouched) {
+  const std::string lock = NetworkClaim::LockPath(name_);
+  const std::string target = lock + ".target";
+  {
+    FILE* f = std::fopen(target.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs("precious\n", f);
+    std::fclose(f);
+  }
+  auto target_text = [&target] {
+    char buf[64] = {};
+    FILE* f = std::fopen(target.c_str(), "r");
+    if (f == nullptr) return std::string();
+    const size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+    std::fclose(f);
+    return std::string(buf, n);
+  };
+  ASSERT_EQ(symlink(target.c_str(), lock.c_str()), 0);
+  absl::StatusOr<NetworkClaim> c = NetworkClaim::Acquire(name_, absl::ZeroDuration());
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kFailedPrecondition) << c.status();
+  EXPECT_NE(c.status().message().find("symbolic link"), std::string::npos) << c.status();
+  EXPECT_FALSE(NetworkClaim::Holder(name_).ok());
+  EXPECT_EQ(target_text(), "precious\n");
+  ASSERT_EQ(unlink(lock.c_str()), 0);
+
+  ASSERT_EQ(link(target.c_str(), lock.c_str()), 0);  // a second name for the target
+  c = NetworkClaim::Acquire(name_, absl::ZeroDuration());
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("with one link"), std::string::npos) << c.status();
+  EXPECT_EQ(target_text(), "precious\n");
+  unlink(target.c_str());
 }
 
 TEST_F(NetworkClaimTest, NamesThatCannotNameAFileAreRejected) {

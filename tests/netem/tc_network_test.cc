@@ -13,6 +13,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "netem/tc/claim.h"
 #include "tools/cluster/local_cluster.h"
 
 namespace longhaul::netem {
@@ -207,6 +208,15 @@ TEST(TcNetworkTest, ShapedLinkDeliversNinetyToHundredPercentOfTheRateAndDownClea
   auto [rc_again, out_again] = cluster::Cluster::Run(absl::StrCat(Tool(), " up ", topo));
   EXPECT_NE(rc_again, 0);
   EXPECT_NE(out_again.find("already exists"), std::string::npos) << out_again;
+  {
+    // A process running on the network claims its name (a sweep): `down` leaves it alone.
+    absl::StatusOr<NetworkClaim> claim = NetworkClaim::Acquire("lhit", absl::ZeroDuration());
+    ASSERT_TRUE(claim.ok()) << claim.status();
+    auto [claimed_rc, claimed_out] = cluster::Cluster::Run(absl::StrCat(Tool(), " down ", topo));
+    EXPECT_NE(claimed_rc, 0);
+    EXPECT_NE(claimed_out.find(absl::StrCat("in use by process ", getpid())), std::string::npos) << claimed_out;
+    EXPECT_TRUE(std::filesystem::exists("/run/netns/lhit-a"));
+  }
 
   auto sink = cluster::Process::Spawn({"/usr/sbin/ip", "netns", "exec", "lhit-b", Tool(), "sink", "--port=5001"},
                                       absl::StrCat(dir, "/sink.log"));
