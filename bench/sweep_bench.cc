@@ -202,11 +202,11 @@ int RunSweep(const SweepFlags& f, const CLI::App& cmd) {
     if (geteuid() != 0) return common::FlagError(cmd, "--shaper=tc needs root (network namespaces and tc)");
     topo.name = "lhsw";
     // Another sweep's namespaces have this name: wait for it rather than remove them under it.
-    absl::StatusOr<netem::NetworkClaim> c = netem::NetworkClaim::Acquire(topo.name, kClaimPatience, [&topo](int64_t pid) {
-      std::fprintf(stderr, "waiting up to %s for %s to let go of network %s\n",
-                   ClaimPatienceText().c_str(), pid > 0 ? absl::StrCat("process ", pid).c_str() : "another process",
-                   topo.name.c_str());
-    });
+    auto waiting = [&topo](int64_t pid) {
+      std::fprintf(stderr, "waiting up to %s for %s to let go of network %s\n", ClaimPatienceText().c_str(),
+                   pid > 0 ? absl::StrCat("process ", pid).c_str() : "another process", topo.name.c_str());
+    };
+    absl::StatusOr<netem::NetworkClaim> c = netem::NetworkClaim::Acquire(topo.name, kClaimPatience, waiting);
     if (!c.ok()) {
       std::fprintf(stderr, "longhaul-bench sweep: %s\n", std::string(c.status().message()).c_str());
       return 1;
@@ -540,16 +540,15 @@ BenchmarkRun AddSweepBench(CLI::App& app) {
       "well). Many small micro-batches: a step's pipeline fill and drain cost\n"
       "(stages - 1) / (micro-batches + stages - 1).\n"
       "--shaper=tc (root): the coordinator and workers run in network namespaces (longhaul-netem's\n"
-      "network lhsw, 10.79.0.0/24: one tc sweep at a time; a second waits up to ",
-      ClaimPatienceText(),
+      "network lhsw, 10.79.0.0/24: one tc sweep at a time; a second waits up to ", ClaimPatienceText(),
       " for the\n"
-      "first to remove it, then gives up naming its pid) and every host's access link is shaped with tc tbf in both\n"
-      "directions, "
-      "each queueing up to --queue-ms of traffic (with longhaul-netem's default of 400, BBR's probes\n"
-      "above the rate overflowed the queue: at 2 Mbit/s 18% of an int4 run's bytes were\n"
-      "retransmissions; cubic hosts fill whatever queue there is). --shaper=inprocess: every data-plane link is shaped by the in-process token\n"
-      "bucket. The link bound counts forward + backward bytes per step on the busiest link, except for\n"
-      "1f1b in-process (each direction has its own bucket): the larger.\n"
+      "first to remove it, then gives up naming its pid) and every host's access link is shaped with\n"
+      "tc tbf in both directions, each queueing up to --queue-ms of traffic (with longhaul-netem's\n"
+      "default of 400, BBR's probes above the rate overflowed the queue: at 2 Mbit/s 18% of an int4\n"
+      "run's bytes were retransmissions; cubic hosts fill whatever queue there is).\n"
+      "--shaper=inprocess: every data-plane link is shaped by the in-process token bucket.\n"
+      "The link bound counts forward + backward bytes per step on the busiest link, except for 1f1b\n"
+      "in-process (each direction has its own bucket): the larger.\n"
       "In tc mode each rate also gets a TCP probe through one shaped link (the goodput TCP itself\n"
       "reaches after its headers), and the table shows the simple link bound at that goodput and the\n"
       "throughput against both bounds at it (the simple one and GPipe's, with its fill and drain;\n"

@@ -62,7 +62,8 @@ absl::StatusOr<int> OpenLockFile(const std::string& path, int flags) {
 }
 
 std::string HeldBy(const std::string& name, int64_t pid) {
-  return absl::StrCat("network \"", name, "\" is in use by ", pid > 0 ? absl::StrCat("process ", pid) : "another process",
+  const std::string who = pid > 0 ? absl::StrCat("process ", pid) : "another process";
+  return absl::StrCat("network \"", name, "\" is in use by ", who,
                       " (a sweep or test running on a network it built, or longhaul-netem up|down; lock file ",
                       NetworkClaim::LockPath(name), ")");
 }
@@ -98,7 +99,8 @@ absl::StatusOr<NetworkClaim> NetworkClaim::Acquire(const std::string& name, absl
   const ssize_t n = pwrite(*fd, mine.data(), mine.size(), 0);
   if (n < 0) return Failed("write the pid into", path, errno);
   if (static_cast<size_t>(n) != mine.size()) {
-    return absl::InternalError(absl::StrCat("short write of the pid into ", path, ": ", n, " of ", mine.size(), " bytes"));
+    return absl::InternalError(
+        absl::StrCat("short write of the pid into ", path, ": ", n, " of ", mine.size(), " bytes"));
   }
   return claim;
 }

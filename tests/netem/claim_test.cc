@@ -41,14 +41,14 @@ class NetworkClaimTest : public ::testing::Test {
       }
     }
   };
-  // Empty `pid` (-1) when the child could not be started or could not claim.
-  void StartChildHolding(Child* child) {
+  // Whether the child started and claimed the name (it is reaped by ~Child either way).
+  bool StartChildHolding(Child* child) {
     int said[2], release[2];
-    if (pipe(said) != 0) return;
+    if (pipe(said) != 0) return false;
     if (pipe(release) != 0) {
       close(said[0]);
       close(said[1]);
-      return;
+      return false;
     }
     const pid_t pid = fork();
     if (pid == 0) {
@@ -69,10 +69,7 @@ class NetworkClaimTest : public ::testing::Test {
     char got = 0;
     const bool claimed = pid > 0 && read(said[0], &got, 1) == 1 && got == 'y';
     close(said[0]);
-    if (!claimed) {
-      ADD_FAILURE() << "the child could not claim " << name_;
-      child->pid = pid > 0 ? pid : -1;  // reaped by ~Child
-    }
+    return claimed;
   }
 };
 
@@ -116,8 +113,7 @@ TEST_F(NetworkClaimTest, OneHolderAtATimeWhichOthersSeeByPid) {
 
 TEST_F(NetworkClaimTest, AWaitingClaimGetsItWhenTheHolderEnds) {
   Child child;
-  StartChildHolding(&child);
-  ASSERT_GT(child.pid, 0);
+  ASSERT_TRUE(StartChildHolding(&child)) << "the child could not claim " << name_;
   // The holder is told to end only once the claim below is waiting for it.
   int64_t told_pid = -1;
   absl::StatusOr<NetworkClaim> c = NetworkClaim::Acquire(name_, absl::Seconds(60), [&](int64_t pid) {
@@ -134,8 +130,7 @@ TEST_F(NetworkClaimTest, AWaitingClaimGetsItWhenTheHolderEnds) {
 
 TEST_F(NetworkClaimTest, AKilledHolderLeavesNoClaimBehind) {
   Child child;
-  StartChildHolding(&child);
-  ASSERT_GT(child.pid, 0);
+  ASSERT_TRUE(StartChildHolding(&child)) << "the child could not claim " << name_;
   absl::StatusOr<std::optional<int64_t>> held = NetworkClaim::Holder(name_);
   ASSERT_TRUE(held.ok()) << held.status();
   EXPECT_EQ(*held, std::optional<int64_t>(child.pid));
